@@ -1,0 +1,1 @@
+"""The tau2 airline environment: data, state, tools, user simulators, episodes."""

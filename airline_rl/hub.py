@@ -1,0 +1,164 @@
+"""The local hub: every checkpoint save also exports a loadable model + tokenizer + model card.
+
+Layout (offline, plain directories; ``from_pretrained`` reads each revision directly):
+
+    hub/<run_name>/step-000050/   config.json, weights, tokenizer files, README.md (model card)
+    hub/<run_name>/step-000100/
+    hub/<run_name>/refs.json      {"main": "step-000100", "revisions": {"step-000050": 50, ...}}
+
+``resolve_model("<run_name>@100", hub_dir)`` gives the step-100 directory, ``"<run_name>"`` the newest one.
+A revision is written to a temporary sibling and renamed into place, and refs.json is replaced atomically, so an
+interrupted save never leaves a revision that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+logger = logging.getLogger(__name__)
+
+REFS_FILE = "refs.json"
+
+
+class HubError(ValueError):
+    """A local-hub path or model id is wrong; the message names it."""
+
+
+def revision_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def ensure_writable(hub_dir: str | os.PathLike[str]) -> Path:
+    """Fails before any work starts when the hub directory cannot be created or written."""
+    path = Path(hub_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
+            pass
+    except OSError as err:
+        raise HubError(f"hub directory {path} (--hub_dir) is not writable: {err}") from err
+    return path
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Writes JSON through a temporary file and ``os.replace`` so readers never see a partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def read_refs(run_dir: Path) -> dict[str, Any]:
+    refs_path = run_dir / REFS_FILE
+    if not refs_path.is_file():
+        return {"main": None, "revisions": {}}
+    return json.loads(refs_path.read_text(encoding="utf-8"))
+
+
+def model_card(run_name: str, step: int, info: dict[str, Any]) -> str:
+    """A short README.md for a revision: what it is, how it was trained, the last logged metrics."""
+    lines = [
+        "---",
+        "library_name: transformers",
+        "tags: [trl, grpo, tau2-bench, airline, tool-calling]",
+        "---",
+        f"# {run_name} @ step {step}",
+        "",
+        "Policy trained on the τ²-bench airline domain with airline_rl (multi-turn GRPO on TRL).",
+        "",
+        "## Training",
+    ]
+    for key, value in sorted(info.get("config", {}).items()):
+        lines.append(f"- `{key}`: {value}")
+    metrics = info.get("metrics", {})
+    if metrics:
+        lines += ["", "## Last logged metrics", "", "| metric | value |", "|---|---|"]
+        for key, value in sorted(metrics.items()):
+            lines.append(f"| {key} | {value:.4g} |" if isinstance(value, int | float) else f"| {key} | {value} |")
+    load = f'model = AutoModelForCausalLM.from_pretrained("{run_name}/{revision_name(step)}")'
+    lines += ["", "Load offline:", "", "```python", "from transformers import AutoModelForCausalLM", load, "```", ""]
+    return "\n".join(lines)
+
+
+def export_revision(trainer: Any, hub_dir: str | os.PathLike[str], run_name: str, step: int, info: dict) -> Path:
+    """Saves the trainer's model and tokenizer as ``hub/<run_name>/step-<N>`` (all ranks call it; rank 0 writes)."""
+    run_dir = Path(hub_dir) / run_name
+    final = run_dir / revision_name(step)
+    tmp = run_dir / f".{revision_name(step)}.tmp"
+    if trainer.is_world_process_zero():
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    trainer.accelerator.wait_for_everyone()
+    trainer.save_model(str(tmp))  # handles ZeRO-3 / FSDP gathering; writes on the main process
+    if trainer.is_world_process_zero():
+        (tmp / "README.md").write_text(model_card(run_name, step, info), encoding="utf-8")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        refs = read_refs(run_dir)
+        refs["revisions"][final.name] = step
+        refs["main"] = max(refs["revisions"], key=refs["revisions"].get)
+        write_json_atomic(run_dir / REFS_FILE, refs)
+        logger.info("exported %s", final)
+    trainer.accelerator.wait_for_everyone()
+    return final
+
+
+def resolve_model(spec: str, hub_dir: str | os.PathLike[str] = "hub") -> Path:
+    """A model directory from a path, ``<run>`` (newest revision) or ``<run>@<step|revision>`` in the local hub."""
+    as_path = Path(spec)
+    if as_path.is_dir() and (as_path / "config.json").exists():
+        return as_path
+    run, _, revision = spec.partition("@")
+    run_dir = Path(hub_dir) / run
+    if not run_dir.is_dir():
+        raise HubError(f"model {spec!r} is neither a model directory nor a run in the local hub {hub_dir}")
+    refs = read_refs(run_dir)
+    if not revision:
+        if not refs["main"]:
+            raise HubError(f"run {run!r} in {hub_dir} has no exported revision yet")
+        return run_dir / refs["main"]
+    name = (
+        revision if revision.startswith("step-") else revision_name(int(revision)) if revision.isdigit() else revision
+    )
+    if name not in refs["revisions"] or not (run_dir / name).is_dir():
+        available = sorted(refs["revisions"].values())
+        raise HubError(f"run {run!r} has no checkpoint step {revision!r}; available steps: {available}")
+    return run_dir / name
+
+
+class LocalHubCallback(TrainerCallback):
+    """Exports a local-hub revision after every checkpoint save (and once at the end of training)."""
+
+    def __init__(self, trainer: Any, hub_dir: str | os.PathLike[str], run_name: str, config: dict[str, Any]) -> None:
+        self.trainer = trainer
+        self.hub_dir = hub_dir
+        self.run_name = run_name
+        self.config = config
+        self.exported: set[int] = set()
+
+    def _info(self, state: Any) -> dict[str, Any]:
+        metrics = {}
+        for entry in reversed(state.log_history):
+            metrics = {k: v for k, v in entry.items() if isinstance(v, int | float)}
+            if metrics:
+                break
+        return {"config": self.config, "metrics": metrics}
+
+    def export(self, state: Any) -> Path | None:
+        if state.global_step in self.exported:
+            return None
+        self.exported.add(state.global_step)
+        return export_revision(self.trainer, self.hub_dir, self.run_name, state.global_step, self._info(state))
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.export(state)

@@ -1,0 +1,383 @@
+"""``MultiTurnGRPOTrainer``: TRL's GRPOTrainer over whole τ²-airline episodes (policy ↔ tools ↔ user).
+
+How it departs from textbook GRPO (single-turn, one completion per prompt):
+1. A rollout is a whole episode played by ``airline_rl.envs.runner.run_episodes`` (the same loop the evaluator and
+   the trajectory collector use). All active episodes advance together: one batched call of TRL's own
+   ``_generate_single_turn`` per wave of turns, so transformers ``generate`` (CPU/GPU) and vLLM (colocate or server)
+   both work unchanged.
+2. Token-in, token-out: a completion is the sampled ids of every policy turn, interleaved with the tokens of the
+   user and tool messages obtained by rendering the chat template with and without the new messages
+   (``airline_rl.render``). Decoded model text is never re-tokenised. Environment tokens get ``tool_mask`` 0.
+3. The prompt is the system prompt and the fixed greeting, identical for every episode of a task (vLLM's prefix
+   cache and TRL's grouping both rely on that); the user's opening message is already part of the completion.
+4. The loss variant is applied as per-token advantages (``airline_rl.trainers.variants``) on top of TRL's unchanged
+   ``_compute_loss`` with ``loss_type="luspo"``; PRM-Lite enters as a second reward function (weight ``prm_coef``).
+5. Truncation comes from the episode record (token budget exhausted), not from the last token, and an episode whose
+   user simulator failed gets no reward (NaN: TRL excludes it from the group baseline and gives it advantage 0).
+
+Overridden hooks (pinned to trl==1.16.0, checked by tests/test_trl_hooks.py): ``_generate`` (whole episodes),
+``_generate_and_score_completions`` (truncation mask, variant advantages, metrics) and ``training_step`` (timing).
+
+Launch (see recipes/grpo/*.yaml):
+    accelerate launch --config_file accelerate_configs/cpu.yaml train_grpo.py --config recipes/grpo/joint.yaml
+    accelerate launch --config_file accelerate_configs/single_gpu.yaml train_grpo.py \
+        --config recipes/grpo/joint.yaml --model_name_or_path /models/Qwen2.5-7B-Instruct --use_vllm true
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+from trl import GRPOTrainer
+
+from airline_rl.configs import MultiTurnGRPOConfig
+from airline_rl.envs.episode import AirlineEnv, Episode, EpisodeRecord
+from airline_rl.envs.runner import AgentTurn, RunTimings, run_episodes
+from airline_rl.envs.users.base import UserSimulator
+from airline_rl.render import environment_suffix_ids, prompt_text
+from airline_rl.rewards.prm_lite import PRMResult, episode_rule_stats, score_episode
+from airline_rl.trainers.variants import token_advantages
+
+logger = logging.getLogger(__name__)
+
+
+def outcome(completions: list, episode: list[dict], **kwargs: Any) -> list[float | None]:
+    """τ²'s outcome reward from the episode record (None when the user simulator failed: not the agent's fault)."""
+    return [None if ep["reward"]["user_error"] else float(ep["reward"]["reward"]) for ep in episode]
+
+
+def process(completions: list, episode: list[dict], **kwargs: Any) -> list[float | None]:
+    """The PRM-Lite process score (clipped sum of turn scores); weighted by ``prm_coef`` through reward_weights."""
+    return [None if ep["reward"]["user_error"] else float(ep["prm"]["process_score"]) for ep in episode]
+
+
+class PolicyAgent:
+    """Plays the policy side of a batch of episodes with the trainer's generation backend, token-in/token-out.
+
+    Per-episode token state lives in ``episode.agent_state``: prompt ids, completion ids, tool mask, sampling
+    log-probs, the (start, end) completion span of every policy turn, and how many messages are already tokenised.
+    """
+
+    def __init__(self, trainer: MultiTurnGRPOTrainer, tools: list[dict]) -> None:
+        self.trainer = trainer
+        self.tokenizer = trainer.processing_class
+        self.tools = tools
+        self.eos_ids = set(trainer.eos_token_ids)
+        self.max_completion = trainer.args.max_completion_length
+        self.max_turn_tokens = trainer.args.max_turn_tokens
+        self.max_context = _max_context(trainer)
+        self._prompt_cache: dict[str, list[int]] = {}
+
+    def start(self, episode: Episode) -> None:
+        prompt_messages = episode.messages[:2]  # system prompt + fixed greeting
+        key = prompt_messages[0]["content"]
+        if key not in self._prompt_cache:
+            text = prompt_text(self.tokenizer, prompt_messages, self.tools)
+            self._prompt_cache[key] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        episode.agent_state.update(
+            prompt_ids=self._prompt_cache[key], completion_ids=[], tool_mask=[], logprobs=[], spans=[], seen=2
+        )
+
+    def _append_environment(self, episode: Episode) -> None:
+        state = episode.agent_state
+        suffix = environment_suffix_ids(
+            self.tokenizer, episode.messages[: state["seen"]], episode.messages, self.tools
+        )
+        state["completion_ids"].extend(suffix)
+        state["tool_mask"].extend([0] * len(suffix))
+        state["logprobs"].extend([0.0] * len(suffix))
+        state["seen"] = len(episode.messages)
+
+    def act(self, episodes: list[Episode]) -> list[AgentTurn]:
+        budgets = []
+        for episode in episodes:
+            if "prompt_ids" not in episode.agent_state:
+                self.start(episode)
+            self._append_environment(episode)
+            state = episode.agent_state
+            used = len(state["completion_ids"])
+            context_left = self.max_context - len(state["prompt_ids"]) - used
+            budgets.append(min(self.max_turn_tokens, self.max_completion - used, context_left))
+        turns: list[AgentTurn | None] = [None] * len(episodes)
+        runnable = [i for i, budget in enumerate(budgets) if budget > 0]
+        for i, budget in enumerate(budgets):
+            if budget <= 0:  # the environment's last message already filled the budget
+                turns[i] = AgentTurn(text="", num_tokens=0, truncated=True)
+        self.trainer._sync_wave(has_work=bool(runnable))
+        if runnable:
+            inputs = [
+                episodes[i].agent_state["prompt_ids"] + episodes[i].agent_state["completion_ids"] for i in runnable
+            ]
+            with self.trainer._max_new_tokens(max(budgets[i] for i in runnable)):
+                sampled, logprobs = self.trainer._generate_single_turn(inputs, None, {}, 1)
+            for j, i in enumerate(runnable):
+                ids = list(sampled[j])[: budgets[i]]
+                lps = list(logprobs[j])[: len(ids)] if logprobs is not None else [0.0] * len(ids)
+                state = episodes[i].agent_state
+                start = len(state["completion_ids"])
+                state["completion_ids"].extend(ids)
+                state["tool_mask"].extend([1] * len(ids))
+                state["logprobs"].extend(lps)
+                state["spans"].append((start, start + len(ids)))
+                truncated = not ids or ids[-1] not in self.eos_ids
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                turns[i] = AgentTurn(text=text, num_tokens=len(ids), truncated=truncated)
+        for episode in episodes:  # env_response appends the assistant message next: count it as seen
+            episode.agent_state["seen"] = len(episode.messages) + 1
+        return turns  # type: ignore[return-value]
+
+
+def _max_context(trainer: GRPOTrainer) -> int:
+    if trainer.use_vllm and getattr(trainer.args, "vllm_max_model_length", None):
+        return int(trainer.args.vllm_max_model_length)
+    config = getattr(trainer.model, "config", None)
+    return int(getattr(config, "max_position_embeddings", None) or 10**9)
+
+
+class MultiTurnGRPOTrainer(GRPOTrainer):
+    """GRPO over multi-turn tool-calling episodes; see the module docstring for what differs from GRPOTrainer."""
+
+    def __init__(
+        self,
+        model: Any,
+        args: MultiTurnGRPOConfig,
+        env: AirlineEnv,
+        user: UserSimulator,
+        train_dataset: Any,
+        processing_class: Any = None,
+        eval_dataset: Any = None,
+        peft_config: Any = None,
+        callbacks: list | None = None,
+    ) -> None:
+        reward_funcs = [outcome] + ([process] if args.uses_prm else [])
+        args.reward_weights = [1.0] + ([args.prm_coef] if args.uses_prm else [])
+        super().__init__(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            peft_config=peft_config,
+            callbacks=callbacks,
+        )
+        self.env = env
+        self.user = user
+        self._rollout_rows: list[dict] = []
+        self._rollout_episodes: list[Episode] = []
+        self._rollout_seconds = 0.0
+        self._timing: dict[str, float] = defaultdict(float)
+
+    # -- generation ---------------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _max_new_tokens(self, n: int) -> Iterator[None]:
+        """Caps the next generation call at ``n`` new tokens on whichever backend is in use."""
+        if self.use_vllm:
+            saved = self.vllm_generation.max_completion_length
+            self.vllm_generation.max_completion_length = n
+        else:
+            saved = self.generation_config.max_new_tokens
+            self.generation_config.max_new_tokens = n
+        try:
+            yield
+        finally:
+            if self.use_vllm:
+                self.vllm_generation.max_completion_length = saved
+            else:
+                self.generation_config.max_new_tokens = saved
+
+    def _sync_wave(self, has_work: bool) -> None:
+        """Multi-process runs: every rank must make the same number of generation calls (vLLM server mode and
+        ZeRO-3 / FSDP generation are collectives); a rank whose episodes are done generates a 1-token dummy."""
+        if self.accelerator.num_processes == 1:
+            return
+        self.accelerator.gather(torch.tensor([int(has_work)], device=self.accelerator.device))
+
+    def _drain_waves(self) -> None:
+        """After this rank's episodes are done, join the other ranks' remaining waves with dummy generations."""
+        if self.accelerator.num_processes == 1:
+            return
+        pad = self.processing_class.pad_token_id or 0
+        while True:
+            active = self.accelerator.gather(torch.tensor([0], device=self.accelerator.device)).sum().item()
+            if active == 0:
+                return
+            with self._max_new_tokens(1):
+                self._generate_single_turn([[pad]], None, {}, 1)
+
+    def _episode_seed(self, index: int) -> int:
+        return (self.state.global_step * 1_000_003 + self.accelerator.process_index * 10_007 + index) % (2**31)
+
+    def _generate(self, prompts: list) -> tuple:
+        """Plays one episode per prompt row and returns TRL's 8-tuple with token-in/token-out completions."""
+        mode = "train" if self.model.training else "eval"
+        rows = self._rollout_rows
+        if len(rows) != len(prompts):
+            raise RuntimeError("rollout rows and prompts are out of sync")
+        start = time.perf_counter()
+        specs = [(str(row["task_id"]), self._episode_seed(i)) for i, row in enumerate(rows)]
+        episodes = [self.env.reset(task_id, seed) for task_id, seed in specs]
+        agent = PolicyAgent(self, self.env.tools)
+        for episode in episodes:
+            agent.start(episode)
+        timings = RunTimings()
+        records = run_episodes(self.env, agent, self.user, specs, timings=timings, episodes=episodes)
+        self._drain_waves()
+        prm_start = time.perf_counter()
+        clip = self.args.prm_clip if self.args.prm_clip is not None else 0.5
+        prm_results = [score_episode(record, clip=(-clip, clip)) for record in records]
+        timings.reward += time.perf_counter() - prm_start
+
+        prompt_ids = [ep.agent_state["prompt_ids"] for ep in episodes]
+        completion_ids = [ep.agent_state["completion_ids"] for ep in episodes]
+        tool_mask = [ep.agent_state["tool_mask"] for ep in episodes]
+        logprobs = [ep.agent_state["logprobs"] for ep in episodes] if self.use_vllm else None
+        completions = [ep.messages[2:] for ep in episodes]
+        extra = [_episode_summary(record, prm) for record, prm in zip(records, prm_results, strict=True)]
+        self._rollout_episodes = episodes
+        self._log_rollout_metrics(mode, records, prm_results, extra, timings, time.perf_counter() - start)
+        return prompt_ids, completion_ids, tool_mask, completions, logprobs, {"episode": extra}, None, []
+
+    # -- scoring and loss shaping --------------------------------------------------------------------------------
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        start = time.perf_counter()
+        self._rollout_rows = inputs
+        mask_truncated = self.mask_truncated_completions
+        self.mask_truncated_completions = False  # judged from the episode record below, not from the last token
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            self.mask_truncated_completions = mask_truncated
+        episodes = self._rollout_episodes
+        device = output["completion_ids"].device
+        if mask_truncated:
+            keep = torch.tensor([not ep.record.truncated for ep in episodes], device=device).unsqueeze(1).int()
+            output["completion_mask"] = output["completion_mask"] * keep
+            output["tool_mask"] = output["tool_mask"] * keep
+            loss_mask = output["completion_mask"] * output["tool_mask"]
+            output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        policy_mask = output["completion_mask"] * output["tool_mask"]
+        turn_index = _turn_index(episodes, policy_mask.shape[1], device)
+        turn_scores = None
+        if self.args.variant == "joint":
+            turn_scores = _pad_turn_scores([ep.record for ep in episodes], self._last_prm, device)
+        output["advantages"] = token_advantages(
+            self.args.variant,
+            output["advantages"],
+            policy_mask,
+            turn_index,
+            turn_scores=turn_scores,
+            alpha=self.args.turn_discount_alpha,
+            turn_credit_coef=self.args.turn_credit_coef,
+        )
+        self._rollout_seconds += time.perf_counter() - start
+        return output
+
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        start = time.perf_counter()
+        self._rollout_seconds = 0.0
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if self.model.training:
+            self._metrics["train"]["timing/optimisation"].append(time.perf_counter() - start - self._rollout_seconds)
+        return loss
+
+    # -- metrics -------------------------------------------------------------------------------------------------
+
+    def _log_rollout_metrics(
+        self,
+        mode: str,
+        records: list[EpisodeRecord],
+        prm_results: list[PRMResult],
+        summaries: list[dict],
+        timings: RunTimings,
+        seconds: float,
+    ) -> None:
+        self._last_prm = prm_results
+        local = [
+            {
+                "reward": s["reward"]["reward"],
+                "user_error": s["reward"]["user_error"],
+                "process": s["prm"]["process_score"],
+                "turns": s["num_turns"],
+                "tool_calls": s["num_tool_calls"],
+                "tool_errors": s["num_tool_errors"],
+                "truncated": s["truncated"],
+                "turn_tokens": [t.num_policy_tokens or 0 for t in r.turns],
+                "rules": s["prm"]["rule_counts"],
+            }
+            for s, r in zip(summaries, records, strict=True)
+        ]
+        everything = gather_object(local) if self.accelerator.num_processes > 1 else local
+        metrics = self._metrics[mode]
+        n = max(len(everything), 1)
+        metrics["episode/outcome_reward"].append(sum(e["reward"] for e in everything) / n)
+        metrics["episode/process_reward"].append(sum(e["process"] for e in everything) / n)
+        metrics["episode/turns"].append(sum(e["turns"] for e in everything) / n)
+        metrics["episode/tool_calls"].append(sum(e["tool_calls"] for e in everything) / n)
+        calls = sum(e["tool_calls"] for e in everything)
+        metrics["episode/tool_error_rate"].append(sum(e["tool_errors"] for e in everything) / calls if calls else 0.0)
+        metrics["episode/truncation_rate"].append(sum(e["truncated"] for e in everything) / n)
+        metrics["episode/user_sim_errors"].append(float(sum(e["user_error"] for e in everything)))
+        turn_tokens = [t for e in everything for t in e["turn_tokens"]]
+        metrics["episode/p50_tokens_per_turn"].append(float(statistics.median(turn_tokens)) if turn_tokens else 0.0)
+        group = self.num_generations if mode == "train" else self.num_generations_eval
+        outcomes = [e["reward"] for e in everything]
+        groups = [outcomes[i : i + group] for i in range(0, len(outcomes) - group + 1, group)]
+        saturated = sum(1 for g in groups if all(r >= 1.0 for r in g) or all(r <= 0.0 for r in g))
+        metrics["episode/group_saturation"].append(saturated / len(groups) if groups else 0.0)
+        successes = [e["reward"] >= 1.0 for e in everything]
+        fired = [PRMResult(turn_scores=[], fired=[], process_score=0.0, raw_score=0.0, rule_counts=e["rules"])
+                 for e in everything]  # fmt: skip
+        for key, value in episode_rule_stats(fired, successes).items():
+            metrics[key].append(value)
+        metrics["timing/generation"].append(timings.agent)
+        metrics["timing/env_user"].append(timings.env + timings.user)
+        metrics["timing/reward_prm"].append(timings.reward)
+        metrics["timing/rollout"].append(seconds)
+        if hasattr(self.user, "stats"):
+            for key, value in self.user.stats().items():
+                if isinstance(value, int | float):
+                    metrics[f"user_sim/{key}"].append(float(value))
+
+
+def _episode_summary(record: EpisodeRecord, prm: PRMResult) -> dict[str, Any]:
+    """The per-episode facts reward functions and logs need (light: no messages)."""
+    return {
+        "task_id": record.task_id,
+        "seed": record.seed,
+        "termination": record.termination,
+        "truncated": record.truncated,
+        "num_turns": len(record.turns),
+        "num_tool_calls": record.num_tool_calls,
+        "num_tool_errors": record.num_tool_errors,
+        "reward": record.reward,
+        "prm": {"process_score": prm.process_score, "turn_scores": prm.turn_scores, "rule_counts": prm.rule_counts},
+    }
+
+
+def _turn_index(episodes: list[Episode], width: int, device: torch.device) -> torch.Tensor:
+    """[B, C]: the policy turn each completion token belongs to, −1 for environment tokens and padding."""
+    index = torch.full((len(episodes), width), -1, dtype=torch.long)
+    for row, episode in enumerate(episodes):
+        for k, (start, end) in enumerate(episode.agent_state.get("spans", [])):
+            index[row, start : min(end, width)] = k
+    return index.to(device)
+
+
+def _pad_turn_scores(records: list[EpisodeRecord], prm: list[PRMResult], device: torch.device) -> torch.Tensor:
+    width = max((len(r.turn_scores) for r in prm), default=0) or 1
+    scores = torch.zeros((len(prm), width), dtype=torch.float32)
+    for row, result in enumerate(prm):
+        if result.turn_scores:
+            scores[row, : len(result.turn_scores)] = torch.tensor(result.turn_scores, dtype=torch.float32)
+    return scores.to(device)

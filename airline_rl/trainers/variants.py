@@ -1,0 +1,115 @@
+"""The five loss variants as per-token advantages (one source of truth; formulas and rationale in docs/variants.md).
+
+Notation: L_i = number of policy tokens of trajectory i, A_i its group advantage (TRL's), ℓ_it TRL's clipped
+surrogate at token t. Every variant is a batch loss  mean_i Σ_t w_it ℓ_it  with non-negative weights w_it.
+
+How it is implemented on top of TRL: with ``loss_type="luspo"`` TRL aggregates ``mean_i Σ_t ℓ_it`` (per micro-batch,
+divided by the gradient-accumulation steps; DDP averages over processes), and because for w ≥ 0
+``-min(r A w, clip(r) A w) = -w min(r A, clip(r) A)``, multiplying the advantage by w_it gives exactly Σ_t w_it ℓ_it.
+So a variant is nothing but the per-token advantage tensor it hands to TRL's unchanged ``_compute_loss``:
+
+- vanilla:        A_i / L_i                                   (= TRL's ``loss_type="grpo"``)
+- turn_discount:  A_i · d_it / L_i, d_it = α^(T_i−1−k) / mean over the trajectory's policy tokens of α^(T_i−1−k)
+- lata:           A_i / √L_i
+- prm_lite:       A_i / L_i, with A_i computed from outcome + prm_coef · process score (reward side, not here)
+- joint:          (A_i + turn_credit_coef · s_ik) / √L_i, s_ik the PRM-Lite score of the turn k that token t is in
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+VARIANTS: dict[str, dict[str, object]] = {
+    "vanilla": {"weights": "inverse_length", "uses_prm": False, "turn_credit": False},
+    "turn_discount": {"weights": "turn_discounted", "uses_prm": False, "turn_credit": False},
+    "lata": {"weights": "inverse_sqrt_length", "uses_prm": False, "turn_credit": False},
+    "prm_lite": {"weights": "inverse_length", "uses_prm": True, "turn_credit": False},
+    "joint": {"weights": "inverse_sqrt_length", "uses_prm": True, "turn_credit": True},
+}
+"""Variant table: how tokens are weighted, whether the trajectory reward includes the PRM-Lite process score, and
+whether tokens get per-turn credit. Configs, docs and the trainer all read this table."""
+
+# Which config fields each variant reads (a field set under another variant is a configuration error).
+VARIANT_FIELDS: dict[str, tuple[str, ...]] = {
+    "turn_discount_alpha": ("turn_discount",),
+    "prm_coef": ("prm_lite", "joint"),
+    "prm_clip": ("prm_lite", "joint"),
+    "turn_credit_coef": ("joint",),
+}
+
+
+def get_variant(name: str) -> dict[str, object]:
+    if name not in VARIANTS:
+        raise ValueError(f"unknown variant {name!r} (--variant); valid variants: {list(VARIANTS)}")
+    return VARIANTS[name]
+
+
+def policy_token_counts(policy_mask: torch.Tensor) -> torch.Tensor:
+    """L_i as float, [B]."""
+    return policy_mask.sum(dim=1).to(torch.float32)
+
+
+def turn_discount_factors(policy_mask: torch.Tensor, turn_index: torch.Tensor, alpha: float) -> torch.Tensor:
+    """d_it = α^(T_i−1−k) rescaled to mean 1 over each trajectory's policy tokens, computed in log space, [B, C].
+
+    ``turn_index[i, t]`` is the assistant turn k of token t (−1 for non-policy tokens) and T_i = 1 + max_k. With
+    α > 1 a turn's weight grows with the number of turns that follow it: early turns (identification, the reads
+    every later action depends on) get more weight than the closing ones. Log space keeps α^(T−1) finite for
+    hundreds of turns; the rescaling keeps the trajectory's total weight equal to vanilla's (mean d = 1).
+    """
+    mask = policy_mask.bool() & (turn_index >= 0)
+    num_turns = torch.where(mask, turn_index, torch.full_like(turn_index, -1)).amax(dim=1, keepdim=True) + 1
+    log_d = (num_turns - 1 - turn_index).to(torch.float64) * math.log(alpha)
+    log_d = torch.where(mask, log_d, torch.full_like(log_d, -math.inf))
+    counts = mask.sum(dim=1, keepdim=True).clamp(min=1).to(torch.float64)
+    log_mean = torch.logsumexp(log_d, dim=1, keepdim=True) - counts.log()
+    log_mean = torch.where(torch.isfinite(log_mean), log_mean, torch.zeros_like(log_mean))
+    d = torch.exp(log_d - log_mean)
+    return torch.where(mask, d, torch.zeros_like(d)).to(torch.float32)
+
+
+def token_weights(
+    variant: str, policy_mask: torch.Tensor, turn_index: torch.Tensor, alpha: float | None = None
+) -> torch.Tensor:
+    """w_it for ``variant``, [B, C]; zero outside policy tokens and for trajectories without policy tokens."""
+    kind = get_variant(variant)["weights"]
+    lengths = policy_token_counts(policy_mask).unsqueeze(1)
+    safe = lengths.clamp(min=1.0)
+    mask = policy_mask.to(torch.float32)
+    if kind == "inverse_length":
+        weights = mask / safe
+    elif kind == "inverse_sqrt_length":
+        weights = mask / safe.sqrt()
+    elif kind == "turn_discounted":
+        if alpha is None:
+            raise ValueError("turn_discount needs alpha (turn_discount_alpha)")
+        weights = turn_discount_factors(policy_mask, turn_index, alpha) / safe
+    else:  # pragma: no cover - the table only holds the kinds above
+        raise AssertionError(kind)
+    return torch.where(lengths > 0, weights, torch.zeros_like(weights))
+
+
+def token_advantages(
+    variant: str,
+    group_advantages: torch.Tensor,
+    policy_mask: torch.Tensor,
+    turn_index: torch.Tensor,
+    turn_scores: torch.Tensor | None = None,
+    alpha: float | None = None,
+    turn_credit_coef: float | None = None,
+) -> torch.Tensor:
+    """Per-token advantages [B, C] whose TRL ``luspo`` aggregation is the variant's loss.
+
+    ``turn_scores[i, k]`` is the PRM-Lite score of turn k of trajectory i (needed for per-turn credit).
+    """
+    weights = token_weights(variant, policy_mask, turn_index, alpha)
+    advantages = group_advantages.to(torch.float32).unsqueeze(1).expand_as(weights)
+    if get_variant(variant)["turn_credit"]:
+        if turn_scores is None or turn_credit_coef is None:
+            raise ValueError(f"variant {variant!r} needs turn_scores and turn_credit_coef")
+        index = turn_index.clamp(min=0).clamp(max=max(turn_scores.shape[1] - 1, 0))
+        per_token_turn_score = torch.gather(turn_scores.to(torch.float32), 1, index) if turn_scores.numel() else 0.0
+        advantages = advantages + turn_credit_coef * per_token_turn_score * (turn_index >= 0)
+    return advantages * weights

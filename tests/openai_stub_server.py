@@ -1,0 +1,205 @@
+"""A tiny OpenAI-compatible chat server on 127.0.0.1 for tests and benchmarks of the LLM user simulator.
+
+It is a real HTTP server on a real socket (``ThreadingHTTPServer`` in a background thread), so the tests exercise the
+``openai`` client, connection handling, timeouts and concurrency exactly as against vLLM. It serves
+``GET /v1/models`` and ``POST /v1/chat/completions`` (non-streaming) and behaves according to a mode:
+
+- ``echo``: a deterministic reply that quotes the newest message (the agent's text, role ``user`` here);
+- ``stop``: like ``echo``, but replies ``###STOP###`` once the conversation holds ``stop_after`` earlier replies;
+- ``error``: HTTP 500 on every request;
+- ``hang``: sleeps ``hang_s`` (longer than any client timeout) before answering;
+- ``slow``: answers like ``echo`` after ``delay_s``;
+- ``empty``: a well-formed response whose message content is empty.
+
+A request may pick its own mode with a marker ``[[stub:<mode>]]`` anywhere in its messages (the newest marker wins),
+so one batch can mix good and bad episodes. The server counts requests and the most requests in flight at once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+MODES = ("echo", "stop", "error", "hang", "slow", "empty")
+MARKER = re.compile(r"\[\[stub:([a-z]+)\]\]")
+STOP_REPLY = "Great, that is everything I needed. ###STOP###"
+
+
+def marker(mode: str) -> str:
+    """The text that makes the stub answer a request in ``mode``."""
+    if mode not in MODES:
+        raise ValueError(f"unknown stub mode {mode!r}; valid modes: {', '.join(MODES)}")
+    return f"[[stub:{mode}]]"
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # a hanging handler must not keep the test process alive
+    block_on_close = False
+    request_queue_size = 256  # the default backlog (5) drops SYNs when 64 clients connect at once
+    stub: StubServer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, like vLLM, so the client reuses connections
+    disable_nagle_algorithm = True  # headers and body go out as two writes: Nagle + delayed ACK would add ~40 ms
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class names it so
+        """Silences the per-request access log."""
+
+    def _send_json(self, status: int, payload: dict[str, Any]) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        if self.path.rstrip("/") == "/v1/models":
+            model = {"id": self.server.stub.model, "object": "model", "created": 0, "owned_by": "stub"}
+            self._send_json(200, {"object": "list", "data": [model]})
+        else:
+            self._send_json(404, {"error": {"message": f"no route {self.path}"}})
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        if self.path.rstrip("/") != "/v1/chat/completions":
+            self._send_json(404, {"error": {"message": f"no route {self.path}"}})
+            return
+        stub = self.server.stub
+        stub._enter(body)
+        start = time.monotonic()
+        mode = stub._mode_of(body.get("messages") or [])
+        try:
+            status, payload = stub._answer(mode, body)
+            self._send_json(status, payload)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout): nothing to send
+            pass
+        finally:
+            stub._leave(mode, start)
+
+
+class StubServer:
+    """An OpenAI-compatible chat server on a free port of 127.0.0.1; use as a context manager or start()/stop()."""
+
+    def __init__(
+        self,
+        mode: str = "echo",
+        *,
+        stop_after: int = 2,
+        delay_s: float = 0.2,
+        hang_s: float = 30.0,
+        model: str = "stub-model",
+    ) -> None:
+        marker(mode)  # validates the mode
+        self.mode = mode
+        self.stop_after = stop_after
+        self.delay_s = delay_s
+        self.hang_s = hang_s
+        self.model = model
+        self.requests = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.bodies: list[dict[str, Any]] = []
+        self.timeline: list[tuple[str, float, float]] = []
+        """(mode, start, end) of every answered request, in ``time.monotonic`` seconds."""
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the stub server is not started")
+        return self._server.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL (with ``/v1``), as a client would be configured against vLLM."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> StubServer:
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.stub = self
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="openai-stub", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stops serving and wakes any hanging handler, so the test ends promptly."""
+        self._stopping.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._server = self._thread = None
+
+    def __enter__(self) -> StubServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def reset_counters(self) -> None:
+        with self._lock:
+            self.requests = 0
+            self.max_in_flight = 0
+            self.bodies.clear()
+            self.timeline.clear()
+
+    def _enter(self, body: dict[str, Any]) -> None:
+        with self._lock:
+            self.requests += 1
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            self.bodies.append(body)
+
+    def _leave(self, mode: str, start: float) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            self.timeline.append((mode, start, time.monotonic()))
+
+    def _mode_of(self, messages: list[dict[str, Any]]) -> str:
+        found = [m for message in messages for m in MARKER.findall(str(message.get("content") or ""))]
+        return found[-1] if found and found[-1] in MODES else self.mode
+
+    def _answer(self, mode: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        messages = body.get("messages") or []
+        if mode == "error":
+            return 500, {"error": {"message": "stub server error", "type": "internal_error", "code": 500}}
+        if mode == "hang":
+            self._stopping.wait(self.hang_s)
+        elif mode == "slow":
+            time.sleep(self.delay_s)
+        earlier_replies = sum(message.get("role") == "assistant" for message in messages)
+        newest = str(messages[-1].get("content") or "") if messages else ""
+        if mode == "empty":
+            content = ""
+        elif mode == "stop" and earlier_replies >= self.stop_after:
+            content = STOP_REPLY
+        else:
+            content = f"[reply {earlier_replies + 1} seed={body.get('seed')}] You said: {newest[:80]}"
+        prompt_tokens = sum(len(str(message.get("content") or "").split()) for message in messages)
+        completion_tokens = len(content.split())
+        return 200, {
+            "id": f"chatcmpl-stub-{self.requests}",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body.get("model", self.model),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }

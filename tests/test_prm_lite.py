@@ -1,0 +1,426 @@
+"""Tests for PRM-Lite (``airline_rl.rewards.prm_lite``): every rule fires and stays silent on real episode records.
+
+The records come from driving ``AirlineEnv`` episodes with hand-written assistant turns (user: ``mia_li_3668``, whose
+profile lists reservations NO6JO3, AIXC49 and HKEG34 and the card ``credit_card_4421486``), so the rules are tested
+on exactly what the environment records. Fast: no model, a few milliseconds per episode.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airline_rl.envs.episode import AirlineEnv, EpisodeRecord
+from airline_rl.envs.runner import run_episodes
+from airline_rl.envs.tool_calls import format_tool_call
+from airline_rl.envs.tools import TOOL_SCHEMAS
+from airline_rl.envs.users.scripted import ScriptedUser
+from airline_rl.rewards import prm_lite
+from airline_rl.rewards.prm_lite import (
+    DOCS_END,
+    DOCS_START,
+    ID_ARGUMENT_NAMES,
+    RULES,
+    PRMResult,
+    episode_rule_stats,
+    get_rule,
+    is_confirmation,
+    is_placeholder,
+    mentionable_values,
+    rules_markdown,
+    score_episode,
+)
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "prm_lite.md"
+
+
+@pytest.fixture(scope="module")
+def env() -> AirlineEnv:
+    return AirlineEnv()
+
+
+def user(text: str) -> tuple[str, str]:
+    return ("user", text)
+
+
+def call(name: str, **arguments: Any) -> str:
+    return format_tool_call(name, arguments)
+
+
+def play(env: AirlineEnv, steps: list[str | tuple[str, str]], task_id: str = "1") -> EpisodeRecord:
+    """Plays ``steps`` (assistant texts, or ``user(...)`` replies) on a fresh episode and returns its record."""
+    episode = env.reset(task_id)
+    for step in steps:
+        if isinstance(step, tuple):
+            episode.user_response(step[1])
+        else:
+            episode.env_response(step)
+    return episode.record
+
+
+HELLO = user("Hi, my user id is mia_li_3668.")
+GUD_CALL = call("get_user_details", user_id="mia_li_3668")
+GUD = "Let me look up your profile. " + GUD_CALL
+GRD_CALL = call("get_reservation_details", reservation_id="NO6JO3")
+GRD = "Let me check that reservation. " + GRD_CALL
+BAD_GRD_CALL = call("get_reservation_details", reservation_id="ZZZ999")
+BAD_GRD = "Checking the reservation. " + BAD_GRD_CALL
+CANCEL = "Cancelling it now. " + call("cancel_reservation", reservation_id="NO6JO3")
+ASK = "Shall I cancel reservation NO6JO3? (yes/no)"
+TRANSFER = "I will transfer you. " + call("transfer_to_human_agents", summary="User needs help with a booking.")
+
+
+def bags(payment_id: str) -> str:
+    return "Updating your bags. " + call(
+        "update_reservation_baggages", reservation_id="NO6JO3", total_baggages=2, nonfree_baggages=0,
+        payment_id=payment_id,
+    )  # fmt: skip
+
+
+def calcs(n: int, start: int = 0) -> str:
+    return "Let me compute a few things. " + "".join(
+        call("calculate", expression=f"{i} + 1") for i in range(start, start + n)
+    )
+
+
+# (rule, steps, turn index, expected count in that turn); expected 0 = the rule must not fire in that turn.
+CASES: dict[str, tuple[str, list[Any], int, int]] = {
+    # P1 placeholder_arguments
+    "P1-template": ("P1", [HELLO, "Looking you up. " + call("get_user_details", user_id="<user_id>")], 0, 1),
+    "P1-example-id": ("P1", [HELLO, "Looking you up. " + call("get_user_details", user_id="sara_doe_496")], 0, 1),
+    "P1-nested-own-name": (
+        "P1",
+        [
+            HELLO,
+            GUD,
+            GRD,
+            "Changing the flight. "
+            + call(
+                "update_reservation_flights",
+                reservation_id="NO6JO3",
+                cabin="business",
+                flights=[{"flight_number": "flight_number", "date": "2024-05-16"}],
+                payment_id="credit_card_4421486",
+            ),
+        ],
+        2,
+        1,
+    ),  # fmt: skip
+    "P1-real-values": ("P1", [HELLO, GUD, GRD, bags("credit_card_4421486")], 2, 0),
+    # P2 redundant_call
+    "P2-repeat-success": ("P2", [HELLO, GUD, "Checking again. " + GUD_CALL], 1, 1),
+    "P2-repeat-failure": ("P2", [HELLO, BAD_GRD, "Trying again. " + BAD_GRD_CALL], 1, 0),
+    "P2-same-turn": ("P2", [HELLO, "Looking twice. " + GUD_CALL + GUD_CALL], 0, 1),
+    # P3 repeat_failed_call
+    "P3-repeat-failure": ("P3", [HELLO, BAD_GRD, "Trying again. " + BAD_GRD_CALL], 1, 1),
+    "P3-repeat-success": ("P3", [HELLO, GUD, "Checking again. " + GUD_CALL], 1, 0),
+    "P3-changed-call": ("P3", [HELLO, BAD_GRD, "Trying your profile. " + GUD_CALL], 1, 0),
+    # P4 no_reasoning_before_action
+    "P4-bare-call": ("P4", [HELLO, GUD_CALL], 0, 1),
+    "P4-with-text": ("P4", [HELLO, GUD], 0, 0),
+    "P4-no-call": ("P4", [HELLO, "What can I do for you?"], 0, 0),
+    # P5 unconfirmed_write
+    "P5-not-yet": ("P5", [HELLO, GUD, GRD, ASK, user("No, not yet."), CANCEL], 3, 1),
+    "P5-unsure": ("P5", [HELLO, GUD, GRD, ASK, user("I'm not sure about that."), CANCEL], 3, 1),
+    "P5-never-asked": ("P5", [user("Hi, I am mia_li_3668, please cancel NO6JO3."), CANCEL], 0, 1),
+    "P5-confirmed": ("P5", [HELLO, GUD, GRD, ASK, user("Yes, please go ahead."), CANCEL], 3, 0),
+    # P6 unseen_id
+    "P6-hallucinated": ("P6", [HELLO, GRD], 0, 1),
+    "P6-own-turn-result": ("P6", [HELLO, "Looking up everything. " + GUD_CALL + GRD_CALL], 0, 1),
+    "P6-nested-payment": ("P6", [HELLO, GUD, GRD, bags("credit_card_9999999")], 2, 1),
+    "P6-from-tool-result": ("P6", [HELLO, GUD, GRD], 1, 0),
+    "P6-nested-seen": ("P6", [HELLO, GUD, GRD, bags("credit_card_4421486")], 2, 0),
+    "P6-from-user": ("P6", [HELLO, GUD], 0, 0),
+    # P7 premature_transfer
+    "P7-blind-transfer": ("P7", [HELLO, TRANSFER], 0, 1),
+    "P7-user-asked": ("P7", [user("I want to talk to a human agent. I am mia_li_3668."), TRANSFER], 0, 0),
+    "P7-after-read": ("P7", [HELLO, GUD, TRANSFER], 1, 0),
+    # P8 excess_tool_calls
+    "P8-ninth-call": ("P8", [HELLO, calcs(9)], 0, 1),
+    "P8-tenth-call": ("P8", [HELLO, calcs(10)], 0, 2),
+    "P8-across-turns": ("P8", [HELLO, calcs(5), calcs(5, start=5)], 1, 2),
+    "P8-eight-calls": ("P8", [HELLO, calcs(8)], 0, 0),
+    # B1 recovery_after_error
+    "B1-recovered": ("B1", [HELLO, BAD_GRD, "Let me look at your profile instead. " + GUD_CALL], 1, 1),
+    "B1-same-turn": ("B1", [HELLO, "Checking. " + BAD_GRD_CALL + GUD_CALL], 0, 0),
+    "B1-no-error": ("B1", [HELLO, GUD, GRD], 1, 0),
+    "B1-still-failing": ("B1", [HELLO, BAD_GRD, "Trying again. " + BAD_GRD_CALL], 1, 0),
+    # B2 data_chain
+    "B2-chained": ("B2", [HELLO, GUD, GRD], 1, 1),
+    "B2-id-from-user": ("B2", [user("Hi, I am mia_li_3668 and my reservation is NO6JO3."), GUD, GRD], 1, 0),
+    "B2-pays-once": ("B2", [HELLO, GUD, GRD, "Once more. " + GRD_CALL], 2, 0),
+    "B2-failed-call": (
+        "B2",
+        [
+            HELLO,
+            GUD,
+            "Changing passengers. " + call("update_reservation_passengers", reservation_id="NO6JO3", passengers=[]),
+        ],
+        1,
+        0,
+    ),  # fmt: skip
+    # B3 read_diversity
+    "B3-first-read": ("B3", [HELLO, GUD], 0, 1),
+    "B3-same-tool-again": (
+        "B3",
+        [HELLO, GUD, GRD, "And the other one. " + call("get_reservation_details", reservation_id="AIXC49")],
+        2,
+        0,
+    ),  # fmt: skip
+    "B3-failed-read": ("B3", [HELLO, BAD_GRD], 0, 0),
+    # B4 conditional_reasoning
+    "B4-reasoned-success": ("B4", [HELLO, GUD], 0, 1),
+    "B4-reasoned-failure": ("B4", [HELLO, BAD_GRD], 0, 0),
+    "B4-text-after-call": ("B4", [HELLO, GUD_CALL + " One moment."], 0, 0),
+    # B5 confirmed_write
+    "B5-confirmed": ("B5", [HELLO, GUD, GRD, ASK, user("Yes, please go ahead."), CANCEL], 3, 1),
+    "B5-not-yet": ("B5", [HELLO, GUD, GRD, ASK, user("No, not yet."), CANCEL], 3, 0),
+    "B5-failed-write": (
+        "B5",
+        [HELLO, GUD, ASK, user("Yes, I confirm."), "Cancelling. " + call("cancel_reservation", reservation_id="XX1")],
+        2,
+        0,
+    ),
+    # B6 verified_before_write
+    "B6-verified": ("B6", [HELLO, GUD, GRD, ASK, user("Yes, please go ahead."), CANCEL], 3, 1),
+    "B6-bags-after-read": ("B6", [HELLO, GUD, GRD, bags("credit_card_4421486")], 2, 1),
+    "B6-unverified": ("B6", [HELLO, GUD, ASK, user("Yes, please go ahead."), CANCEL], 2, 0),
+    "B6-same-turn-read": (
+        "B6",
+        [
+            user("Hi, I am raj_sanchez_7340."),
+            ASK,
+            user("Yes, please go ahead."),
+            "Checking, then cancelling. " + GRD_CALL + call("cancel_reservation", reservation_id="NO6JO3"),
+        ],
+        1,
+        0,
+    ),  # fmt: skip
+    # B7 grounded_reply
+    "B7-reports-ids": ("B7", [HELLO, GUD, "You have reservations NO6JO3, AIXC49 and HKEG34. Which one?"], 1, 1),
+    "B7-reports-amount": ("B7", [HELLO, GUD, GRD, "You paid $2,504 for it."], 2, 1),
+    "B7-already-said": (
+        "B7",
+        [HELLO, GUD, "You have NO6JO3, AIXC49 and HKEG34.", user("Which ones?"), "Again: NO6JO3, AIXC49, HKEG34."],
+        2,
+        0,
+    ),
+    "B7-not-looked-up": ("B7", [HELLO, "Thanks! What about reservation ABC123 and the $100?"], 0, 0),
+    "B7-turn-with-call": ("B7", [HELLO, GUD, "You have NO6JO3; let me open it. " + GRD_CALL], 1, 0),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rule_on_real_episode(env: AirlineEnv, case: str) -> None:
+    rule_id, steps, turn, expected = CASES[case]
+    record = play(env, steps)
+    result = score_episode(record)
+    assert len(result.turn_scores) == len(record.turns) == len(result.fired)
+    assert result.fired[turn].get(rule_id, 0) == expected, result.fired
+
+
+def test_every_rule_has_a_firing_and_a_silent_case() -> None:
+    fires = {rule for rule, _, _, expected in CASES.values() if expected}
+    silent = {rule for rule, _, _, expected in CASES.values() if not expected}
+    assert fires == silent == set(RULES)
+
+
+def test_turn_score_is_weighted_sum_and_totals_add_up(env: AirlineEnv) -> None:
+    record = play(env, [HELLO, GUD_CALL, GRD, ASK, user("Yes, go ahead."), CANCEL, "Done: NO6JO3 is cancelled."])
+    result = score_episode(record)
+    assert result.fired[0] == {"P4": 1, "B3": 1}
+    assert result.turn_scores[0] == pytest.approx(-0.05 + 0.01)
+    for scores, fired in zip(result.turn_scores, result.fired, strict=True):
+        assert scores == pytest.approx(sum(RULES[r].weight * n for r, n in fired.items()))
+    for rule_id in RULES:
+        assert result.rule_counts[rule_id] == sum(fired.get(rule_id, 0) for fired in result.fired)
+    assert result.raw_score == pytest.approx(sum(result.turn_scores))
+    assert result.process_score == pytest.approx(result.raw_score)  # well inside the default clip
+    assert result.to_dict()["rule_counts"] == result.rule_counts
+
+
+def test_clip(env: AirlineEnv) -> None:
+    record = play(env, [HELLO, GUD_CALL])  # P4 and B3: raw -0.04
+    assert score_episode(record).process_score == pytest.approx(-0.04)
+    tight = score_episode(record, clip=(-0.01, 0.01))
+    assert tight.process_score == pytest.approx(-0.01) and tight.raw_score == pytest.approx(-0.04)
+    low = score_episode(record, weights={"P4": -3.0})
+    assert low.raw_score == pytest.approx(-2.99) and low.process_score == pytest.approx(-0.5)
+    high = score_episode(record, weights={"B3": 3.0})
+    assert high.raw_score == pytest.approx(2.95) and high.process_score == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="low <= high"):
+        score_episode(record, clip=(0.5, -0.5))
+
+
+def test_weights_override_and_unknown_id(env: AirlineEnv) -> None:
+    record = play(env, [HELLO, GUD_CALL])
+    result = score_episode(record, weights={"P4": -0.2, "B3": 0.0})
+    assert result.turn_scores == [pytest.approx(-0.2)]
+    assert result.fired == [{"P4": 1, "B3": 1}]  # a zero weight still reports the firing
+    assert RULES["P4"].weight == -0.05  # the override does not leak into the table
+    with pytest.raises(KeyError, match=r"unknown PRM-Lite rule id\(s\) \['P9'\]; valid ids: P1, P2, .*B7"):
+        score_episode(record, weights={"P9": 1.0})
+    with pytest.raises(ValueError, match="finite"):
+        score_episode(record, weights={"P1": float("nan")})
+
+
+def test_rule_table() -> None:
+    assert list(RULES) == [f"P{i}" for i in range(1, 9)] + [f"B{i}" for i in range(1, 8)]
+    names = [rule.name for rule in RULES.values()]
+    assert names[:2] == ["placeholder_arguments", "redundant_call"] and len(set(names)) == 15
+    for rule_id, rule in RULES.items():
+        assert rule.rule_id == rule_id and rule.trigger and rule.rationale and callable(rule.fn)
+        assert (rule.weight < 0) == rule_id.startswith("P") and rule.weight != 0
+    assert get_rule("B2") is RULES["B2"] and get_rule("B2").weight == 0.08
+    with pytest.raises(KeyError, match="valid ids: P1, P2, P3, P4, P5, P6, P7, P8, B1, B2, B3, B4, B5, B6, B7"):
+        get_rule("X1")
+
+
+def test_id_arguments_come_from_the_schemas() -> None:
+    assert ID_ARGUMENT_NAMES == {"user_id", "reservation_id", "payment_id", "flight_number"}
+    assert prm_lite.LOOKUP_TOOLS == {"get_user_details": "user_id", "get_reservation_details": "reservation_id"}
+    described = " ".join(str(tool["function"]["parameters"]) for tool in TOOL_SCHEMAS)
+    for example in ("sara_doe_496", "ZFA04Y", "credit_card_7815826", "2024-01-01"):
+        assert example in described and is_placeholder("x", example)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("user_id", "<user_id>", True),
+        ("reservation_id", "{reservation_id}", True),
+        ("payment_id", "[payment id]", True),
+        ("user_id", "user_id", True),
+        ("reservation_id", "XXXXXX", True),
+        ("payment_id", "your_payment_id", True),
+        ("summary", "PLACEHOLDER", True),
+        ("reservation_id", "...", True),
+        ("user_id", "N/A", True),
+        ("date", "2024-01-01", True),
+        ("reservation_id", "8jx2wo", True),
+        ("user_id", " ", True),
+        ("user_id", "None", True),
+        ("user_id", "mia_li_3668", False),
+        ("flight_number", "HAT001", False),
+        ("summary", "User wants to cancel NO6JO3; policy does not allow it.", False),
+        ("insurance", "no", False),
+        ("expression", "2 + 2", False),
+    ],
+)
+def test_placeholder_detector(name: str, value: str, expected: bool) -> None:
+    assert is_placeholder(name, value) is expected
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("Yes, please go ahead.", True),
+        ("yeah do it", True),
+        ("Yep.", True),
+        ("I confirm.", True),
+        ("Please proceed with the change.", True),
+        ("Sure, thanks!", True),
+        ("That's correct.", True),
+        ("Please do.", True),
+        ("That\u2019s right", True),
+        ("No problem, yes go ahead.", True),
+        ("No, not yet.", False),
+        ("Not yet, I need to think.", False),
+        ("I'm not sure.", False),
+        ("Don't proceed.", False),
+        ("Please do not go ahead with it.", False),
+        ("no", False),
+        ("Please don't do it yet, I need to make sure first.", False),
+        ("My user id is mia_li_3668.", False),
+        ("", False),
+    ],
+)
+def test_confirmation_detector(message: str, expected: bool) -> None:
+    assert is_confirmation(message) is expected
+
+
+def test_mentionable_values() -> None:
+    values = mentionable_values('{"reservation_id": "NO6JO3", "flights": [{"flight_number": "HAT083", "price": 483}]}')
+    assert values == {"no6jo3", "hat083", "483"}
+    assert mentionable_values("It costs $1,250.00 on 2024-05-16 at 06:00, see HATHAT, please.") == {"1250", "hathat"}
+    assert mentionable_values("Total 3 bags, user mia_li_3668") == {"mia_li_3668"}
+
+
+class _AskThenLookUp:
+    """A minimal agent for ``run_episodes``: asks for the user id, looks it up, says goodbye."""
+
+    def act(self, episodes: list[Any]) -> list[str]:
+        texts = []
+        for episode in episodes:
+            turn = len(episode.record.turns)
+            if turn == 0:
+                texts.append("Could you please provide your user id?")
+            elif turn == 1:
+                last_user = [m["content"] for m in episode.messages if m["role"] == "user"][-1]
+                found = re.search(r"\b[a-z]+(?:_[a-z]+)*_\d{3,}\b", last_user)
+                user_id = found.group() if found else "unknown"
+                texts.append("Let me look that up. " + call("get_user_details", user_id=user_id))
+            else:
+                texts.append("Thank you, goodbye! ###STOP###")
+        return texts
+
+
+def test_records_from_the_runner(env: AirlineEnv) -> None:
+    records = run_episodes(env, _AskThenLookUp(), ScriptedUser(), [("1", 0), ("5", 0)])
+    for record in records:
+        result = score_episode(record)
+        assert len(result.fired) == len(record.turns) == 3
+        assert result.fired[1] == {"B3": 1, "B4": 1}  # the id came from the user: no P6, no B2
+        assert result.process_score == pytest.approx(0.03)
+
+
+def test_empty_record() -> None:
+    record = EpisodeRecord(task_id="x", seed=0, messages=[{"role": "system", "content": "s"}])
+    result = score_episode(record)
+    assert result.turn_scores == [] and result.process_score == 0.0 and set(result.rule_counts) == set(RULES)
+    assert not any(result.rule_counts.values())
+
+
+def test_inconsistent_record_is_rejected(env: AirlineEnv) -> None:
+    record = play(env, [HELLO, GUD])
+    record.messages = [m for m in record.messages if m["role"] != "assistant"]
+    with pytest.raises(ValueError, match="assistant messages"):
+        score_episode(record)
+
+
+def test_docs_table_matches_code() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    table = text.split(DOCS_START, 1)[1].split(DOCS_END, 1)[0]
+    assert table.strip() == rules_markdown().strip()
+    assert re.search(r"\| P5 \| `unconfirmed_write` \| -0\.08 \|", table)
+
+
+def test_markdown_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    assert prm_lite.main(["--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert out == rules_markdown() and out.count("\n") == 2 + len(RULES)
+
+
+def _result(*fired_rules: str) -> PRMResult:
+    counts = dict.fromkeys(RULES, 0) | dict.fromkeys(fired_rules, 1)
+    return PRMResult(turn_scores=[], fired=[], process_score=0.0, raw_score=0.0, rule_counts=counts)
+
+
+def test_episode_rule_stats() -> None:
+    results = [_result("B2", "B5"), _result("B2"), _result("P5"), _result("P5", "B2")]
+    stats = episode_rule_stats(results, [True, True, False, False])
+    assert len(stats) == 2 * len(RULES)
+    assert stats["prm/B2/fire_rate"] == pytest.approx(0.75)
+    assert stats["prm/B2/discriminativeness"] == pytest.approx(1.0 - 0.5)
+    assert stats["prm/P5/fire_rate"] == pytest.approx(0.5)
+    assert stats["prm/P5/discriminativeness"] == pytest.approx(-1.0)
+    assert stats["prm/B5/discriminativeness"] == pytest.approx(0.5)
+    assert stats["prm/P1/fire_rate"] == 0.0 and stats["prm/P1/discriminativeness"] == 0.0
+    one_sided = episode_rule_stats(results[:2], [True, True])
+    assert one_sided["prm/B2/fire_rate"] == 1.0 and one_sided["prm/B2/discriminativeness"] == 0.0
+    assert episode_rule_stats([], [])["prm/B2/fire_rate"] == 0.0
+    with pytest.raises(ValueError, match="success flags"):
+        episode_rule_stats(results, [True])

@@ -1,0 +1,60 @@
+"""The private GRPOTrainer hooks MultiTurnGRPOTrainer overrides or calls must exist with the signatures we rely on
+(trl is pinned to 1.16.0; a TRL upgrade that moves them fails here, not in the middle of a training run)."""
+
+import inspect
+
+import trl
+from trl import GRPOTrainer
+
+from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+
+EXPECTED = {
+    "_generate": ["self", "prompts"],
+    "_generate_single_turn": [
+        "self",
+        "prompt_ids",
+        "images",
+        "multimodal_fields",
+        "num_generations",
+        "has_tool_images",
+    ],
+    "_generate_and_score_completions": ["self", "inputs"],
+    "_compute_loss": ["self", "model", "inputs"],
+    "training_step": ["self", "model", "inputs", "num_items_in_batch"],
+}
+
+
+def test_trl_version_is_pinned():
+    assert trl.__version__ == "1.16.0"
+
+
+def test_private_hooks_have_expected_signatures():
+    for name, params in EXPECTED.items():
+        method = getattr(GRPOTrainer, name, None)
+        assert method is not None, f"GRPOTrainer.{name} disappeared"
+        assert list(inspect.signature(method).parameters) == params, name
+
+
+def test_generate_returns_the_eight_tuple_we_build():
+    # _generate_and_score_completions unpacks exactly eight values from _generate
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert "tool_images,\n        ) = self._generate(prompts)" in source
+    assert "self.mask_truncated_completions" in source
+    assert "mask = completion_mask if tool_mask is None else completion_mask * tool_mask" in inspect.getsource(
+        GRPOTrainer._compute_loss
+    ) or "completion_mask * tool_mask" in inspect.getsource(GRPOTrainer._compute_loss)
+
+
+def test_luspo_aggregation_and_two_dimensional_advantages_are_supported():
+    source = inspect.getsource(GRPOTrainer._compute_loss)
+    assert 'self.loss_type == "luspo"' in source
+    assert "advantages.dim() == 1" in source or "if advantages.dim()" in source
+
+
+def test_subclass_overrides_only_the_documented_hooks():
+    overridden = {
+        name
+        for name, value in vars(MultiTurnGRPOTrainer).items()
+        if callable(value) and hasattr(GRPOTrainer, name) and not name.startswith("__")
+    }
+    assert overridden == {"_generate", "_generate_and_score_completions", "training_step"}

@@ -1,0 +1,147 @@
+"""Multi-turn GRPO on the τ²-bench airline domain with one of five loss variants.
+
+    # the embedded default: tiny random-weight Qwen2 + scripted user, on CPU, a few minutes
+    accelerate launch --config_file accelerate_configs/cpu.yaml train_grpo.py --config recipes/grpo/cpu_smoke.yaml
+    # a real run (see README "Reproducing the ablation")
+    accelerate launch --config_file accelerate_configs/single_gpu.yaml train_grpo.py \
+        --config recipes/grpo/joint.yaml --model_name_or_path /models/Qwen2.5-7B-Instruct
+
+Any recipe field can be overridden on the command line (``--variant lata``, ``--max_steps 10``...).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import datasets
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+from transformers.trainer_utils import get_last_checkpoint
+from trl import ModelConfig, TrlParser, get_peft_config
+
+from airline_rl.configs import GRPOScriptArguments, MultiTurnGRPOConfig
+from airline_rl.envs.episode import AirlineEnv, EnvConfig
+from airline_rl.envs.splits import get_split
+from airline_rl.envs.tools import TOOL_SCHEMAS
+from airline_rl.envs.users import get_user_simulator
+from airline_rl.hub import LocalHubCallback, ensure_writable
+from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_model_path(
+    model_args: ModelConfig, script_args: GRPOScriptArguments, output_dir: str, env: AirlineEnv
+) -> str:
+    """The model to train: the given path, or the embedded tiny model (built once and cached)."""
+    if model_args.model_name_or_path:
+        path = Path(model_args.model_name_or_path)
+        if not path.exists():
+            raise SystemExit(
+                f"--model_name_or_path {path} does not exist: pass a local model directory (nothing is downloaded)"
+            )
+        return str(path)
+    from airline_rl.data.tiny_model import build_tiny_model, default_tiny_model_dir
+
+    directory = script_args.tiny_model_dir or default_tiny_model_dir(Path(output_dir).parent)
+    extra = [env.system_prompt, *(str(schema) for schema in TOOL_SCHEMAS)]
+    return str(build_tiny_model(directory, extra_texts=extra))
+
+
+def task_dataset(script_args: GRPOScriptArguments, env: AirlineEnv, system_prompt: str) -> datasets.Dataset:
+    """One prompt row per (task, repeat); the trainer plays the episode, the prompt column only feeds TRL's logs."""
+    split = get_split(script_args.split, script_args.split_file, frozenset(env.domain.tasks))
+    if script_args.tasks:
+        task_ids = [t.strip() for t in script_args.tasks.split(",") if t.strip()]
+        for task_id in task_ids:
+            env.domain.get_task(task_id)  # unknown ids fail here with the valid range
+    else:
+        task_ids = list(split.train)
+    prompt = [{"role": "system", "content": system_prompt}]
+    rows = [{"prompt": prompt, "task_id": t} for _ in range(script_args.task_repeats) for t in task_ids]
+    return datasets.Dataset.from_list(rows)
+
+
+def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, model_args: ModelConfig) -> None:
+    set_seed(training_args.seed)
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    log_level = training_args.get_process_log_level()
+    logger.setLevel(log_level)
+    logging.getLogger("airline_rl").setLevel(log_level)
+    datasets.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.set_verbosity(log_level)
+    if training_args.bf16 and not torch.cuda.is_available():
+        raise SystemExit("--bf16 true needs a GPU; on CPU pass --bf16 false (the CPU recipes do)")
+    ensure_writable(script_args.hub_dir)
+    run_name = training_args.run_name or Path(training_args.output_dir).name
+
+    env = AirlineEnv(script_args.data_dir, EnvConfig(script_args.max_turns, script_args.max_tool_errors))
+    user = get_user_simulator(script_args.user_simulator, **script_args.user_kwargs())
+    model_path = resolve_model_path(model_args, script_args, training_args.output_dir, env)
+    logger.info("policy model: %s; variant: %s; user simulator: %s", model_path, training_args.variant, user.name)
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    dtype = model_args.dtype if model_args.dtype in ("auto", None) else getattr(torch, model_args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path,
+        revision=model_args.model_revision,
+        dtype=dtype,
+        attn_implementation=model_args.attn_implementation,
+    )
+    train_dataset = task_dataset(script_args, env, env.system_prompt)
+
+    trainer = MultiTurnGRPOTrainer(
+        model=model,
+        args=training_args,
+        env=env,
+        user=user,
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+    )
+    hub_config = {
+        "variant": training_args.variant,
+        "base_model": model_path,
+        "learning_rate": training_args.learning_rate,
+        "num_generations": training_args.num_generations,
+        "max_completion_length": training_args.max_completion_length,
+        "split": script_args.split,
+        "user_simulator": script_args.user_simulator,
+        **{k: getattr(training_args, k) for k in ("turn_discount_alpha", "prm_coef", "prm_clip", "turn_credit_coef")
+           if getattr(training_args, k) is not None},
+    }  # fmt: skip
+    hub = LocalHubCallback(trainer, script_args.hub_dir, run_name, hub_config)
+    trainer.add_callback(hub)
+
+    checkpoint = training_args.resume_from_checkpoint
+    if checkpoint is None and os.path.isdir(training_args.output_dir):
+        checkpoint = get_last_checkpoint(training_args.output_dir)
+    if checkpoint:
+        logger.info("resuming from %s", checkpoint)
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.log_metrics("train", result.metrics)
+    trainer.save_metrics("train", result.metrics)
+    trainer.save_state()
+    trainer.save_model(training_args.output_dir)
+    exported = hub.export(trainer.state)
+    if exported is not None and trainer.is_world_process_zero():
+        logger.info("local hub revision: %s", exported)
+
+
+def make_parser() -> TrlParser:
+    return TrlParser((GRPOScriptArguments, MultiTurnGRPOConfig, ModelConfig))
+
+
+if __name__ == "__main__":
+    parser = make_parser()
+    script_args, training_args, model_args = parser.parse_args_and_config()
+    main(script_args, training_args, model_args)
