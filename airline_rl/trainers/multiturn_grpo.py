@@ -40,10 +40,10 @@ from trl import GRPOTrainer
 
 from airline_rl.configs import MultiTurnGRPOConfig
 from airline_rl.envs.episode import AirlineEnv, Episode, EpisodeRecord
-from airline_rl.envs.runner import AgentTurn, RunTimings, run_episodes
+from airline_rl.envs.runner import RunTimings, run_episodes
 from airline_rl.envs.users.base import UserSimulator
-from airline_rl.render import environment_suffix_ids, prompt_text
 from airline_rl.rewards.prm_lite import PRMResult, episode_rule_stats, score_episode
+from airline_rl.rollout import TokenPolicyAgent
 from airline_rl.trainers.variants import token_advantages
 
 logger = logging.getLogger(__name__)
@@ -59,80 +59,40 @@ def process(completions: list, episode: list[dict], **kwargs: Any) -> list[float
     return [None if ep["reward"]["user_error"] else float(ep["prm"]["process_score"]) for ep in episode]
 
 
-class PolicyAgent:
-    """Plays the policy side of a batch of episodes with the trainer's generation backend, token-in/token-out.
+class TrainerBackend:
+    """``GenerationBackend`` over the trainer's own ``_generate_single_turn`` (transformers or vLLM).
 
-    Per-episode token state lives in ``episode.agent_state``: prompt ids, completion ids, tool mask, sampling
-    log-probs, the (start, end) completion span of every policy turn, and how many messages are already tokenised.
+    In multi-process runs every rank must make the same number of generation calls (vLLM server mode and ZeRO-3 /
+    FSDP generation are collectives): each wave first agrees on whether any rank still has work, and an idle rank
+    joins with a 1-token dummy generation. ``drain`` keeps an idle rank in step until all ranks are done.
     """
 
-    def __init__(self, trainer: MultiTurnGRPOTrainer, tools: list[dict]) -> None:
+    def __init__(self, trainer: MultiTurnGRPOTrainer) -> None:
         self.trainer = trainer
-        self.tokenizer = trainer.processing_class
-        self.tools = tools
-        self.eos_ids = set(trainer.eos_token_ids)
-        self.max_completion = trainer.args.max_completion_length
-        self.max_turn_tokens = trainer.args.max_turn_tokens
-        self.max_context = _max_context(trainer)
-        self._prompt_cache: dict[str, list[int]] = {}
 
-    def start(self, episode: Episode) -> None:
-        prompt_messages = episode.messages[:2]  # system prompt + fixed greeting
-        key = prompt_messages[0]["content"]
-        if key not in self._prompt_cache:
-            text = prompt_text(self.tokenizer, prompt_messages, self.tools)
-            self._prompt_cache[key] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        episode.agent_state.update(
-            prompt_ids=self._prompt_cache[key], completion_ids=[], tool_mask=[], logprobs=[], spans=[], seen=2
-        )
+    def _any_rank_busy(self, busy: bool) -> bool:
+        accelerator = self.trainer.accelerator
+        if accelerator.num_processes == 1:
+            return busy
+        flags = accelerator.gather(torch.tensor([int(busy)], device=accelerator.device))
+        return bool(flags.sum().item())
 
-    def _append_environment(self, episode: Episode) -> None:
-        state = episode.agent_state
-        suffix = environment_suffix_ids(
-            self.tokenizer, episode.messages[: state["seen"]], episode.messages, self.tools
-        )
-        state["completion_ids"].extend(suffix)
-        state["tool_mask"].extend([0] * len(suffix))
-        state["logprobs"].extend([0.0] * len(suffix))
-        state["seen"] = len(episode.messages)
+    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> tuple[list[list[int]], Any]:
+        if not self._any_rank_busy(bool(prompts)):
+            return [], None
+        if not prompts:  # idle rank: join the others' collective with a dummy prompt
+            pad = self.trainer.processing_class.pad_token_id or 0
+            with self.trainer._max_new_tokens(1):
+                self.trainer._generate_single_turn([[pad]], None, {}, 1)
+            return [], None
+        with self.trainer._max_new_tokens(max_new_tokens):
+            return self.trainer._generate_single_turn(prompts, None, {}, 1)
 
-    def act(self, episodes: list[Episode]) -> list[AgentTurn]:
-        budgets = []
-        for episode in episodes:
-            if "prompt_ids" not in episode.agent_state:
-                self.start(episode)
-            self._append_environment(episode)
-            state = episode.agent_state
-            used = len(state["completion_ids"])
-            context_left = self.max_context - len(state["prompt_ids"]) - used
-            budgets.append(min(self.max_turn_tokens, self.max_completion - used, context_left))
-        turns: list[AgentTurn | None] = [None] * len(episodes)
-        runnable = [i for i, budget in enumerate(budgets) if budget > 0]
-        for i, budget in enumerate(budgets):
-            if budget <= 0:  # the environment's last message already filled the budget
-                turns[i] = AgentTurn(text="", num_tokens=0, truncated=True)
-        self.trainer._sync_wave(has_work=bool(runnable))
-        if runnable:
-            inputs = [
-                episodes[i].agent_state["prompt_ids"] + episodes[i].agent_state["completion_ids"] for i in runnable
-            ]
-            with self.trainer._max_new_tokens(max(budgets[i] for i in runnable)):
-                sampled, logprobs = self.trainer._generate_single_turn(inputs, None, {}, 1)
-            for j, i in enumerate(runnable):
-                ids = list(sampled[j])[: budgets[i]]
-                lps = list(logprobs[j])[: len(ids)] if logprobs is not None else [0.0] * len(ids)
-                state = episodes[i].agent_state
-                start = len(state["completion_ids"])
-                state["completion_ids"].extend(ids)
-                state["tool_mask"].extend([1] * len(ids))
-                state["logprobs"].extend(lps)
-                state["spans"].append((start, start + len(ids)))
-                truncated = not ids or ids[-1] not in self.eos_ids
-                text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                turns[i] = AgentTurn(text=text, num_tokens=len(ids), truncated=truncated)
-        for episode in episodes:  # env_response appends the assistant message next: count it as seen
-            episode.agent_state["seen"] = len(episode.messages) + 1
-        return turns  # type: ignore[return-value]
+    def drain(self) -> None:
+        while self._any_rank_busy(False) and self.trainer.accelerator.num_processes > 1:
+            pad = self.trainer.processing_class.pad_token_id or 0
+            with self.trainer._max_new_tokens(1):
+                self.trainer._generate_single_turn([[pad]], None, {}, 1)
 
 
 def _max_context(trainer: GRPOTrainer) -> int:
@@ -156,9 +116,11 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         eval_dataset: Any = None,
         peft_config: Any = None,
         callbacks: list | None = None,
+        reward_funcs: list | None = None,
     ) -> None:
-        reward_funcs = [outcome] + ([process] if args.uses_prm else [])
-        args.reward_weights = [1.0] + ([args.prm_coef] if args.uses_prm else [])
+        if reward_funcs is None:  # the variant's rewards: τ²'s outcome, plus prm_coef × PRM-Lite for prm_lite/joint
+            reward_funcs = [outcome] + ([process] if args.uses_prm else [])
+            args.reward_weights = [1.0] + ([args.prm_coef] if args.uses_prm else [])
         super().__init__(
             model=model,
             reward_funcs=reward_funcs,
@@ -195,25 +157,6 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             else:
                 self.generation_config.max_new_tokens = saved
 
-    def _sync_wave(self, has_work: bool) -> None:
-        """Multi-process runs: every rank must make the same number of generation calls (vLLM server mode and
-        ZeRO-3 / FSDP generation are collectives); a rank whose episodes are done generates a 1-token dummy."""
-        if self.accelerator.num_processes == 1:
-            return
-        self.accelerator.gather(torch.tensor([int(has_work)], device=self.accelerator.device))
-
-    def _drain_waves(self) -> None:
-        """After this rank's episodes are done, join the other ranks' remaining waves with dummy generations."""
-        if self.accelerator.num_processes == 1:
-            return
-        pad = self.processing_class.pad_token_id or 0
-        while True:
-            active = self.accelerator.gather(torch.tensor([0], device=self.accelerator.device)).sum().item()
-            if active == 0:
-                return
-            with self._max_new_tokens(1):
-                self._generate_single_turn([[pad]], None, {}, 1)
-
     def _episode_seed(self, index: int) -> int:
         return (self.state.global_step * 1_000_003 + self.accelerator.process_index * 10_007 + index) % (2**31)
 
@@ -226,12 +169,21 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         start = time.perf_counter()
         specs = [(str(row["task_id"]), self._episode_seed(i)) for i, row in enumerate(rows)]
         episodes = [self.env.reset(task_id, seed) for task_id, seed in specs]
-        agent = PolicyAgent(self, self.env.tools)
+        backend = TrainerBackend(self)
+        agent = TokenPolicyAgent(
+            backend,
+            self.processing_class,
+            self.env.tools,
+            self.eos_token_ids,
+            self.args.max_completion_length,
+            self.args.max_turn_tokens,
+            _max_context(self),
+        )
         for episode in episodes:
             agent.start(episode)
         timings = RunTimings()
         records = run_episodes(self.env, agent, self.user, specs, timings=timings, episodes=episodes)
-        self._drain_waves()
+        backend.drain()
         prm_start = time.perf_counter()
         clip = self.args.prm_clip if self.args.prm_clip is not None else 0.5
         prm_results = [score_episode(record, clip=(-clip, clip)) for record in records]
