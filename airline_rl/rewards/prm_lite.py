@@ -435,7 +435,7 @@ _RULE_LIST = [
     Rule(
         "P8",
         "excess_tool_calls",
-        -0.02,
+        -0.05,
         f"Each tool call beyond the {MAX_FREE_TOOL_CALLS}th of the episode (charged per call, not once per turn).",
         "A length penalty, so that padding an episode with calls to farm the per-call bonuses does not pay.",
         _p8_excess_calls,

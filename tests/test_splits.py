@@ -1,0 +1,71 @@
+"""The committed split file: sizes, groups, strata, determinism, and clear errors for bad split files."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from airline_rl.data.make_splits import build_splits
+from airline_rl.envs.data import load_domain
+from airline_rl.envs.splits import GROUPS, SplitError, default_splits_path, get_split, load_splits
+
+DOMAIN = load_domain()
+TASK_IDS = frozenset(DOMAIN.tasks)
+
+
+def test_seed_split_sizes_and_groups():
+    split = get_split("seed", task_ids=TASK_IDS)
+    assert (len(split.train), len(split.test), len(split.covered)) == (40, 10, 16)
+    assert set(split.test) <= set(DOMAIN.official_split["test"])  # test comes from tau2's official test list
+    assert set(split.covered) <= set(DOMAIN.official_split["train"])
+    sizes = {group: len(split.group(group)) for group in GROUPS}
+    assert sizes == {"covered_seen": 16, "uncovered_seen": 24, "unseen": 10}
+    assert sorted(t for g in GROUPS for t in split.group(g)) == sorted(TASK_IDS)
+    for group in GROUPS:
+        writes = [DOMAIN.tasks[t].writes for t in split.group(group)]
+        assert any(writes) and not all(writes), f"{group} must hold write and no-write tasks"
+
+
+def test_tau2_split_is_the_official_one():
+    split = get_split("tau2", task_ids=TASK_IDS)
+    assert set(split.train) == set(DOMAIN.official_split["train"])
+    assert set(split.test) == set(DOMAIN.official_split["test"])
+    assert split.covered == get_split("seed").covered
+    assert split.group_of(split.test[0]) == "unseen"
+
+
+def test_committed_file_matches_the_procedure():
+    committed = json.loads(default_splits_path().read_text())
+    assert committed == build_splits()
+    result = subprocess.run([sys.executable, "-m", "airline_rl.data.make_splits", "--check"], capture_output=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_unknown_split_lists_valid_names():
+    with pytest.raises(SplitError, match=r"valid splits: \['seed', 'tau2'\]"):
+        get_split("bogus")
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"splits": {}}', "non-empty 'splits'"),
+        ('{"splits": {"x": {"train": ["0"], "test": ["0"], "covered": []}}}', "both train and test"),
+        ('{"splits": {"x": {"train": ["0"], "test": ["1"], "covered": ["2"]}}}', "subset of x.train"),
+        ('{"splits": {"x": {"train": "0", "test": [], "covered": []}}}', "x.train must be a list"),
+        ('{"splits": {"x": {"train": ["0", "999"], "test": ["1"], "covered": []}}}', "unknown task ids"),
+    ],
+)
+def test_bad_split_file_names_the_problem(tmp_path, content, message):
+    path = tmp_path / "splits.json"
+    path.write_text(content)
+    with pytest.raises(SplitError, match=message) as info:
+        load_splits(str(path), TASK_IDS)
+    assert str(path) in str(info.value)
+
+
+def test_missing_split_file():
+    with pytest.raises(SplitError, match="does not exist"):
+        load_splits("/nonexistent/splits.json")
