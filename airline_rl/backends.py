@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import time
 from typing import Any
 
 import torch
@@ -18,8 +19,48 @@ import torch
 logger = logging.getLogger(__name__)
 
 
+class _StepClock:
+    """A ``generate`` streamer that only timestamps: prompt received, first new token (end of prefill), last token."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value: Any) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        self.times.append(time.perf_counter())
+
+    def split(self) -> tuple[float, float]:
+        """(prefill seconds, decode seconds); the first new token counts as prefill."""
+        if len(self.times) < 3:
+            return (self.times[-1] - self.times[0], 0.0) if len(self.times) >= 2 else (0.0, 0.0)
+        return self.times[1] - self.times[0], self.times[-1] - self.times[1]
+
+
+def _common_prefix_length(a: list[int], b: list[int], limit: int) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``, at most ``limit`` (binary search on slices)."""
+    lo, hi = 0, min(len(a), len(b), limit)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 class TransformersBackend:
-    """Batched ``generate`` with a transformers causal LM; greedy when ``temperature == 0``."""
+    """Batched ``generate`` with a transformers causal LM; greedy when ``temperature == 0``.
+
+    Prefix reuse (``prefix_cache=True``): every episode starts with the same system prompt, thousands of tokens that
+    plain ``generate`` would prefill again for every sequence of every wave. The backend keeps the KV cache of the
+    longest prefix shared by all prompts of a call (at least ``min_prefix_tokens``; rebuilt only when a later call's
+    prompts no longer all extend it) and starts each batch from a copy of it: the prompts are laid out as
+    ``[prefix | left padding | rest]`` with position ids from the attention mask, so each sequence sees exactly the
+    positions it would see unpadded and only the per-episode rest is prefilled. ``prefix_stats`` counts builds and
+    reuses; ``timings`` splits the time spent in ``generate`` into prefix building, prefill and decoding.
+    """
 
     def __init__(
         self,
@@ -30,6 +71,9 @@ class TransformersBackend:
         eos_token_ids: list[int] | None = None,
         max_batch_size: int = 64,
         seed: int | None = None,
+        prefix_cache: bool = True,
+        min_prefix_tokens: int = 256,
+        generation_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -40,6 +84,13 @@ class TransformersBackend:
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.max_batch_size = max_batch_size
         self.generator_seed = seed
+        self.prefix_cache = prefix_cache
+        self.min_prefix_tokens = max(1, min_prefix_tokens)
+        self.generation_kwargs = dict(generation_kwargs or {})
+        self._prefix: list[int] = []
+        self._prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.prefix_stats = {"built": 0, "reused": 0, "prefix_tokens": 0}
+        self.timings = {"prefix": 0.0, "prefill": 0.0, "decode": 0.0, "calls": 0}
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> tuple[list[list[int]], None]:
@@ -48,33 +99,103 @@ class TransformersBackend:
         if self.generator_seed is not None:
             torch.manual_seed(self.generator_seed)
             self.generator_seed += 1
+        prefix_length = self._shared_prefix(prompts)
         results: list[list[int]] = []
         for start in range(0, len(prompts), self.max_batch_size):
-            results.extend(self._generate_batch(prompts[start : start + self.max_batch_size], max_new_tokens))
+            chunk = prompts[start : start + self.max_batch_size]
+            results.extend(self._generate_batch(chunk, max_new_tokens, prefix_length))
         return results, None
 
-    def _generate_batch(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-        device = self.model.device
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    # -- prefix reuse ---------------------------------------------------------------------------------------------
+
+    def _shared_prefix(self, prompts: list[list[int]]) -> int:
+        """Length of the cached prefix to start this call from (0: none); builds the cache when worthwhile."""
+        if not self.prefix_cache:
+            return 0
+        shortest = min(len(p) for p in prompts)
+        cached = len(self._prefix)
+        # Every prompt must extend the prefix by at least one token (its last position gives the next-token logits).
+        if self._prefix_kv is not None and cached < shortest and all(p[:cached] == self._prefix for p in prompts):
+            self.prefix_stats["reused"] += 1
+            return cached
+        length = shortest - 1
+        for prompt in prompts[1:]:
+            length = _common_prefix_length(prompts[0], prompt, length)
+        if length < self.min_prefix_tokens:
+            return 0
+        self._build_prefix(prompts[0][:length])
+        return length
+
+    def _build_prefix(self, prefix: list[int]) -> None:
+        from transformers import DynamicCache
+
+        start = time.perf_counter()
+        cache = DynamicCache(config=self.model.config)
+        ids = torch.tensor([prefix], dtype=torch.long, device=self.model.device)
+        self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        self._prefix_kv = [(layer.keys, layer.values) for layer in cache.layers]
+        self._prefix = list(prefix)
+        self.prefix_stats["built"] += 1
+        self.prefix_stats["prefix_tokens"] = len(prefix)
+        self.timings["prefix"] += time.perf_counter() - start
+
+    def _prefix_cache_for(self, batch_size: int) -> Any:
+        """A fresh cache holding the prefix for ``batch_size`` sequences (``generate`` extends it in place)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        assert self._prefix_kv is not None
+        for index, (keys, values) in enumerate(self._prefix_kv):
+            cache.update(keys.expand(batch_size, -1, -1, -1), values.expand(batch_size, -1, -1, -1), index)
+        return cache
+
+    def reset_prefix_cache(self) -> None:
+        """Drops the cached prefix (call after changing the model's weights)."""
+        self._prefix, self._prefix_kv = [], None
+
+    # -- generation -----------------------------------------------------------------------------------------------
+
+    def _inputs(self, prompts: list[list[int]], prefix_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[prefix | left padding | rest]`` ids and attention mask (plain left padding when ``prefix_length`` is 0)."""
+        width = max(len(p) for p in prompts) - prefix_length
+        input_ids = torch.full((len(prompts), prefix_length + width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), prefix_length + width), dtype=torch.long)
+        if prefix_length:
+            input_ids[:, :prefix_length] = torch.tensor(self._prefix[:prefix_length], dtype=torch.long)
+            attention[:, :prefix_length] = 1
         for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention[row, width - len(prompt) :] = 1
+            rest = prompt[prefix_length:]
+            input_ids[row, prefix_length + width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
+            attention[row, prefix_length + width - len(rest) :] = 1
+        return input_ids, attention
+
+    def _generate_batch(self, prompts: list[list[int]], max_new_tokens: int, prefix_length: int = 0) -> list[list[int]]:
+        device = self.model.device
+        input_ids, attention = self._inputs(prompts, prefix_length)
         sampling = self.temperature > 0
+        extra: dict[str, Any] = {}
+        if prefix_length:
+            extra["cache"] = self._prefix_cache_for(len(prompts))
+        clock = _StepClock()
+        kwargs = {
+            "max_new_tokens": max_new_tokens,
+            "do_sample": sampling,
+            "temperature": self.temperature if sampling else None,
+            "top_p": self.top_p if sampling else None,
+            "top_k": 0 if sampling else None,
+            "eos_token_id": self.eos_token_ids,
+            "pad_token_id": self.pad_token_id,
+            **self.generation_kwargs,
+        }
         output = self.model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention.to(device),
-            max_new_tokens=max_new_tokens,
-            do_sample=sampling,
-            temperature=self.temperature if sampling else None,
-            top_p=self.top_p if sampling else None,
-            top_k=0 if sampling else None,
-            eos_token_id=self.eos_token_ids,
-            pad_token_id=self.pad_token_id,
+            input_ids=input_ids.to(device), attention_mask=attention.to(device), streamer=clock, **kwargs, **extra
         )
+        prefill, decode = clock.split()
+        self.timings["prefill"] += prefill
+        self.timings["decode"] += decode
+        self.timings["calls"] += 1
         completions = []
-        for row in output[:, width:].tolist():
+        for row in output[:, input_ids.shape[1] :].tolist():
             ids = []
             for token in row:
                 ids.append(token)
@@ -84,6 +205,26 @@ class TransformersBackend:
                 ids.pop()
             completions.append(ids)
         return completions
+
+    @torch.no_grad()
+    def next_token_logits(self, prompts: list[list[int]]) -> torch.Tensor:
+        """[B, V] logits for the next token of each prompt, through the same layout and prefix cache as ``generate``."""
+        prefix_length = self._shared_prefix(prompts)
+        input_ids, attention = self._inputs(prompts, prefix_length)
+        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+        kwargs: dict[str, Any] = {}
+        if prefix_length:
+            kwargs["cache"] = self._prefix_cache_for(len(prompts))
+        device = self.model.device
+        output = self.model(
+            input_ids=input_ids[:, prefix_length:].to(device),
+            attention_mask=attention.to(device),
+            position_ids=position_ids[:, prefix_length:].to(device),
+            use_cache=bool(prefix_length),
+            logits_to_keep=1,
+            **kwargs,
+        )
+        return output.logits[:, -1].float()
 
 
 def require_vllm(flag: str = "--backend vllm") -> None:

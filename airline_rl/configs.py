@@ -145,3 +145,191 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
     @property
     def uses_prm(self) -> bool:
         return bool(VARIANTS[self.variant]["uses_prm"])
+
+
+@dataclass
+class CollectArguments(EnvArguments):
+    """What ``collect_trajectories.py`` collects: teacher, tasks, attempts, where the dataset goes."""
+
+    teacher: Literal["oracle", "openai"] = field(
+        default="oracle",
+        metadata={"help": "'oracle': the gold-action agent (offline); 'openai': an OpenAI-compatible endpoint "
+                  "(--teacher_base_url, --teacher_model)."},
+    )  # fmt: skip
+    tasks: str | None = field(
+        default=None,
+        metadata={"help": "Comma-separated task ids (default: the covered train tasks of --split). Test tasks of the "
+                  "split are refused unless --allow_test_tasks."},
+    )  # fmt: skip
+    attempts: int = field(default=1, metadata={"help": "Episodes per task (episode seed = --seed + attempt)."})
+    seed: int = field(default=0, metadata={"help": "Base episode seed."})
+    output_dir: str | None = field(
+        default=None,
+        metadata={"help": "Collection directory (attempts/, dataset/, collect_info.json); rerunning resumes it "
+                  "(default: outputs/trajectories/<teacher>-<split>)."},
+    )  # fmt: skip
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "Name in the local hub, hub/datasets/<name> (default: the output_dir name)."}
+    )
+    hub_dir: str = field(default="hub", metadata={"help": "Local hub directory."})
+    allow_test_tasks: bool = field(
+        default=False, metadata={"help": "Allow test-split tasks (leak guard: off by default)."}
+    )
+    min_reward: float = field(default=1.0, metadata={"help": "Keep episodes whose reward is at least this."})
+    deduplicate: bool = field(
+        default=True, metadata={"help": "Keep one row per distinct conversation of a task (a deterministic teacher "
+                                "repeats itself)."},
+    )  # fmt: skip
+    chunk_size: int = field(
+        default=64, metadata={"help": "Episodes played together (one run_episodes call) and saved together."}
+    )
+    progress: bool = field(default=True, metadata={"help": "Show progress bars."})
+    teacher_base_url: str | None = field(
+        default=None, metadata={"help": "openai teacher: endpoint with /v1, e.g. http://localhost:8000/v1."}
+    )
+    teacher_model: str | None = field(
+        default=None, metadata={"help": "openai teacher: served model, e.g. Qwen/Qwen2.5-72B-Instruct-AWQ."}
+    )
+    teacher_api_key: str = field(default="EMPTY", metadata={"help": "openai teacher: API key (vLLM accepts any)."})
+    teacher_temperature: float = field(default=0.7, metadata={"help": "openai teacher: sampling temperature."})
+    teacher_top_p: float = field(default=1.0, metadata={"help": "openai teacher: nucleus sampling top_p."})
+    teacher_max_tokens: int = field(default=1024, metadata={"help": "openai teacher: most tokens per turn."})
+    teacher_seed: int = field(default=0, metadata={"help": "openai teacher: base request seed (+ episode seed)."})
+    teacher_timeout: float = field(default=120.0, metadata={"help": "openai teacher: per-request timeout (s)."})
+    teacher_max_retries: int = field(default=3, metadata={"help": "openai teacher: retries with backoff."})
+    teacher_backoff: float = field(default=1.0, metadata={"help": "openai teacher: first retry delay (s)."})
+    teacher_concurrency: int = field(default=64, metadata={"help": "openai teacher: most requests in flight."})
+
+    def teacher_kwargs(self) -> dict:
+        """Constructor arguments of the selected teacher."""
+        if self.teacher == "oracle":
+            return {}
+        return {
+            "base_url": self.teacher_base_url or "",
+            "model": self.teacher_model or "",
+            "api_key": self.teacher_api_key,
+            "temperature": self.teacher_temperature,
+            "top_p": self.teacher_top_p,
+            "max_tokens": self.teacher_max_tokens,
+            "seed": self.teacher_seed,
+            "timeout": self.teacher_timeout,
+            "max_retries": self.teacher_max_retries,
+            "backoff": self.teacher_backoff,
+            "concurrency": self.teacher_concurrency,
+        }
+
+
+@dataclass
+class SFTScriptArguments(EnvArguments):
+    """What ``train_sft.py`` trains on (the training itself is configured by TRL's ``SFTConfig``)."""
+
+    dataset_path: str | None = field(
+        default=None,
+        metadata={"help": "Teacher trajectories: a collection directory, a save_to_disk directory, a local-hub "
+                  "dataset directory or a name in <hub_dir>/datasets (default: collect oracle trajectories of the "
+                  "covered tasks of --split)."},
+    )  # fmt: skip
+    tasks: str | None = field(
+        default=None, metadata={"help": "Comma-separated task ids to keep (default: every task in the dataset)."}
+    )
+    min_reward: float = field(default=1.0, metadata={"help": "Keep rows whose reward is at least this."})
+    allow_test_tasks: bool = field(
+        default=False, metadata={"help": "Allow rows of test-split tasks (leak guard: off by default)."}
+    )
+    hub_dir: str = field(
+        default="hub", metadata={"help": "Local hub directory: the final model is exported to hub/<run_name>/."}
+    )
+    tiny_model_dir: str | None = field(
+        default=None,
+        metadata={"help": "Where the embedded tiny model is built when no --model_name_or_path is given "
+                  "(default: <outputs>/tiny-qwen2, or tiny-qwen2-h<H>-l<L> for other sizes)."},
+    )  # fmt: skip
+    tiny_hidden_size: int = field(default=64, metadata={"help": "Embedded tiny model: hidden size."})
+    tiny_num_layers: int = field(default=2, metadata={"help": "Embedded tiny model: layers."})
+
+
+@dataclass
+class EvalArguments(EnvArguments):
+    """What ``evaluate.py`` evaluates and how (see docs/metrics.md for the metrics and the results layout).
+
+    Token budgets mirror ``MultiTurnGRPOConfig``: ``max_turn_tokens`` caps one policy turn (its ``max_turn_tokens``)
+    and ``max_new_tokens`` caps the whole episode's completion (its ``max_completion_length``): every token after the
+    fixed prompt, the policy's sampled tokens and the user / tool tokens between them. An episode that runs out of
+    either budget mid-turn ends as ``token_budget`` (reward 0).
+    """
+
+    model: str | None = field(
+        default=None,
+        metadata={"help": "What to evaluate: a model directory, a local-hub id '<run>[@<step>]' (see --hub_dir), "
+                  "'oracle' (replays the gold actions) or 'noop' (refuses everything)."},
+    )  # fmt: skip
+    steps: str | None = field(
+        default=None,
+        metadata={"help": "Comma-separated checkpoint steps of the local-hub run --model (e.g. 200,250,300): one "
+                  "results file per step."},
+    )  # fmt: skip
+    tasks: str | None = field(
+        default=None,
+        metadata={"help": "Comma-separated task ids to evaluate (default: all 50; --split only assigns groups)."},
+    )  # fmt: skip
+    num_samples: int = field(default=4, metadata={"help": "Episodes per task (N of pass^k, k = 1..N)."})
+    max_new_tokens: int = field(
+        default=4096,
+        metadata={"help": "Whole-episode completion budget in tokens (the trainer's max_completion_length)."},
+    )
+    max_turn_tokens: int = field(
+        default=512, metadata={"help": "Most tokens the policy may sample in one turn (the trainer's max_turn_tokens)."}
+    )
+    temperature: float = field(default=1.0, metadata={"help": "Policy sampling temperature (0: greedy)."})
+    top_p: float = field(default=1.0, metadata={"help": "Policy nucleus sampling top_p."})
+    seed: int = field(default=0, metadata={"help": "Seed of the episode seeds and of the policy's sampling."})
+    backend: Literal["transformers", "vllm"] = field(
+        default="transformers",
+        metadata={"help": "'transformers' (CPU or GPU, batched generate) or 'vllm' (offline engine, optional)."},
+    )
+    dtype: str = field(
+        default="auto", metadata={"help": "Model dtype: auto, float32, bfloat16 or float16 (transformers backend)."}
+    )
+    device: str | None = field(
+        default=None, metadata={"help": "transformers backend device (default: cuda when available, else cpu)."}
+    )
+    prefix_cache: bool = field(
+        default=True,
+        metadata={"help": "transformers backend: compute the shared system-prompt prefix once and reuse its KV cache "
+                  "(outputs match plain generate up to float rounding)."},
+    )  # fmt: skip
+    generation_batch_size: int = field(
+        default=64, metadata={"help": "transformers backend: most sequences in one generate call."}
+    )
+    batch_size: int = field(
+        default=64,
+        metadata={"help": "Episodes played together per run_episodes call; results are saved after each (0: all)."},
+    )
+    vllm_gpu_memory_utilization: float = field(default=0.85, metadata={"help": "vllm backend: GPU memory share."})
+    vllm_max_model_len: int | None = field(default=None, metadata={"help": "vllm backend: context length."})
+    vllm_tensor_parallel_size: int = field(default=1, metadata={"help": "vllm backend: tensor-parallel GPUs."})
+    hub_dir: str = field(default="hub", metadata={"help": "Local hub directory that resolves '<run>@<step>' ids."})
+    output_dir: str = field(
+        default="outputs/eval",
+        metadata={"help": "Results go to <output_dir>/<name>/results.json, or <output_dir>/<name>/step-<N>/ for "
+                  "local-hub revisions."},
+    )  # fmt: skip
+    eval_name: str | None = field(
+        default=None,
+        metadata={"help": "Name of this evaluation's folder and its label in comparisons (default: the run name, the "
+                  "model folder name, 'oracle' or 'noop')."},
+    )  # fmt: skip
+    save_messages: bool = field(
+        default=False, metadata={"help": "Also store each episode's messages (without the system prompt)."}
+    )
+    bootstrap_samples: int = field(default=2000, metadata={"help": "Bootstrap resamples of the pass^1 CIs."})
+    confidence: float = field(default=0.95, metadata={"help": "Confidence level of the pass^1 intervals."})
+    progress: bool = field(default=True, metadata={"help": "Show tqdm progress bars."})
+    compare: list[str] | None = field(
+        default=None,
+        metadata={"help": "Compare mode: results.json files or folders holding them ('label=path' renames a "
+                  "variant); writes the ablation table and plots to --output_dir instead of evaluating."},
+    )  # fmt: skip
+    baseline: str = field(
+        default="vanilla", metadata={"help": "Compare mode: the variant the last table column is relative to."}
+    )

@@ -62,41 +62,53 @@ class TokenPolicyAgent:
         self.max_context = max_context
         self._prompt_cache: dict[str, list[int]] = {}
 
-    def start(self, episode: Episode) -> None:
-        prompt_messages = episode.messages[:2]  # system prompt + fixed greeting
+    def _prompt(self, prompt_messages: list[dict]) -> list[int]:
+        """Token ids of the system prompt + greeting (cached: identical for every episode with that system prompt)."""
         key = prompt_messages[0]["content"]
         if key not in self._prompt_cache:
             text = prompt_text(self.tokenizer, prompt_messages, self.tools)
             self._prompt_cache[key] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self._prompt_cache[key]
+
+    def start(self, episode: Episode) -> None:
+        prompt_ids = self._prompt(episode.messages[:2])  # system prompt + fixed greeting
         episode.agent_state.update(
-            prompt_ids=self._prompt_cache[key], completion_ids=[], tool_mask=[], logprobs=[], spans=[], seen=2
+            prompt_ids=prompt_ids, completion_ids=[], tool_mask=[], logprobs=[], spans=[], seen=2
         )
 
-    def _append_environment(self, episode: Episode) -> None:
+    def _environment_ids(self, episode: Episode) -> list[int]:
+        """Tokens of the messages the environment added since the episode's last policy turn (mask 0)."""
         state = episode.agent_state
         before = episode.messages[: state["seen"]]
-        suffix = environment_suffix_ids(self.tokenizer, before, episode.messages, self.tools)
+        return environment_suffix_ids(self.tokenizer, before, episode.messages, self.tools)
+
+    def _append_environment(self, episode: Episode, suffix: list[int]) -> None:
+        state = episode.agent_state
         state["completion_ids"].extend(suffix)
         state["tool_mask"].extend([0] * len(suffix))
         state["logprobs"].extend([0.0] * len(suffix))
         state["seen"] = len(episode.messages)
 
+    def _budget(self, episode: Episode, extra: int = 0) -> int:
+        state = episode.agent_state
+        used = len(state["completion_ids"]) + extra
+        context_left = self.max_context - len(state["prompt_ids"]) - used
+        return min(self.max_turn_tokens, self.max_completion - used, context_left)
+
     def budgets(self, episodes: list[Episode]) -> list[int]:
         """Tokens each episode may sample this turn (≤ 0: its budget is spent, the episode ends truncated)."""
-        result = []
-        for episode in episodes:
-            state = episode.agent_state
-            used = len(state["completion_ids"])
-            context_left = self.max_context - len(state["prompt_ids"]) - used
-            result.append(min(self.max_turn_tokens, self.max_completion - used, context_left))
-        return result
+        return [self._budget(episode) for episode in episodes]
 
     def act(self, episodes: list[Episode]) -> list[AgentTurn]:
+        budgets = []
         for episode in episodes:
             if "prompt_ids" not in episode.agent_state:
                 self.start(episode)
-            self._append_environment(episode)
-        budgets = self.budgets(episodes)
+            suffix = self._environment_ids(episode)
+            budget = self._budget(episode, extra=len(suffix))
+            if budget > 0:  # an environment suffix with no room left to answer it is dropped: caps stay caps
+                self._append_environment(episode, suffix)
+            budgets.append(budget)
         turns: list[AgentTurn] = [AgentTurn(text="", num_tokens=0, truncated=True) for _ in episodes]
         runnable = [i for i, budget in enumerate(budgets) if budget > 0]
         sampled, logprobs = self._generate([episodes[i] for i in runnable], [budgets[i] for i in runnable])

@@ -40,9 +40,8 @@ def test_generate_returns_the_eight_tuple_we_build():
     source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
     assert "tool_images,\n        ) = self._generate(prompts)" in source
     assert "self.mask_truncated_completions" in source
-    assert "mask = completion_mask if tool_mask is None else completion_mask * tool_mask" in inspect.getsource(
-        GRPOTrainer._compute_loss
-    ) or "completion_mask * tool_mask" in inspect.getsource(GRPOTrainer._compute_loss)
+    # _compute_loss multiplies the completion mask by tool_mask: environment tokens (tool_mask 0) get no loss
+    assert 'completion_mask * inputs["tool_mask"]' in inspect.getsource(GRPOTrainer._compute_loss)
 
 
 def test_luspo_aggregation_and_two_dimensional_advantages_are_supported():

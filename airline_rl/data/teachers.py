@@ -1,0 +1,322 @@
+"""Teacher agents for trajectory collection: ``oracle`` (gold actions, offline) and ``openai`` (any OpenAI-compatible
+chat endpoint, e.g. vLLM serving Qwen2.5-72B-Instruct-AWQ).
+
+Both are ``Agent``s of ``airline_rl.envs.runner.run_episodes`` (the one episode loop): a batch of live episodes in,
+one assistant turn of text per episode out. The environment parses that text (Hermes ``<tool_call>`` blocks), so a
+teacher's tool calls reach the episode exactly as a policy model's would.
+
+``OpenAITeacher`` sends the episode's messages in OpenAI chat format (``tool_calls`` with ids and JSON-string
+arguments, ``tool`` messages with the matching ``tool_call_id``) together with the tool schemas, and turns the reply
+(structured ``tool_calls`` when the server parses them, e.g. ``vllm serve ... --enable-auto-tool-choice
+--tool-call-parser hermes``; raw ``<tool_call>`` text otherwise) into Hermes text. Requests of a wave run concurrently
+on the event-loop thread of the LLM user simulator (``airline_rl.envs.users.llm._LoopRuntime``: one ``AsyncOpenAI``
+client, a semaphore capping requests in flight), each bounded by a timeout and retried with exponential backoff. An
+episode whose requests keep failing ends at once (truncated) with ``episode.agent_state["teacher_error"]`` set; the
+collector does not count it as an attempt, so a rerun retries it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import threading
+import urllib.error
+import urllib.request
+import weakref
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any
+
+import openai
+
+from airline_rl.envs.agents import get_agent
+from airline_rl.envs.runner import AgentTurn
+from airline_rl.envs.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, format_tool_call
+from airline_rl.envs.tools import TOOL_SCHEMAS
+from airline_rl.envs.users.llm import MAX_BACKOFF_S, NON_RETRYABLE_STATUS, EndpointUnreachableError, _LoopRuntime
+
+if TYPE_CHECKING:
+    from airline_rl.envs.episode import Episode
+    from airline_rl.envs.runner import Agent
+
+logger = logging.getLogger(__name__)
+
+TEACHERS = ("oracle", "openai")
+
+
+@dataclass
+class OpenAITeacherConfig:
+    """The teacher endpoint, its sampling and how requests are sent."""
+
+    base_url: str = ""
+    model: str = ""
+    api_key: str = "EMPTY"
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_tokens: int = 1024
+    seed: int = 0
+    timeout: float = 120.0
+    max_retries: int = 3
+    backoff: float = 1.0
+    concurrency: int = 64
+
+    def validate(self) -> None:
+        """Raises a ValueError naming the flag of the first unusable setting."""
+        if not self.base_url.strip():
+            raise ValueError(
+                "--teacher openai needs an endpoint: set --teacher_base_url to an OpenAI-compatible URL such as "
+                "http://localhost:8000/v1"
+            )
+        if not self.model.strip():
+            raise ValueError(
+                "--teacher openai needs a model name: set --teacher_model to the model served at "
+                f"{self.base_url} (e.g. Qwen/Qwen2.5-72B-Instruct-AWQ)"
+            )
+        checks = [
+            (self.timeout > 0, "--teacher_timeout must be > 0 seconds"),
+            (self.max_retries >= 0, "--teacher_max_retries must be >= 0"),
+            (self.backoff >= 0, "--teacher_backoff must be >= 0 seconds"),
+            (self.concurrency >= 1, "--teacher_concurrency must be >= 1"),
+            (self.max_tokens >= 1, "--teacher_max_tokens must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"Invalid teacher setting: {message}")
+
+
+def openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The episode's messages in OpenAI chat format.
+
+    Assistant ``tool_calls`` get ids (``call_<message>_<k>``) and JSON-string arguments; each following ``tool``
+    message answers the next id. A tool message with no call to answer (the result of a malformed ``<tool_call>``
+    block, which the environment keeps as raw assistant text) is shown as a user message, so the request stays valid.
+    """
+    converted: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        if role == "assistant":
+            calls = message.get("tool_calls") or []
+            pending = [f"call_{index}_{k}" for k in range(len(calls))]
+            content = message.get("content") or ("" if not calls else None)
+            entry: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                entry["tool_calls"] = [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {
+                            "name": call["function"]["name"],
+                            "arguments": json.dumps(call["function"].get("arguments") or {}),
+                        },
+                    }
+                    for call_id, call in zip(pending, calls, strict=True)
+                ]
+            converted.append(entry)
+        elif role == "tool":
+            if pending:
+                converted.append({"role": "tool", "tool_call_id": pending.pop(0), "content": message.get("content")})
+            else:
+                converted.append({"role": "user", "content": f"[tool {message.get('name')}] {message.get('content')}"})
+        else:
+            converted.append({"role": role, "content": message.get("content") or ""})
+    return converted
+
+
+def reply_text(message: Any) -> str:
+    """Hermes text of a chat-completion message: its content, then one ``<tool_call>`` block per structured call.
+
+    Arguments that are not a JSON object are written out as they came, so the environment records the malformed
+    call (and the collector drops the episode) instead of this function guessing.
+    """
+    content = (getattr(message, "content", None) or "").strip()
+    blocks = []
+    for call in getattr(message, "tool_calls", None) or []:
+        function = getattr(call, "function", None)
+        name = getattr(function, "name", None) or ""
+        raw = getattr(function, "arguments", None)
+        try:
+            arguments = json.loads(raw) if isinstance(raw, str) else raw
+        except ValueError:
+            arguments = None
+        if isinstance(arguments, dict) and name:
+            blocks.append(format_tool_call(name, arguments))
+        else:
+            blocks.append(f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name)}, "arguments": {raw}}}\n{TOOL_CALL_CLOSE}')
+    return "\n".join(part for part in [content, *blocks] if part)
+
+
+class _TeacherError(Exception):
+    pass
+
+
+class OpenAITeacher:
+    """A teacher played by an OpenAI-compatible endpoint (see the module docstring)."""
+
+    name = "openai"
+
+    def __init__(self, config: OpenAITeacherConfig | None = None, tools: list[dict] | None = None, **overrides: Any):
+        if config is None:
+            valid = {f.name for f in fields(OpenAITeacherConfig)}
+            unknown = sorted(set(overrides) - valid)
+            if unknown:
+                raise TypeError(f"Unknown OpenAITeacher settings {unknown}; valid: {', '.join(sorted(valid))}")
+            config = OpenAITeacherConfig(**overrides)
+        elif overrides:
+            config = replace(config, **overrides)
+        config.validate()
+        self.config = config
+        self.tools = tools if tools is not None else TOOL_SCHEMAS
+        self._sampling = {"temperature": config.temperature, "top_p": config.top_p, "max_tokens": config.max_tokens}
+        self._lock = threading.Lock()
+        self.counts = {"requests": 0, "replies": 0, "retries": 0, "failures": 0, "prompt_tokens": 0}
+        self.counts["completion_tokens"] = 0
+        self._runtime: _LoopRuntime | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    # ------------------------------------------------------------------------------------------- Agent protocol
+
+    def act(self, episodes: list[Episode]) -> list[AgentTurn]:
+        if not episodes:
+            return []
+        runtime = self._ensure_runtime()
+        seed = self.config.seed
+        requests = [(openai_messages(e.messages), seed + e.seed, f"{e.task.task_id}:{e.seed}") for e in episodes]
+        answers = runtime.run(self._send_all(runtime, requests))
+        turns = []
+        for episode, answer in zip(episodes, answers, strict=True):
+            if isinstance(answer, _TeacherError):
+                episode.agent_state["teacher_error"] = str(answer)
+                turns.append(AgentTurn(text="", truncated=True))  # ends the episode; the collector retries it later
+            else:
+                turns.append(AgentTurn(text=answer))
+        return turns
+
+    # ------------------------------------------------------------------------------------------- endpoint
+
+    def check_endpoint(self, timeout: float = 5.0) -> list[str]:
+        """GETs ``<base_url>/models``; a clear error names the URL when it is unreachable or lacks the model."""
+        url = self.config.base_url.rstrip("/") + "/models"
+        try:
+            request = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.config.api_key}"})
+            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - configured URL
+                body = response.read()
+        except urllib.error.HTTPError as err:
+            raise EndpointUnreachableError(
+                f"The teacher endpoint {url} answered HTTP {err.code}; check --teacher_base_url and --teacher_api_key"
+            ) from err
+        except (urllib.error.URLError, OSError, TimeoutError, ValueError) as err:
+            reason = getattr(err, "reason", err)
+            raise EndpointUnreachableError(
+                f"The teacher endpoint {url} is unreachable ({reason}). Start the server (for example `vllm serve "
+                f"{self.config.model} --enable-auto-tool-choice --tool-call-parser hermes`) or fix --teacher_base_url."
+            ) from err
+        try:
+            served = [str(item["id"]) for item in json.loads(body)["data"]]
+        except (ValueError, KeyError, TypeError) as err:
+            raise EndpointUnreachableError(f"{url} did not answer an OpenAI model list: {body[:200]!r}") from err
+        if served and self.config.model not in served:
+            raise ValueError(
+                f"The teacher endpoint {self.config.base_url} does not serve --teacher_model {self.config.model!r}; "
+                f"it serves: {', '.join(served)}"
+            )
+        return served
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)
+
+    def close(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+        self._runtime = self._finalizer = None
+
+    def __enter__(self) -> OpenAITeacher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------- internals
+
+    def _count(self, **counts: int) -> None:
+        with self._lock:
+            for key, value in counts.items():
+                self.counts[key] += value
+
+    def _ensure_runtime(self) -> _LoopRuntime:
+        with self._lock:
+            if self._runtime is None or self._runtime.loop.is_closed():
+                self._runtime = _LoopRuntime(self.config)  # reads base_url, api_key, timeout, concurrency
+                self._finalizer = weakref.finalize(self, self._runtime.close)
+            return self._runtime
+
+    def backoff_delay(self, key: str, retry: int) -> float:
+        """Exponential backoff with a deterministic jitter in [0.5, 1) of the step (as the LLM user simulator)."""
+        jitter = int.from_bytes(hashlib.sha256(f"{key}:{retry}".encode()).digest()[:8], "big") / 2**64
+        return min(MAX_BACKOFF_S, self.config.backoff * 2 ** (retry - 1) * (0.5 + 0.5 * jitter))
+
+    async def _send_all(self, runtime: _LoopRuntime, requests: list[tuple[list, int, str]]) -> list:
+        return list(await asyncio.gather(*(self._send(runtime, *request) for request in requests)))
+
+    async def _send(self, runtime: _LoopRuntime, messages: list[dict], seed: int, key: str) -> str | _TeacherError:
+        """One assistant turn with retries; never raises, so one episode's failure cannot touch the others."""
+        assert runtime.client is not None and runtime.semaphore is not None
+        config = self.config
+        last_error = "no attempt made"
+        attempt = 0
+        for attempt in range(config.max_retries + 1):
+            if attempt:
+                self._count(retries=1)
+                await asyncio.sleep(self.backoff_delay(f"{key}:{len(messages)}", attempt))
+            async with runtime.semaphore:
+                self._count(requests=1)
+                try:
+                    response = await asyncio.wait_for(
+                        runtime.client.chat.completions.create(
+                            model=config.model,
+                            messages=messages,
+                            tools=self.tools,
+                            tool_choice="auto",
+                            seed=seed,
+                            **self._sampling,
+                        ),
+                        timeout=config.timeout,
+                    )
+                except (asyncio.TimeoutError, TimeoutError, openai.APITimeoutError):
+                    last_error = f"request timed out after {config.timeout:g}s"
+                    continue
+                except openai.APIStatusError as err:
+                    last_error = f"HTTP {err.status_code}: {err.message}"
+                    if err.status_code in NON_RETRYABLE_STATUS:
+                        break
+                    continue
+                except Exception as err:  # connection errors, malformed responses: this episode's problem only
+                    last_error = f"{type(err).__name__}: {err}"
+                    continue
+            choices = getattr(response, "choices", None) or []
+            text = reply_text(choices[0].message) if choices else ""
+            if not text:
+                last_error = "the endpoint returned an empty reply"
+                continue
+            usage = getattr(response, "usage", None)
+            self._count(
+                replies=1,
+                prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+                completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            )
+            return text
+        self._count(failures=1)
+        message = f"teacher {config.model} at {config.base_url} failed after {attempt + 1} attempt(s): {last_error}"
+        logger.warning("%s", message)
+        return _TeacherError(message)
+
+
+def get_teacher(name: str, **kwargs: Any) -> Agent:
+    """A teacher by name: ``oracle`` (no settings) or ``openai`` (``OpenAITeacherConfig`` fields as keywords)."""
+    if name == "oracle":
+        return get_agent("oracle")
+    if name == "openai":
+        return OpenAITeacher(**kwargs)
+    raise ValueError(f"Unknown teacher {name!r} (--teacher); valid teachers: {', '.join(TEACHERS)}")

@@ -1,0 +1,133 @@
+"""Serve the policy for GRPO's vLLM *server* mode with ``trl vllm-serve``, offline, and print its base URL.
+
+Colocate mode (the recipes' default) needs no server. Server mode puts generation on its own GPU(s): start this,
+then train on the other GPUs with ``--use_vllm true --vllm_mode server --vllm_server_base_url <printed URL>``.
+
+    python -m scripts.serve_policy_vllm --model /models/Qwen2.5-7B-Instruct --gpu-ids 7 --port 8000 --detach
+    CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6 accelerate launch --config_file accelerate_configs/zero3.yaml \
+        --num_processes 7 train_grpo.py --config recipes/grpo/joint_multinode.yaml --vllm_mode server ...
+    python -m scripts.serve_policy_vllm --model /models/Qwen2.5-7B-Instruct --dry-run   # print the command only
+
+Runs ``python -m trl.cli.main vllm-serve`` (what the ``trl vllm-serve`` console script runs) with
+``HF_HUB_OFFLINE=1``; the trainer pushes its weights to the server over NCCL (``--vllm_group_port``, default 51216,
+must be reachable too). The model must be the same one the trainer starts from. Arguments after ``--`` go to
+``trl vllm-serve`` unchanged (e.g. ``-- --enforce_eager true``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts._launch import (  # noqa: E402
+    LaunchError,
+    add_common_arguments,
+    check_model_dir,
+    check_port_free,
+    display_host,
+    format_command,
+    require_vllm,
+    run_launcher,
+    serve,
+    server_env,
+    validate_common,
+)
+from scripts.serve_user_llm import split_passthrough  # noqa: E402
+
+DEFAULT_PORT = 8000  # TRL's GRPOConfig.vllm_server_port default
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.serve_policy_vllm",
+        description="Serve the policy with `trl vllm-serve` for GRPO's vLLM server mode (offline).",
+        epilog="Arguments after -- are passed to `trl vllm-serve` unchanged.",
+    )
+    add_common_arguments(parser, DEFAULT_PORT, "policy-vllm")
+    parser.add_argument(
+        "--data-parallel-size", type=int, default=1, help="vLLM data-parallel workers (keep 1 for dense models)."
+    )
+    parser.add_argument("--dtype", default="auto", help="Weights dtype (auto: from the config).")
+    parser.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="Disable prefix caching (on by default: all episodes of a task share the prompt).",
+    )
+    return parser
+
+
+def build_command(args: argparse.Namespace, extra: list[str] | None = None) -> list[str]:
+    """The ``trl vllm-serve`` command line for ``args`` (starting with this Python)."""
+    command = [
+        sys.executable,
+        "-m",
+        "trl.cli.main",
+        "vllm-serve",
+        "--model",
+        str(args.model),
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--tensor_parallel_size",
+        str(args.tensor_parallel_size),
+        "--data_parallel_size",
+        str(args.data_parallel_size),
+        "--gpu_memory_utilization",
+        str(args.gpu_memory_utilization),
+        "--dtype",
+        args.dtype,
+        "--enable_prefix_caching",
+        "false" if args.no_prefix_caching else "true",
+    ]
+    if args.max_model_len is not None:
+        command += ["--max_model_len", str(args.max_model_len)]
+    return command + list(extra or [])
+
+
+def base_url(args: argparse.Namespace) -> str:
+    return f"http://{display_host(args.host)}:{args.port}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    own, extra = split_passthrough(list(sys.argv[1:] if argv is None else argv))
+    args = make_parser().parse_args(own)
+    gpu_ids = validate_common(args)
+    if args.data_parallel_size < 1:
+        raise LaunchError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+    if gpu_ids is not None and len(gpu_ids) < args.tensor_parallel_size * args.data_parallel_size:
+        raise LaunchError(
+            f"tensor_parallel_size × data_parallel_size = {args.tensor_parallel_size * args.data_parallel_size} "
+            f"GPUs needed but --gpu-ids lists {len(gpu_ids)}"
+        )
+    env = server_env(gpu_ids)
+    command = build_command(args, extra)
+    if args.dry_run:
+        print(format_command(command, env))
+        return 0
+    check_model_dir(args.model)
+    check_port_free(args.port, args.host)
+    require_vllm()
+    url = base_url(args)
+    return serve(
+        command,
+        env,
+        port=args.port,
+        base_url=url,
+        log_file=Path(args.log_file or f"outputs/servers/policy-vllm-{args.port}.log"),
+        health_timeout=args.health_timeout,
+        detach=args.detach,
+        pid_file=Path(args.pid_file) if args.pid_file else None,
+        name="policy-vllm",
+        hint=f"; train with --use_vllm true --vllm_mode server --vllm_server_base_url {url}",
+    )
+
+
+__all__ = ["LaunchError", "base_url", "build_command", "main", "make_parser"]
+
+if __name__ == "__main__":
+    sys.exit(run_launcher(main))

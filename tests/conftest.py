@@ -1,0 +1,70 @@
+"""Shared fixtures: one tiny random Qwen2 per test session, the airline environment, and a fast short-prompt variant.
+
+Everything is offline: the model and its tokenizer are built locally (``airline_rl.data.tiny_model``) in a few
+seconds, once per session, with the real system prompt and tool schemas in the tokenizer corpus.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+from pathlib import Path
+
+import pytest
+
+from airline_rl.envs.episode import AirlineEnv, EnvConfig
+from airline_rl.envs.tools import TOOL_SCHEMAS
+
+# 1,024 tokens instead of the default 4,096: a smaller embedding / LM head keeps every forward and backward cheap.
+TINY_VOCAB = 1024
+SHORT_SYSTEM_PROMPT = "You are an airline customer service agent. Follow the airline policy."
+
+
+def make_short_env(max_turns: int = 4, tools: bool = False) -> AirlineEnv:
+    """The real airline environment with a one-line system prompt (and, unless ``tools``, no tool schemas in it).
+
+    The real prompt is ~7k tokens with the 1k-token test vocabulary; trainer tests forward and backward every
+    sequence, so they use this one (~40 tokens). The tools still run: only the prompt text changes.
+    """
+    env = AirlineEnv(config=EnvConfig(max_turns=max_turns))
+    env.system_prompt = SHORT_SYSTEM_PROMPT
+    if not tools:
+        env.tools = []
+    return env
+
+
+@pytest.fixture(scope="session")
+def airline_env() -> AirlineEnv:
+    return AirlineEnv()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, airline_env: AirlineEnv) -> Path:
+    from airline_rl.data.tiny_model import build_tiny_model
+
+    extra = [airline_env.system_prompt, SHORT_SYSTEM_PROMPT, *(str(schema) for schema in TOOL_SCHEMAS)]
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-qwen2", vocab_size=TINY_VOCAB, extra_texts=extra)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture
+def tiny_model(tiny_model_dir: Path):
+    """A fresh copy of the tiny model (tests that train it must not leak weights into other tests)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture
+def short_env():
+    """Factory: ``short_env(max_turns=..., tools=...)`` (see ``make_short_env``)."""
+    return make_short_env

@@ -1,0 +1,303 @@
+"""The launchers in scripts/ (vLLM servers) and the GPU smoke check's CPU dry run; fast, offline, loopback only."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from scripts import _launch, serve_policy_vllm, serve_user_llm
+from scripts._launch import LaunchError
+
+ROOT = Path(__file__).resolve().parents[1]
+OFFLINE = "HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1"
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    model = tmp_path / "Qwen2.5-72B-Instruct-AWQ"
+    model.mkdir()
+    (model / "config.json").write_text("{}", encoding="utf-8")
+    return model
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def no_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = _launch.importlib.util.find_spec
+    monkeypatch.setattr(_launch.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name))
+
+
+@pytest.fixture
+def with_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = _launch.importlib.util.find_spec
+    monkeypatch.setattr(_launch.importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name))
+
+
+# ----------------------------------------------------------------------------------------------- pre-flight checks
+
+
+@pytest.mark.parametrize("module", [serve_user_llm, serve_policy_vllm])
+def test_missing_model_dir_is_a_clear_error(module, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(LaunchError, match=rf"--model {missing}: no such directory.*HF_HUB_OFFLINE"):
+        module.main(["--model", str(missing), "--port", str(free_port())])
+    assert module is not None and module.__name__.startswith("scripts.")
+    # through the console entry: one line on stderr, exit code 2, nothing on stdout
+    assert _launch.run_launcher(module.main, ["--model", str(missing)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: --model") and "no such directory" in err
+
+
+def test_model_dir_without_config_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError, match="no config.json"):
+        serve_user_llm.main(["--model", str(tmp_path), "--port", str(free_port())])
+
+
+@pytest.mark.parametrize("module", [serve_user_llm, serve_policy_vllm])
+def test_busy_port_is_a_clear_error(module, model_dir: Path, busy_port: int, with_vllm: None) -> None:
+    with pytest.raises(LaunchError, match=rf"port {busy_port} on 127.0.0.1 is already in use.*--port"):
+        module.main(["--model", str(model_dir), "--port", str(busy_port)])
+
+
+@pytest.mark.parametrize("module", [serve_user_llm, serve_policy_vllm])
+def test_missing_vllm_names_requirements_gpu(module, model_dir: Path, no_vllm: None) -> None:
+    with pytest.raises(LaunchError, match=r"vLLM is not installed.*pip install -r requirements-gpu.txt"):
+        module.main(["--model", str(model_dir), "--port", str(free_port())])
+
+
+def test_a_free_port_passes_the_check() -> None:
+    _launch.check_port_free(free_port(), "127.0.0.1")
+    with pytest.raises(LaunchError, match="not a valid TCP port"):
+        _launch.check_port_free(70000)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--gpu-ids", "1,x"], "--gpu-ids"),
+        (["--gpu-ids", "1,1"], "distinct"),
+        (["--gpu-ids", "1", "--tensor-parallel-size", "2"], "needs that many GPUs"),
+        (["--tensor-parallel-size", "0"], "--tensor-parallel-size must be >= 1"),
+        (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
+    ],
+)
+def test_bad_sizes_and_gpu_ids_fail_before_anything_starts(argv: list[str], needle: str, model_dir: Path) -> None:
+    with pytest.raises(LaunchError, match=needle):
+        serve_user_llm.main(["--model", str(model_dir), *argv, "--dry-run"])
+
+
+# ------------------------------------------------------------------------------------------------------- dry runs
+
+
+def test_user_llm_dry_run_prints_the_exact_command(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--model", "/models/Qwen2.5-72B-Instruct-AWQ", "--gpu-ids", "1", "--port", "8001"]
+    assert serve_user_llm.main([*argv, "--max-model-len", "32768", "--dry-run", "--", "--enforce-eager"]) == 0
+    out = capsys.readouterr().out
+    expected = (
+        f"{OFFLINE} CUDA_VISIBLE_DEVICES=1 {sys.executable} -m vllm.entrypoints.cli.main serve "
+        "/models/Qwen2.5-72B-Instruct-AWQ --served-model-name Qwen2.5-72B-Instruct-AWQ --host 127.0.0.1 --port 8001 "
+        "--tensor-parallel-size 1 --gpu-memory-utilization 0.9 --dtype auto --enable-prefix-caching "
+        "--generation-config vllm --max-model-len 32768 --enforce-eager\n"
+    )
+    assert out == expected
+
+
+def test_policy_dry_run_prints_the_exact_trl_vllm_serve_command(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--model", "/models/Qwen2.5-7B-Instruct", "--gpu-ids", "6,7", "--tensor-parallel-size", "2"]
+    assert serve_policy_vllm.main([*argv, "--port", "8000", "--host", "0.0.0.0", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    expected = (
+        f"{OFFLINE} CUDA_VISIBLE_DEVICES=6,7 {sys.executable} -m trl.cli.main vllm-serve "
+        "--model /models/Qwen2.5-7B-Instruct --host 0.0.0.0 --port 8000 --tensor_parallel_size 2 "
+        "--data_parallel_size 1 --gpu_memory_utilization 0.9 --dtype auto --enable_prefix_caching true "
+        "--max_model_len 16384\n"
+    )
+    assert out == expected
+
+
+def test_dry_run_as_a_file_and_as_a_module(tmp_path: Path) -> None:
+    """Both ways of running a launcher work from the repository root, without vLLM or a GPU."""
+    for prefix in (["scripts/serve_user_llm.py"], ["-m", "scripts.serve_user_llm"]):
+        done = subprocess.run(
+            [sys.executable, *prefix, "--model", "/models/m", "--dry-run"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "vllm.entrypoints.cli.main serve /models/m --served-model-name m" in done.stdout
+    done = subprocess.run(
+        [sys.executable, "scripts/serve_policy_vllm.py", "--model", str(tmp_path / "missing")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "no such directory" in done.stderr and done.stdout == ""
+
+
+def test_the_trl_vllm_serve_flags_exist() -> None:
+    """Every flag the policy launcher passes is one `trl vllm-serve` accepts (checked against TRL's parser)."""
+    from trl.scripts.vllm_serve import make_parser
+
+    args = serve_policy_vllm.make_parser().parse_args(["--model", "/m"])
+    command = serve_policy_vllm.build_command(args)
+    flags = command[command.index("vllm-serve") + 1 :]
+    (parsed,) = make_parser().parse_args_into_dataclasses(flags)
+    assert parsed.model == "/m" and parsed.port == 8000 and parsed.host == "127.0.0.1"
+    assert parsed.enable_prefix_caching is True and parsed.max_model_len == 16384
+
+
+# --------------------------------------------------------------------------------------------------- health wait
+
+
+class _Health(BaseHTTPRequestHandler):
+    ready_at = 0.0
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        ok = self.path == "/health" and time.monotonic() >= self.server.ready_at  # type: ignore[attr-defined]
+        self.send_response(200 if ok else 503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+@pytest.fixture
+def health_server() -> Iterator[tuple[ThreadingHTTPServer, float]]:
+    delay = 0.6
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    server.daemon_threads = True
+    server.ready_at = time.monotonic() + delay  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, delay
+    server.shutdown()
+    server.server_close()
+
+
+def test_wait_healthy_polls_until_the_server_turns_healthy(health_server) -> None:
+    server, delay = health_server
+    url = f"http://127.0.0.1:{server.server_address[1]}/health"
+    waited = _launch.wait_healthy(url, timeout=10, interval=0.1)
+    assert delay - 0.2 <= waited < 5
+
+
+def test_wait_healthy_times_out_with_a_clear_error(health_server, tmp_path: Path) -> None:
+    server, _ = health_server
+    server.ready_at = time.monotonic() + 60  # type: ignore[attr-defined]
+    log = tmp_path / "server.log"
+    log.write_text("loading weights\nstill loading\n", encoding="utf-8")
+    url = f"http://127.0.0.1:{server.server_address[1]}/health"
+    with pytest.raises(LaunchError, match=r"(?s)did not become healthy within 0.5 s.*still loading"):
+        _launch.wait_healthy(url, timeout=0.5, interval=0.1, log_path=log)
+
+
+def test_a_child_that_exits_early_is_a_clear_error(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    with open(log, "wb") as handle:
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import sys; print('CUDA out of memory', flush=True); sys.exit(3)"],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
+    start = time.monotonic()
+    with pytest.raises(LaunchError, match=r"(?s)exited with code 3 before .* became healthy.*CUDA out of memory"):
+        _launch.wait_healthy(f"http://127.0.0.1:{free_port()}/health", child, timeout=60, interval=0.1, log_path=log)
+    assert time.monotonic() - start < 10  # fails fast, not at the timeout
+
+
+FAKE_SERVER = textwrap.dedent(
+    """
+    import sys, time
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    port, delay, lifetime = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+    time.sleep(delay)
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a): pass
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+    server = HTTPServer(("127.0.0.1", port), H)
+    server.timeout = 0.1
+    print("serving", flush=True)
+    end = time.monotonic() + lifetime
+    while time.monotonic() < end:
+        server.handle_request()
+    """
+)
+
+
+def test_serve_detached_prints_the_base_url_once_healthy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    pid_file = tmp_path / "server.pid"
+    command = [sys.executable, "-c", FAKE_SERVER, str(port), "0.5", "60"]
+    code = _launch.serve(
+        command,
+        {"HF_HUB_OFFLINE": "1"},
+        port=port,
+        base_url=f"http://127.0.0.1:{port}/v1",
+        log_file=tmp_path / "logs" / "server.log",
+        health_timeout=30,
+        interval=0.1,
+        detach=True,
+        pid_file=pid_file,
+    )
+    pid = int(pid_file.read_text())
+    try:
+        assert code == 0
+        out, err = capsys.readouterr()
+        assert out == f"http://127.0.0.1:{port}/v1\n"  # stdout holds only the URL
+        assert "healthy after" in err and f"kill -- -{pid}" in err
+        assert "serving" in (tmp_path / "logs" / "server.log").read_text()
+        with pytest.raises(LaunchError, match="already in use"):
+            _launch.check_port_free(port)
+    finally:
+        os.killpg(pid, signal.SIGTERM)
+
+
+def test_serve_in_the_foreground_returns_the_server_exit_code(tmp_path: Path, capsys) -> None:
+    port = free_port()
+    command = [sys.executable, "-c", FAKE_SERVER, str(port), "0.2", "1.0"]
+    code = _launch.serve(
+        command, {}, port=port, base_url="URL", log_file=tmp_path / "s.log", health_timeout=30, interval=0.1
+    )
+    assert code == 0
+    out, err = capsys.readouterr()
+    assert out == "URL\n" and "exited with code 0" in err
+
+
+def test_serve_stops_a_server_that_never_gets_healthy(tmp_path: Path) -> None:
+    port = free_port()
+    command = [sys.executable, "-c", "import time; print('stuck', flush=True); time.sleep(600)"]
+    start = time.monotonic()
+    with pytest.raises(LaunchError, match=r"(?s)did not become healthy.*stuck"):
+        _launch.serve(command, {}, port=port, base_url="URL", log_file=tmp_path / "s.log", health_timeout=1, interval=0.1)
+    assert time.monotonic() - start < 20
