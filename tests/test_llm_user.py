@@ -254,9 +254,9 @@ def test_stats_counts_and_resets(env: AirlineEnv, stub: Callable[..., StubServer
 
 
 def test_missing_endpoint_or_model_names_the_flag(stub: Callable[..., StubServer]) -> None:
-    with pytest.raises(ValueError, match="--base_url"):
+    with pytest.raises(ValueError, match="--user_base_url"):
         LLMUser(model="some-model")
-    with pytest.raises(ValueError, match="--model"):
+    with pytest.raises(ValueError, match="--user_model"):
         LLMUser(base_url="http://127.0.0.1:1/v1")
     with pytest.raises(ValueError, match="--concurrency"):
         LLMUser(base_url="http://127.0.0.1:1/v1", model="m", concurrency=0)

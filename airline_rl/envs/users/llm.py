@@ -164,12 +164,12 @@ class LLMUserConfig:
         """
         if not self.base_url or not self.base_url.strip():
             raise ValueError(
-                "The LLM user simulator needs an endpoint: set --base_url (LLMUserConfig.base_url) to an "
+                "The LLM user simulator needs an endpoint: set --user_base_url (LLMUserConfig.base_url) to an "
                 "OpenAI-compatible URL such as http://localhost:8000/v1."
             )
         if not self.model or not self.model.strip():
             raise ValueError(
-                "The LLM user simulator needs a model name: set --model (LLMUserConfig.model) to the model served at "
+                "The LLM user simulator needs a model name: set --user_model (LLMUserConfig.model) served at "
                 f"{self.base_url} (e.g. Qwen/Qwen2.5-72B-Instruct-AWQ)."
             )
         checks = [
@@ -417,14 +417,14 @@ class LLMUser(UserSimulator):
                 body = response.read()
         except urllib.error.HTTPError as err:
             raise EndpointUnreachableError(
-                f"The LLM user simulator endpoint {url} answered HTTP {err.code}; check --base_url "
+                f"The LLM user simulator endpoint {url} answered HTTP {err.code}; check --user_base_url "
                 f"({self.config.base_url}) and --api_key."
             ) from err
         except (urllib.error.URLError, OSError, TimeoutError, ValueError) as err:  # ValueError: not a URL
             reason = getattr(err, "reason", err)
             raise EndpointUnreachableError(
                 f"The LLM user simulator endpoint {url} is unreachable ({reason}). Start the server (for example "
-                f"`vllm serve {self.config.model}`) or fix --base_url."
+                f"`vllm serve {self.config.model}`) or fix --user_base_url."
             ) from err
         try:
             served = [str(item["id"]) for item in json.loads(body)["data"]]
@@ -432,7 +432,7 @@ class LLMUser(UserSimulator):
             raise EndpointUnreachableError(f"{url} did not answer an OpenAI model list: {body[:200]!r}") from err
         if served and self.config.model not in served:
             raise ValueError(
-                f"The endpoint {self.config.base_url} does not serve --model {self.config.model!r}; it serves: "
+                f"The endpoint {self.config.base_url} does not serve --user_model {self.config.model!r}; it serves: "
                 f"{', '.join(served)}."
             )
         return served
