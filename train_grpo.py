@@ -28,7 +28,7 @@ from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.splits import get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.envs.users import get_user_simulator
-from airline_rl.hub import LocalHubCallback, ensure_writable
+from airline_rl.hub import HubError, LocalHubCallback, ensure_writable
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,8 @@ def resolve_model_path(
         path = Path(model_args.model_name_or_path)
         if not path.exists():
             raise SystemExit(
-                f"--model_name_or_path {path} does not exist: pass a local model directory (nothing is downloaded)"
+                f"error: --model_name_or_path {path} does not exist: pass a local model directory "
+                "(nothing is downloaded)"
             )
         return str(path)
     from airline_rl.data.tiny_model import build_tiny_model, default_tiny_model_dir
@@ -78,11 +79,16 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     datasets.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.set_verbosity(log_level)
     if training_args.bf16 and not torch.cuda.is_available():
-        raise SystemExit("--bf16 true needs a GPU; on CPU pass --bf16 false (the CPU recipes do)")
-    ensure_writable(script_args.hub_dir)
+        raise SystemExit("error: --bf16 true needs a GPU; on CPU pass --bf16 false (the CPU recipes do)")
+    # Everything the user can get wrong is checked before any model is built or loaded; each message names its flag.
+    try:
+        ensure_writable(script_args.hub_dir)
+        env = AirlineEnv(script_args.data_dir, EnvConfig(script_args.max_turns, script_args.max_tool_errors))
+        train_dataset = task_dataset(script_args, env, env.system_prompt)
+    except (HubError, KeyError, ValueError) as err:  # bad --hub_dir, --data_dir, --split or --tasks
+        raise SystemExit(f"error: {err.args[0] if isinstance(err, KeyError) else err}") from None
     run_name = training_args.run_name or Path(training_args.output_dir).name
 
-    env = AirlineEnv(script_args.data_dir, EnvConfig(script_args.max_turns, script_args.max_tool_errors))
     user = get_user_simulator(script_args.user_simulator, **script_args.user_kwargs())
     model_path = resolve_model_path(model_args, script_args, training_args.output_dir, env)
     logger.info("policy model: %s; variant: %s; user simulator: %s", model_path, training_args.variant, user.name)
@@ -97,8 +103,6 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         dtype=dtype,
         attn_implementation=model_args.attn_implementation,
     )
-    train_dataset = task_dataset(script_args, env, env.system_prompt)
-
     trainer = MultiTurnGRPOTrainer(
         model=model,
         args=training_args,
@@ -141,7 +145,13 @@ def make_parser() -> TrlParser:
     return TrlParser((GRPOScriptArguments, MultiTurnGRPOConfig, ModelConfig))
 
 
+def parse_args(argv: list[str] | None = None) -> tuple[GRPOScriptArguments, MultiTurnGRPOConfig, ModelConfig]:
+    """Parses the recipe and flags; a configuration error exits with its one-line message, not a traceback."""
+    try:
+        return make_parser().parse_args_and_config(args=argv)
+    except ValueError as err:  # the configs' __post_init__ checks (variant fields, --use_vllm without vLLM, ...)
+        raise SystemExit(f"error: {err}") from None
+
+
 if __name__ == "__main__":
-    parser = make_parser()
-    script_args, training_args, model_args = parser.parse_args_and_config()
-    main(script_args, training_args, model_args)
+    main(*parse_args())

@@ -156,7 +156,7 @@ class TransformersBackend:
     # -- generation -----------------------------------------------------------------------------------------------
 
     def _inputs(self, prompts: list[list[int]], prefix_length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[prefix | left padding | rest]`` ids and attention mask (plain left padding when ``prefix_length`` is 0)."""
+        """``[prefix | left padding | rest]`` ids and attention mask (plain left padding when no prefix is used)."""
         width = max(len(p) for p in prompts) - prefix_length
         input_ids = torch.full((len(prompts), prefix_length + width), self.pad_token_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), prefix_length + width), dtype=torch.long)
@@ -169,7 +169,9 @@ class TransformersBackend:
             attention[row, prefix_length + width - len(rest) :] = 1
         return input_ids, attention
 
-    def _generate_batch(self, prompts: list[list[int]], max_new_tokens: int, prefix_length: int = 0) -> list[list[int]]:
+    def _generate_batch(
+        self, prompts: list[list[int]], max_new_tokens: int, prefix_length: int = 0
+    ) -> list[list[int]]:
         device = self.model.device
         input_ids, attention = self._inputs(prompts, prefix_length)
         sampling = self.temperature > 0
@@ -208,7 +210,7 @@ class TransformersBackend:
 
     @torch.no_grad()
     def next_token_logits(self, prompts: list[list[int]]) -> torch.Tensor:
-        """[B, V] logits for the next token of each prompt, through the same layout and prefix cache as ``generate``."""
+        """[B, V] next-token logits of each prompt, through the same layout and prefix cache as ``generate``."""
         prefix_length = self._shared_prefix(prompts)
         input_ids, attention = self._inputs(prompts, prefix_length)
         position_ids = (attention.cumsum(-1) - 1).clamp(min=0)

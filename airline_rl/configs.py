@@ -278,7 +278,7 @@ class EvalArguments(EnvArguments):
         metadata={"help": "Whole-episode completion budget in tokens (the trainer's max_completion_length)."},
     )
     max_turn_tokens: int = field(
-        default=512, metadata={"help": "Most tokens the policy may sample in one turn (the trainer's max_turn_tokens)."}
+        default=512, metadata={"help": "Most tokens the policy samples in one turn (the trainer's max_turn_tokens)."}
     )
     temperature: float = field(default=1.0, metadata={"help": "Policy sampling temperature (0: greedy)."})
     top_p: float = field(default=1.0, metadata={"help": "Policy nucleus sampling top_p."})
@@ -293,10 +293,21 @@ class EvalArguments(EnvArguments):
     device: str | None = field(
         default=None, metadata={"help": "transformers backend device (default: cuda when available, else cpu)."}
     )
+    num_threads: int | None = field(
+        default=None,
+        metadata={"help": "torch intra-op CPU threads (default: torch's). 1 is fastest for the tiny model, and on a "
+                  "busy machine, where threads spin waiting for each other."},
+    )  # fmt: skip
     prefix_cache: bool = field(
         default=True,
         metadata={"help": "transformers backend: compute the shared system-prompt prefix once and reuse its KV cache "
                   "(outputs match plain generate up to float rounding)."},
+    )  # fmt: skip
+    shared_prefix_attention: bool = field(
+        default=True,
+        metadata={"help": "transformers backend: keep the shared prefix's KV once and attend to it from every row "
+                  "(airline_rl/evaluation/shared_prefix.py) instead of copying it into each row; implies "
+                  "--prefix_cache."},
     )  # fmt: skip
     generation_batch_size: int = field(
         default=64, metadata={"help": "transformers backend: most sequences in one generate call."}

@@ -49,7 +49,8 @@ def check_model_dir(path: str | os.PathLike[str], flag: str = "--model") -> Path
     if not model.is_dir():
         raise LaunchError(
             f"{flag} {model}: no such directory. Pass a local model directory (HF_HUB_OFFLINE=1: nothing is "
-            "downloaded), e.g. one made beforehand with `hf download <repo> --local-dir /models/<name>` on a machine with network."
+            "downloaded), e.g. one made beforehand with `hf download <repo> --local-dir /models/<name>` on a "
+            "machine with network access."
         )
     if not (model / "config.json").is_file():
         raise LaunchError(f"{flag} {model}: the directory has no config.json, so it is not a model directory")

@@ -4,8 +4,9 @@ Colocate mode (the recipes' default) needs no server. Server mode puts generatio
 then train on the other GPUs with ``--use_vllm true --vllm_mode server --vllm_server_base_url <printed URL>``.
 
     python -m scripts.serve_policy_vllm --model /models/Qwen2.5-7B-Instruct --gpu-ids 7 --port 8000 --detach
-    CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6 accelerate launch --config_file accelerate_configs/zero3.yaml \
-        --num_processes 7 train_grpo.py --config recipes/grpo/joint_multinode.yaml --vllm_mode server ...
+    accelerate launch --config_file accelerate_configs/zero3.yaml --gpu_ids 0,1,2,3 \
+        --num_processes 4 train_grpo.py --config recipes/grpo/grpo_multinode.yaml --variant joint --vllm_mode server \
+        --vllm_server_base_url http://127.0.0.1:8000 ...
     python -m scripts.serve_policy_vllm --model /models/Qwen2.5-7B-Instruct --dry-run   # print the command only
 
 Runs ``python -m trl.cli.main vllm-serve`` (what the ``trl vllm-serve`` console script runs) with

@@ -4,6 +4,7 @@
     python -m scripts.serve_user_llm --model /models/Qwen2.5-72B-Instruct-AWQ --gpu-ids 1 --port 8001 --detach
     # → prints http://127.0.0.1:8001/v1 ; train with --user_simulator llm --user_base_url <that>
     #   --user_model Qwen2.5-72B-Instruct-AWQ (the served name defaults to the model directory's name)
+    # the same server as the teacher of collect_trajectories.py --teacher openai: add --tool-call-parser hermes
     python -m scripts.serve_user_llm --model /models/Qwen2.5-72B-Instruct-AWQ --dry-run   # print the command only
 
 Runs ``python -m vllm.entrypoints.cli.main serve`` (what the ``vllm serve`` console script runs) with
@@ -53,6 +54,12 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="auto", help="Weights dtype (auto: from the config; AWQ → float16).")
     parser.add_argument("--quantization", default=None, help="vLLM quantization method (default: from the config).")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="Concurrent sequences (vLLM's default: 256).")
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="Serve a teacher: parse tool calls into structured tool_calls (Qwen2.5: hermes); adds "
+        "--enable-auto-tool-choice. Not needed for the user simulator.",
+    )
     return parser
 
 
@@ -94,6 +101,8 @@ def build_command(args: argparse.Namespace, extra: list[str] | None = None) -> l
         command += ["--quantization", args.quantization]
     if args.max_num_seqs is not None:
         command += ["--max-num-seqs", str(args.max_num_seqs)]
+    if args.tool_call_parser:
+        command += ["--enable-auto-tool-choice", "--tool-call-parser", args.tool_call_parser]
     return command + list(extra or [])
 
 

@@ -64,7 +64,7 @@ def tiny_model(tiny_model_dir: Path):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def short_env():
     """Factory: ``short_env(max_turns=..., tools=...)`` (see ``make_short_env``)."""
     return make_short_env

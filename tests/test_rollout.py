@@ -9,6 +9,7 @@ the sampled tokens and nowhere else. The last tests compare ``TransformersBacken
 from __future__ import annotations
 
 import random
+
 import pytest
 import torch
 
@@ -31,7 +32,8 @@ SCRIPT = [  # the same four assistant turns for every episode
         "role": "assistant",
         "content": "Let me look up that reservation.",
         "tool_calls": [
-            {"type": "function", "function": {"name": "get_reservation_details", "arguments": {"reservation_id": "EHGLP3"}}},
+            {"type": "function", "function": {"name": "get_reservation_details",
+                                              "arguments": {"reservation_id": "EHGLP3"}}},
             {"type": "function", "function": {"name": "calculate", "arguments": {"expression": "2 + 3"}}},
         ],
     },
@@ -50,7 +52,7 @@ def sampled_ids(tokenizer, message: dict) -> list[int]:
 
 
 class ScriptedBackend:
-    """Returns, per prompt, the rendered tokens of ``SCRIPT[turn]`` (turn: from the assistant headers in the prompt)."""
+    """Returns, per prompt, the rendered tokens of ``SCRIPT[turn]`` (turn: counted from the prompt's role headers)."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -221,14 +223,19 @@ class RandomBackend:
 def test_malformed_model_turns_never_crash(tiny_tokenizer):
     tok = tiny_tokenizer
     env = AirlineEnv(config=EnvConfig(max_turns=6))
+    kinds = set()
     for seed in range(4):
         backend = RandomBackend(tok, seed)
-        episodes, records = play(env, tok, backend, [str(t) for t in range(8)], max_completion=2000, max_turn_tokens=24)
+        episodes, records = play(
+            env, tok, backend, [str(t) for t in range(8)], max_completion=2000, max_turn_tokens=24
+        )
+        kinds |= {call.error_kind for record in records for call in record.tool_calls}
         for episode, record in zip(episodes, records, strict=True):
             state = episode.agent_state
             assert record.termination is not None and record.reward is not None
             assert len(state["completion_ids"]) == len(state["tool_mask"]) <= 2000
             assert sum(state["tool_mask"]) == sum(e - s for s, e in state["spans"])
+    assert "parse" in kinds  # broken tool-call blocks were sampled and became error observations
 
 
 def test_idle_waves_still_call_the_backend(airline_env, tiny_tokenizer):

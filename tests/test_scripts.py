@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -54,7 +55,9 @@ def no_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def with_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     real = _launch.importlib.util.find_spec
-    monkeypatch.setattr(_launch.importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name))
+    monkeypatch.setattr(
+        _launch.importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name)
+    )
 
 
 # ----------------------------------------------------------------------------------------------- pre-flight checks
@@ -299,5 +302,100 @@ def test_serve_stops_a_server_that_never_gets_healthy(tmp_path: Path) -> None:
     command = [sys.executable, "-c", "import time; print('stuck', flush=True); time.sleep(600)"]
     start = time.monotonic()
     with pytest.raises(LaunchError, match=r"(?s)did not become healthy.*stuck"):
-        _launch.serve(command, {}, port=port, base_url="URL", log_file=tmp_path / "s.log", health_timeout=1, interval=0.1)
+        _launch.serve(
+            command, {}, port=port, base_url="URL", log_file=tmp_path / "s.log", health_timeout=1, interval=0.1
+        )
     assert time.monotonic() - start < 20
+
+
+# ------------------------------------------------------------------------------------------------ GPU smoke check
+
+SMOKE = ROOT / "scripts" / "gpu_smoke.sh"
+
+
+def smoke(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(SMOKE), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_gpu_smoke_script_is_valid_bash() -> None:
+    assert subprocess.run(["bash", "-n", str(SMOKE)], capture_output=True).returncode == 0
+    assert os.access(SMOKE, os.X_OK)
+
+
+def test_gpu_smoke_dry_run_prints_every_command_and_the_table_header() -> None:
+    done = smoke("--dry-run")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    commands = [line for line in lines if line and not line.startswith(("#", "check", "---", "(dry run"))]
+    assert len(commands) == 1 + 5 + 1 + 1 + 1  # tiny model, GRPO per variant, collect, SFT, evaluation
+    for variant in ("vanilla", "turn_discount", "prm_lite", "lata", "joint"):
+        assert any(
+            "train_grpo.py --config recipes/ablation/grpo_gpu_smoke.yaml" in c and f"--variant {variant} " in c
+            for c in commands
+        )
+    assert any("train_sft.py --config recipes/ablation/sft_gpu_smoke.yaml" in c for c in commands)
+    assert any("evaluate.py --config recipes/ablation/eval_gpu_smoke.yaml" in c for c in commands)
+    assert any("accelerate_configs/single_gpu.yaml" in c for c in commands)
+    header = next(line for line in lines if line.startswith("check"))
+    assert [cell.strip() for cell in header.split("|")] == ["check", "result", "seconds", "step time (s)",
+                                                            "peak GPU (MiB)"]  # fmt: skip
+    assert lines[-1] == "(dry run: nothing was run)"
+    # the environment variable does the same; --variants narrows the GRPO checks
+    same = smoke(env={"GPU_SMOKE_DRY_RUN": "1"})
+    assert same.returncode == 0 and same.stdout == done.stdout
+    narrow = smoke("--dry-run", "--variants", "lata joint", "--gpu", "3")
+    assert narrow.stdout.count("train_grpo.py") == 2 and "CUDA_VISIBLE_DEVICES=3" in narrow.stdout
+    assert narrow.stdout.count("single_gpu.yaml --gpu_ids 3 train_") == 3  # 2 x GRPO, SFT
+
+
+def test_gpu_smoke_recipes_are_what_the_check_promises() -> None:
+    import yaml
+
+    grpo = yaml.safe_load((ROOT / "recipes/ablation/grpo_gpu_smoke.yaml").read_text())
+    assert grpo["max_steps"] == 2 and grpo["bf16"] is True and grpo["use_vllm"] is True
+    assert grpo["vllm_mode"] == "colocate" and grpo["vllm_enable_sleep_mode"] is True
+    sft = yaml.safe_load((ROOT / "recipes/ablation/sft_gpu_smoke.yaml").read_text())
+    assert sft["max_steps"] == 5 and sft["bf16"] is True
+    evaluation = yaml.safe_load((ROOT / "recipes/ablation/eval_gpu_smoke.yaml").read_text())
+    assert evaluation["backend"] == "vllm"
+
+
+def test_gpu_smoke_commands_parse_with_the_real_entry_points() -> None:
+    """Every recipe and flag the smoke check passes is accepted by its script (CPU stand-ins for the GPU flags)."""
+    import evaluate
+    import train_grpo
+    import train_sft
+
+    lines = smoke("--dry-run").stdout.splitlines()
+    cpu = ["--use_cpu", "true", "--bf16", "false"]
+    for line in lines:
+        words = line.split()
+        if "train_grpo.py" in words:
+            argv = words[words.index("train_grpo.py") + 1 :]
+            script_args, training_args, model_args = train_grpo.make_parser().parse_args_and_config(
+                [*argv, *cpu, "--use_vllm", "false"]
+            )
+            assert training_args.max_steps == 2 and script_args.hub_dir == "outputs/gpu-smoke/hub"
+        elif "train_sft.py" in words:
+            argv = words[words.index("train_sft.py") + 1 :]
+            script_args, training_args, model_args = train_sft.make_parser().parse_args_and_config([*argv, *cpu])
+            assert training_args.max_steps == 5 and script_args.dataset_path == "outputs/gpu-smoke/trajectories"
+        elif "evaluate.py" in words:
+            (args,) = evaluate.make_parser().parse_args_and_config(words[words.index("evaluate.py") + 1 :])
+            assert args.backend == "vllm" and args.tasks == "0,2,5"
+
+
+def test_gpu_smoke_rejects_bad_input_and_needs_a_gpu_outside_dry_run() -> None:
+    bad = smoke("--variants", "bogus", "--dry-run")
+    assert bad.returncode == 2 and "unknown variant 'bogus'" in bad.stderr
+    assert smoke("--frobnicate").returncode == 2
+    if shutil.which("nvidia-smi") is None:
+        real = smoke()
+        assert real.returncode == 2 and "needs a GPU" in real.stderr

@@ -30,7 +30,6 @@ import contextlib
 import logging
 import statistics
 import time
-from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
@@ -136,7 +135,8 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         self._rollout_rows: list[dict] = []
         self._rollout_episodes: list[Episode] = []
         self._rollout_seconds = 0.0
-        self._timing: dict[str, float] = defaultdict(float)
+        self._env_seconds = 0.0
+        self._last_prm: list[PRMResult] = []
 
     # -- generation ---------------------------------------------------------------------------------------------
 
@@ -190,12 +190,20 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         timings.reward += time.perf_counter() - prm_start
 
         prompt_ids = [ep.agent_state["prompt_ids"] for ep in episodes]
-        completion_ids = [ep.agent_state["completion_ids"] for ep in episodes]
-        tool_mask = [ep.agent_state["tool_mask"] for ep in episodes]
-        logprobs = [ep.agent_state["logprobs"] for ep in episodes] if self.use_vllm else None
+        completion_ids = [list(ep.agent_state["completion_ids"]) for ep in episodes]
+        tool_mask = [list(ep.agent_state["tool_mask"]) for ep in episodes]
+        logprobs = [list(ep.agent_state["logprobs"]) for ep in episodes] if self.use_vllm else None
+        pad = self.processing_class.pad_token_id or 0
+        for row, ids in enumerate(completion_ids):
+            if not ids:  # no policy turn (the user simulator failed first): one masked pad token, as TRL needs ≥ 1
+                ids.append(pad)
+                tool_mask[row].append(0)
+                if logprobs is not None:
+                    logprobs[row].append(0.0)
         completions = [ep.messages[2:] for ep in episodes]
         extra = [_episode_summary(record, prm) for record, prm in zip(records, prm_results, strict=True)]
         self._rollout_episodes = episodes
+        self._env_seconds += timings.env + timings.user + timings.reward
         self._log_rollout_metrics(mode, records, prm_results, extra, timings, time.perf_counter() - start)
         return prompt_ids, completion_ids, tool_mask, completions, logprobs, {"episode": extra}, None, []
 
@@ -238,9 +246,14 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
         start = time.perf_counter()
         self._rollout_seconds = 0.0
+        self._env_seconds = 0.0
         loss = super().training_step(model, inputs, num_items_in_batch)
         if self.model.training:
-            self._metrics["train"]["timing/optimisation"].append(time.perf_counter() - start - self._rollout_seconds)
+            total = time.perf_counter() - start
+            metrics = self._metrics["train"]
+            metrics["timing/optimisation"].append(total - self._rollout_seconds)
+            if self._rollout_seconds > 0:  # this micro-step generated: how much of it went to env + user + reward
+                metrics["timing/env_user_reward_share"].append(self._env_seconds / total if total > 0 else 0.0)
         return loss
 
     # -- metrics -------------------------------------------------------------------------------------------------

@@ -1,0 +1,299 @@
+"""``SharedPrefixTransformersBackend``: batched generation that reads the shared system-prompt KV once per step.
+
+``TransformersBackend`` with ``prefix_cache=True`` computes the key/value cache of the prompt prefix that every
+episode shares (system prompt, policy, tool schemas, greeting: about 7,000 tokens for the tiny tokenizer, 4,000 for
+Qwen2.5) once, but then copies it into every row of the batch: ``generate`` concatenates the whole cache again at
+every decoding step, so a batch of B rows moves B × prefix bytes per step. On a CPU that memory traffic, not compute,
+is the cost, and batching 40 episodes saves next to nothing over playing them one at a time.
+
+This backend keeps the prefix's keys and values once (batch 1) and gives ``generate`` only the per-episode rest:
+the cache holds each row's own tokens, position ids start after the prefix, and a registered attention function
+("airline_shared_prefix") attends to both parts and merges them exactly (cascade attention: one softmax over the
+concatenation, computed from the two partial log-sum-exps). The prefix part is one matrix product per layer with
+every row's queries stacked, so the prefix is read once per step whatever the batch size. Queries are processed in
+chunks to bound the score matrices. A batch of one row uses the parent's path (one copy of the prefix, fused sdpa).
+
+Correctness: on its first use the backend compares the next-token logits of one prompt through this path and through
+the parent's materialised-prefix path and falls back to the parent (with a warning) if they differ; models with
+sliding-window layers use the parent directly. Outputs equal plain ``generate`` up to float rounding.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from transformers import AttentionInterface, DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from airline_rl.backends import TransformersBackend
+
+logger = logging.getLogger(__name__)
+
+ATTENTION_NAME = "airline_shared_prefix"
+PREFIX_ATTRIBUTE = "_airline_shared_prefix_kv"
+MAX_SCORE_ELEMENTS = 1 << 24
+"""Largest score matrix (elements) one query chunk may build; bounds memory during long prefills."""
+
+
+def _full_bool_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """``sdpa_mask`` that always materialises the boolean mask (the attention below needs it explicitly)."""
+    kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
+def shared_prefix_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention over [shared prefix (batch 1) | each row's own keys]; sdpa when the module has no prefix attached.
+
+    query [B, H, q, d]; key/value [B, Hkv, S, d] (the row's own tokens); the prefix [1, Hkv, P, d] is visible to every
+    query; ``attention_mask`` [B, 1, q, S] (True: attend) covers the row's own part. Returns [B, q, H, d] like sdpa.
+    """
+    prefix = getattr(module, PREFIX_ATTRIBUTE, None)
+    if prefix is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    prefix_keys, prefix_values = prefix
+    batch, heads, q_len, dim = query.shape
+    kv_heads, own_len, prefix_len = key.shape[1], key.shape[2], prefix_keys.shape[2]
+    groups = heads // kv_heads
+    scale = scaling if scaling is not None else dim**-0.5
+    # [B, Hkv, g, q, d]: query head h uses key head h // g (as repeat_kv does)
+    grouped = query.reshape(batch, kv_heads, groups, q_len, dim)
+    mask = None
+    if attention_mask is not None:
+        if attention_mask.dtype != torch.bool:  # an additive float mask: keep the positions that are not -inf-like
+            attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
+        mask = attention_mask[..., -own_len:].expand(batch, 1, q_len, own_len)
+    chunk = max(1, MAX_SCORE_ELEMENTS // max(1, batch * heads * (prefix_len + own_len)))
+    outputs = []
+    pk, pv = prefix_keys[0].float(), prefix_values[0].float()  # [Hkv, P, d]
+    own_keys, own_values = key.float().transpose(2, 3), value.float()
+    for start in range(0, q_len, chunk):
+        q = grouped[:, :, :, start : start + chunk].float() * scale  # [B, Hkv, g, c, d]
+        c = q.shape[3]
+        # prefix: every row's queries stacked per key head → one read of the prefix
+        stacked = q.permute(1, 0, 2, 3, 4).reshape(kv_heads, batch * groups * c, dim)
+        prefix_scores = torch.bmm(stacked, pk.transpose(1, 2))  # [Hkv, B·g·c, P]
+        prefix_max = prefix_scores.amax(-1).view(kv_heads, batch, groups, c).permute(1, 0, 2, 3)
+        # own part: per row
+        own_scores = torch.matmul(q.reshape(batch, kv_heads, groups * c, dim), own_keys)
+        own_scores = own_scores.view(batch, kv_heads, groups, c, own_len)
+        if mask is not None:
+            own_scores.masked_fill_(~mask[:, :, start : start + c].unsqueeze(1), float("-inf"))
+        top = torch.maximum(prefix_max, own_scores.amax(-1))  # [B, Hkv, g, c], finite: the prefix is always visible
+        prefix_weights = prefix_scores.sub_(top.permute(1, 0, 2, 3).reshape(kv_heads, -1, 1)).exp_()
+        own_weights = own_scores.sub_(top.unsqueeze(-1)).exp_()
+        prefix_out = torch.bmm(prefix_weights, pv)  # [Hkv, B·g·c, d]
+        prefix_out = prefix_out.view(kv_heads, batch, groups, c, dim).permute(1, 0, 2, 3, 4)
+        own_out = torch.matmul(own_weights.view(batch, kv_heads, groups * c, own_len), own_values)
+        own_out = own_out.view(batch, kv_heads, groups, c, dim)
+        denominator = prefix_weights.sum(-1).view(kv_heads, batch, groups, c).permute(1, 0, 2, 3)
+        denominator = denominator + own_weights.sum(-1)
+        outputs.append((prefix_out + own_out) / denominator.unsqueeze(-1))
+    out = torch.cat(outputs, dim=3).reshape(batch, heads, q_len, dim).to(query.dtype)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_attention() -> None:
+    """Registers the attention and mask functions under ``ATTENTION_NAME`` (idempotent)."""
+    AttentionInterface.register(ATTENTION_NAME, shared_prefix_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, _full_bool_mask)
+
+
+def _attention_modules(model: Any) -> dict[int, torch.nn.Module]:
+    return {
+        int(module.layer_idx): module
+        for module in model.modules()
+        if hasattr(module, "layer_idx") and hasattr(module, "num_key_value_groups") and hasattr(module, "q_proj")
+    }
+
+
+def supports_shared_prefix(model: Any) -> str | None:
+    """None when the model can use this backend, else why not."""
+    config = model.config.get_text_config(decoder=True)
+    if getattr(config, "use_sliding_window", False) or "sliding_attention" in (getattr(config, "layer_types", None)
+                                                                               or []):  # fmt: skip
+        return "the model has sliding-window attention layers"
+    if getattr(config, "is_encoder_decoder", False):
+        return "the model is an encoder-decoder"
+    layers = _attention_modules(model)
+    if len(layers) != getattr(config, "num_hidden_layers", -1):
+        return "its attention modules were not recognised"
+    return None
+
+
+class _Clock:
+    """A ``generate`` streamer that only timestamps (prompt in, first new token, end)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value: Any) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        self.times.append(time.perf_counter())
+
+    def split(self) -> tuple[float, float]:
+        if len(self.times) < 3:
+            return (self.times[-1] - self.times[0], 0.0) if len(self.times) >= 2 else (0.0, 0.0)
+        return self.times[1] - self.times[0], self.times[-1] - self.times[1]
+
+
+class SharedPrefixTransformersBackend(TransformersBackend):
+    """``TransformersBackend`` whose batches read the shared prefix's KV once per step (see the module docstring)."""
+
+    def __init__(self, model: Any, tokenizer: Any, *args: Any, tolerance: float | None = None, **kwargs: Any) -> None:
+        kwargs["prefix_cache"] = True
+        super().__init__(model, tokenizer, *args, **kwargs)
+        self._layers: dict[int, torch.nn.Module] = {}
+        reason = supports_shared_prefix(model)
+        self.enabled = reason is None
+        self.checked = False
+        self.tolerance = tolerance
+        if reason:
+            logger.warning("shared-prefix attention is off (%s): using the materialised prefix cache", reason)
+            return
+        register_attention()
+        self._original_attention = model.config._attn_implementation
+        model.set_attn_implementation(ATTENTION_NAME)
+        self._layers = _attention_modules(model)
+
+    # -- prefix attachment ----------------------------------------------------------------------------------------
+
+    def _attach(self, prefix_length: int) -> None:
+        assert self._prefix_kv is not None
+        for index, module in self._layers.items():
+            keys, values = self._prefix_kv[index]
+            # float32 once per call (a no-op for a float32 model), not once per layer and step
+            prefix = (keys[:, :, :prefix_length].float(), values[:, :, :prefix_length].float())
+            setattr(module, PREFIX_ATTRIBUTE, prefix)
+
+    def _detach(self) -> None:
+        for module in self._layers.values():
+            if hasattr(module, PREFIX_ATTRIBUTE):
+                delattr(module, PREFIX_ATTRIBUTE)
+
+    def _inputs_after_prefix(
+        self, prompts: list[list[int]], prefix_length: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Left-padded ids, mask and position ids (continuing after the prefix) of each prompt's own tokens."""
+        rests = [p[prefix_length:] for p in prompts]
+        width = max(len(r) for r in rests)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, rest in enumerate(rests):
+            input_ids[row, width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
+            attention[row, width - len(rest) :] = 1
+        positions = prefix_length + (attention.cumsum(-1) - 1).clamp(min=0)
+        return input_ids, attention, positions
+
+    @torch.no_grad()
+    def _shared_logits(self, prompts: list[list[int]], prefix_length: int) -> torch.Tensor:
+        input_ids, attention, positions = self._inputs_after_prefix(prompts, prefix_length)
+        device = self.model.device
+        self._attach(prefix_length)
+        try:
+            output = self.model(
+                input_ids=input_ids.to(device),
+                attention_mask=attention.to(device),
+                position_ids=positions.to(device),
+                cache=DynamicCache(config=self.model.config),
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        finally:
+            self._detach()
+        return output.logits[:, -1].float()
+
+    def _self_check(self, prompts: list[list[int]], prefix_length: int) -> None:
+        """Compares one prompt's next-token logits with the parent's path; disables this backend on a mismatch."""
+        self.checked = True
+        sample = prompts[:1]
+        expected = super().next_token_logits(sample)
+        got = self._shared_logits(sample, prefix_length)
+        tolerance = self.tolerance
+        if tolerance is None:
+            tolerance = 1e-3 if self.model.dtype == torch.float32 else 5e-2
+        scale = max(1.0, float(expected.abs().max()))
+        error = float((got - expected).abs().max()) / scale
+        if error > tolerance:
+            logger.warning(
+                "shared-prefix attention differs from the reference by %.3g (> %.3g): falling back to the "
+                "materialised prefix cache",
+                error,
+                tolerance,
+            )
+            self.enabled = False
+            self.model.set_attn_implementation(self._original_attention)
+
+    # -- generation -----------------------------------------------------------------------------------------------
+
+    def _generate_batch(
+        self, prompts: list[list[int]], max_new_tokens: int, prefix_length: int = 0
+    ) -> list[list[int]]:
+        if not prefix_length or not self.enabled or len(prompts) == 1:
+            # one row: copying the prefix costs one copy, and fused sdpa beats the two-part attention
+            return super()._generate_batch(prompts, max_new_tokens, prefix_length)
+        if not self.checked:
+            self._self_check(prompts, prefix_length)
+            if not self.enabled:
+                return super()._generate_batch(prompts, max_new_tokens, prefix_length)
+        device = self.model.device
+        input_ids, attention, positions = self._inputs_after_prefix(prompts, prefix_length)
+        sampling = self.temperature > 0
+        kwargs = {
+            "max_new_tokens": max_new_tokens,
+            "do_sample": sampling,
+            "temperature": self.temperature if sampling else None,
+            "top_p": self.top_p if sampling else None,
+            "top_k": 0 if sampling else None,
+            "eos_token_id": self.eos_token_ids,
+            "pad_token_id": self.pad_token_id,
+            **self.generation_kwargs,
+        }
+        clock = _Clock()
+        self._attach(prefix_length)
+        try:
+            output = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention.to(device),
+                position_ids=positions.to(device),
+                cache=DynamicCache(config=self.model.config),
+                streamer=clock,
+                **kwargs,
+            )
+        finally:
+            self._detach()
+        prefill, decode = clock.split()
+        self.timings["prefill"] += prefill
+        self.timings["decode"] += decode
+        self.timings["calls"] += 1
+        completions = []
+        for row in output[:, input_ids.shape[1] :].tolist():
+            ids = []
+            for token in row:
+                ids.append(token)
+                if token in self.eos_token_ids:
+                    break
+            while ids and ids[-1] == self.pad_token_id and self.pad_token_id not in self.eos_token_ids:
+                ids.pop()
+            completions.append(ids)
+        return completions
+
+    def close(self) -> None:
+        """Restores the model's attention implementation."""
+        self._detach()
+        if self.enabled:
+            self.model.set_attn_implementation(self._original_attention)

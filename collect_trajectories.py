@@ -1,0 +1,44 @@
+"""Collect teacher trajectories on the τ²-bench airline domain into an HF dataset (see airline_rl/data/collect.py).
+
+    # the embedded default: the oracle (gold actions) on the covered train tasks of the seed split, scripted user
+    python collect_trajectories.py
+    # an LLM teacher behind an OpenAI-compatible endpoint, 8 attempts per task, LLM user simulator
+    python collect_trajectories.py --teacher openai --teacher_base_url http://localhost:8000/v1 \
+        --teacher_model Qwen/Qwen2.5-72B-Instruct-AWQ --attempts 8 \
+        --user_simulator llm --user_base_url http://localhost:8001/v1 --user_model Qwen/Qwen2.5-72B-Instruct-AWQ
+
+Rerunning the same command resumes: finished (task, attempt) pairs are skipped. Any field of ``CollectArguments``
+can be given as a flag or in a YAML file passed with ``--config``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from trl import TrlParser
+
+from airline_rl.configs import CollectArguments
+from airline_rl.data.collect import CollectError, collect
+from airline_rl.envs.splits import SplitError
+from airline_rl.envs.users.llm import EndpointUnreachableError
+from airline_rl.hub import HubError
+
+
+def main(args: CollectArguments) -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    result = collect(args)
+    print(json.dumps(result.to_dict(), indent=2))
+
+
+if __name__ == "__main__":
+    (collect_args,) = TrlParser((CollectArguments,)).parse_args_and_config()
+    try:
+        main(collect_args)
+    except (CollectError, HubError, SplitError, EndpointUnreachableError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None  # bad input: one line naming the flag, not a traceback

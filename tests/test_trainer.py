@@ -1,0 +1,348 @@
+"""``MultiTurnGRPOTrainer`` end to end on CPU with the tiny model: loss equivalence, masking, every variant, resume,
+local-hub export, early errors and logged metrics. About a minute on 2 cores.
+
+Shrunk hyper-parameters (each marked where set): one group of 4 episodes per step instead of 8 × 8; a one-line
+system prompt with no tool schemas (~40 tokens instead of ~7k); turns of 8 tokens, at most 3 turns, a 192-token
+episode budget. ``forced_eos_token_id`` makes every turn end with ``<|im_end|>`` after its 8 tokens, so the random
+model plays real multi-turn episodes (user and tool messages between policy turns) instead of one truncated turn.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import train_grpo
+from airline_rl.configs import MultiTurnGRPOConfig
+from airline_rl.envs.users import get_user_simulator
+from airline_rl.hub import HubError, ensure_writable, resolve_model
+from airline_rl.trainers import multiturn_grpo
+from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+from airline_rl.trainers.variants import VARIANTS
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TASKS = ["0", "1", "2", "3"]
+
+
+def assistant_chars(completions: list, **kwargs) -> list[float]:
+    """A reward that varies within a group: characters the policy wrote (so advantages are non-zero)."""
+    return [float(sum(len(m.get("content") or "") for m in c if m["role"] == "assistant")) for c in completions]
+
+
+def make_args(tmp_path: Path, variant: str, tokenizer, **overrides) -> MultiTurnGRPOConfig:
+    values = {
+        "output_dir": str(tmp_path / "out"),
+        "variant": variant,
+        "per_device_train_batch_size": 4,  # shrunk from 8: one group per step
+        "num_generations": 4,  # shrunk from 8
+        "max_completion_length": 192,  # shrunk from 8192: whole-episode budget
+        "max_turn_tokens": 8,  # shrunk from 512
+        "generation_kwargs": {"forced_eos_token_id": tokenizer.eos_token_id},  # every 8-token turn ends the turn
+        "learning_rate": 1e-2,  # large: one step must visibly move the random tiny model
+        "lr_scheduler_type": "constant",
+        "max_steps": 1,  # shrunk: one optimisation step
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        "use_cpu": True,
+        "bf16": False,
+        "activation_checkpointing": False,
+        "seed": 0,
+    }
+    values.update(overrides)
+    return MultiTurnGRPOConfig(**values)
+
+
+def make_trainer(tmp_path, variant, tiny_model, tokenizer, short_env, reward_funcs=(assistant_chars,), **overrides):
+    env = short_env(max_turns=3)  # shrunk from 30
+    args = make_args(tmp_path, variant, tokenizer, **overrides)
+    rows = [{"prompt": [{"role": "system", "content": env.system_prompt}], "task_id": t} for t in TASKS]
+    return MultiTurnGRPOTrainer(
+        model=tiny_model,
+        args=args,
+        env=env,
+        user=get_user_simulator("scripted"),
+        train_dataset=datasets.Dataset.from_list(rows),
+        processing_class=tokenizer,
+        reward_funcs=list(reward_funcs) if reward_funcs is not None else None,
+    )
+
+
+def one_group(trainer) -> list[dict]:
+    """The rows of one GRPO group as TRL's sampler would hand them over (one task, num_generations copies)."""
+    row = trainer.train_dataset[0]
+    return [row] * trainer.num_generations
+
+
+def capture_group_advantages(monkeypatch) -> dict:
+    """Records the per-sequence (TRL) advantages the trainer hands to the variant weighting."""
+    seen: dict = {}
+    original = multiturn_grpo.token_advantages
+
+    def spy(variant, group_advantages, *args, **kwargs):
+        seen["group"] = group_advantages.detach().clone()
+        return original(variant, group_advantages, *args, **kwargs)
+
+    monkeypatch.setattr(multiturn_grpo, "token_advantages", spy)
+    return seen
+
+
+def gradients(model, loss) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# (a) vanilla is TRL's loss_type="grpo"
+
+
+def test_vanilla_equals_trl_grpo_on_the_same_batch(tmp_path, tiny_model, tiny_tokenizer, short_env, monkeypatch):
+    seen = capture_group_advantages(monkeypatch)
+    trainer = make_trainer(tmp_path, "vanilla", tiny_model, tiny_tokenizer, short_env)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by the training loop; we call _compute_loss directly
+    batch = trainer._generate_and_score_completions(one_group(trainer))
+
+    # The group advantages are TRL's (r − mean) / (std + 1e-4) of our reward, independently recomputed.
+    episodes = trainer._rollout_episodes
+    rewards = torch.tensor(assistant_chars([ep.messages[2:] for ep in episodes]))
+    expected = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+    torch.testing.assert_close(seen["group"], expected)
+    assert seen["group"].abs().sum() > 0
+    assert batch["advantages"].shape == batch["completion_ids"].shape  # per-token advantages
+
+    loss_vanilla = trainer._compute_loss(trainer.model, batch)
+    grads_vanilla = gradients(trainer.model, loss_vanilla)
+    trainer.loss_type = "grpo"
+    stock = {**batch, "advantages": seen["group"]}  # TRL's own [B] advantages, TRL's own per-sequence mean
+    loss_grpo = trainer._compute_loss(trainer.model, stock)
+    grads_grpo = gradients(trainer.model, loss_grpo)
+
+    torch.testing.assert_close(loss_vanilla, loss_grpo)
+    assert len(grads_vanilla) == len(grads_grpo) > 0
+    for g_vanilla, g_grpo in zip(grads_vanilla, grads_grpo, strict=True):
+        torch.testing.assert_close(g_vanilla, g_grpo, atol=1e-6, rtol=1e-4)
+    assert any(g.abs().sum() > 0 for g in grads_vanilla)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# (b) + (f) every variant trains, environment tokens are masked, metrics are logged
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_one_step_updates_parameters_with_environment_tokens_masked(
+    variant, tmp_path, tiny_model, tiny_tokenizer, short_env
+):
+    trainer = make_trainer(tmp_path, variant, tiny_model, tiny_tokenizer, short_env)
+    batches = []
+    original = trainer._generate_and_score_completions
+
+    def keep(inputs):
+        batches.append(original(inputs))
+        return batches[-1]
+
+    trainer._generate_and_score_completions = keep
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    assert trainer.state.global_step == 1
+    changed = [not torch.equal(b, p.detach()) for b, p in zip(before, trainer.model.parameters(), strict=True)]
+    assert any(changed), f"{variant}: no parameter moved"
+
+    (batch,) = batches
+    episodes = trainer._rollout_episodes
+    mask, completion_mask, advantages = batch["tool_mask"], batch["completion_mask"], batch["advantages"]
+    policy = torch.zeros_like(mask)
+    for row, episode in enumerate(episodes):
+        for start, end in episode.agent_state["spans"]:
+            policy[row, start:end] = 1
+        assert len(episode.agent_state["spans"]) >= 2  # multi-turn: environment tokens sit between policy turns
+    assert torch.equal(mask * completion_mask, policy)  # tool_mask is 1 exactly on the sampled tokens
+    assert (advantages[policy == 0] == 0).all()  # environment tokens and padding get no advantage
+    assert (advantages[policy == 1] != 0).any()
+    assert (mask == 0).sum() > 0
+
+    # (f) the episode, PRM and timing metrics reached the log
+    logs = trainer.state.log_history[0]
+    for key in ("episode/outcome_reward", "episode/group_saturation", "episode/turns", "episode/truncation_rate"):
+        assert key in logs, key
+    assert any(k.startswith("prm/") and k.endswith("/fire_rate") for k in logs)
+    for key in ("generation", "env_user", "reward_prm", "rollout", "optimisation", "env_user_reward_share"):
+        assert f"timing/{key}" in logs, key
+    assert 0.0 <= logs["timing/env_user_reward_share"] <= 1.0
+    assert logs["episode/turns"] >= 2
+
+
+def test_default_rewards_follow_the_variant(tmp_path, tiny_model, tiny_tokenizer, short_env):
+    plain = make_trainer(tmp_path, "lata", tiny_model, tiny_tokenizer, short_env, reward_funcs=None)
+    assert [f.__name__ for f in plain.reward_funcs] == ["outcome"]
+    joint = make_trainer(tmp_path, "joint", tiny_model, tiny_tokenizer, short_env, reward_funcs=None, prm_coef=0.2)
+    assert [f.__name__ for f in joint.reward_funcs] == ["outcome", "process"]
+    assert joint.reward_weights.tolist() == pytest.approx([1.0, 0.2])
+
+
+def test_episode_without_policy_turn_gets_a_masked_placeholder(tmp_path, tiny_model, tiny_tokenizer, short_env):
+    """A user simulator failing on its first reply leaves no completion; TRL still needs one token per row."""
+    trainer = make_trainer(tmp_path, "vanilla", tiny_model, tiny_tokenizer, short_env)
+    trainer.model.train()
+
+    class FailingUser:
+        name = "failing"
+
+        def reply_batch(self, episodes):
+            from airline_rl.envs.users.base import UserReply
+
+            return [UserReply(error="endpoint down") for _ in episodes]
+
+    trainer.user = FailingUser()
+    batch = trainer._generate_and_score_completions(one_group(trainer))
+    assert batch["completion_ids"].dtype == torch.long and batch["completion_ids"].shape[1] == 1
+    assert (batch["tool_mask"] * batch["completion_mask"]).sum() == 0
+    assert (batch["advantages"] == 0).all()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# (c) + (d) train_grpo.py: checkpoints, resume, local hub
+
+
+def cli(tmp_path: Path, model_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--config", str(REPO_ROOT / "recipes/grpo/cpu_smoke.yaml"),
+        "--model_name_or_path", str(model_dir),
+        "--variant", "vanilla",
+        "--output_dir", str(tmp_path / "run"),
+        "--run_name", "tiny-run",
+        "--hub_dir", str(tmp_path / "hub"),
+        "--tasks", "0,1",
+        "--task_repeats", "1",  # shrunk: 2 prompts × 4 generations = 2 steps
+        "--num_generations", "4",  # shrunk from the recipe's 4 × 2 groups
+        "--per_device_train_batch_size", "4",
+        "--max_turns", "2",  # shrunk from 6
+        "--max_turn_tokens", "8",  # shrunk from 64
+        "--max_completion_length", "160",  # shrunk from 1536
+        "--max_steps", "2",
+        "--save_steps", "1",
+        "--report_to", "none",
+        *extra,
+    ]  # fmt: skip
+
+
+def test_train_resume_and_hub_export(tmp_path, tiny_model_dir, short_env, monkeypatch):
+    monkeypatch.setattr(train_grpo, "AirlineEnv", lambda data_dir=None, config=None: short_env(config.max_turns))
+    steps_run: list[int] = []
+    original_step = MultiTurnGRPOTrainer.training_step
+
+    def counting_step(self, *args, **kwargs):
+        steps_run.append(self.state.global_step)
+        return original_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(MultiTurnGRPOTrainer, "training_step", counting_step)
+
+    train_grpo.main(*train_grpo.parse_args(cli(tmp_path, tiny_model_dir)))
+    run_dir = tmp_path / "run"
+    assert steps_run == [0, 1]
+    assert (run_dir / "checkpoint-1").is_dir() and (run_dir / "checkpoint-2").is_dir()
+    straight = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoint-2").state_dict()
+
+    # (d) the local hub: one loadable revision per save, a model card, refs.json pointing at the newest
+    hub, run = tmp_path / "hub", "tiny-run"
+    refs = json.loads((hub / run / "refs.json").read_text())
+    assert refs == {"main": "step-000002", "revisions": {"step-000001": 1, "step-000002": 2}}
+    for name in ("step-000001", "step-000002"):
+        revision = hub / run / name
+        assert AutoModelForCausalLM.from_pretrained(revision, local_files_only=True).config.vocab_size > 0
+        assert AutoTokenizer.from_pretrained(revision, local_files_only=True).eos_token == "<|im_end|>"
+        card = (revision / "README.md").read_text()
+        assert "`variant`: vanilla" in card and f"# {run} @ step {int(name[-6:])}" in card
+    assert resolve_model(run, hub) == hub / run / "step-000002"
+    assert resolve_model(f"{run}@1", hub) == hub / run / "step-000001"
+    assert resolve_model(f"{run}@step-000002", hub) == hub / run / "step-000002"
+    assert resolve_model(str(hub / run / "step-000001"), hub) == hub / run / "step-000001"
+    with pytest.raises(HubError, match=r"no checkpoint step '7'; available steps: \[1, 2\]"):
+        resolve_model(f"{run}@7", hub)
+    with pytest.raises(HubError, match="neither a model directory nor a run"):
+        resolve_model("no-such-run", hub)
+
+    # (c) resume from checkpoint-1: only step 2 runs again, and it lands where the uninterrupted run did
+    steps_run.clear()
+    resume = cli(tmp_path, tiny_model_dir, "--resume_from_checkpoint", str(run_dir / "checkpoint-1"))
+    train_grpo.main(*train_grpo.parse_args(resume))
+    assert steps_run == [1]
+    state = json.loads((run_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+    assert [e["step"] for e in state["log_history"] if "loss" in e] == [1, 2]
+    resumed = AutoModelForCausalLM.from_pretrained(run_dir).state_dict()
+    for name, tensor in straight.items():
+        torch.testing.assert_close(resumed[name], tensor, msg=f"resumed run diverged at {name}")
+    assert json.loads((hub / run / "refs.json").read_text())["main"] == "step-000002"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# (e) bad input fails before any work, naming the flag
+
+
+def test_unknown_variant_is_rejected():
+    with pytest.raises(ValueError, match=r"unknown variant 'nope'.*valid variants"):
+        MultiTurnGRPOConfig(output_dir="unused", variant="nope")
+
+
+@pytest.mark.parametrize(
+    ("variant", "field"),
+    [("vanilla", "prm_coef"), ("lata", "turn_discount_alpha"), ("prm_lite", "turn_credit_coef")],
+)
+def test_variant_field_under_another_variant_is_rejected(variant, field):
+    with pytest.raises(ValueError, match=f"--{field} belongs to variant"):
+        MultiTurnGRPOConfig(output_dir="unused", variant=variant, **{field: 0.5})
+
+
+def test_missing_model_path_names_the_flag(tmp_path, airline_env):
+    cpu = ["--use_cpu", "true", "--bf16", "false"]
+    script, _, model = train_grpo.parse_args(
+        ["--output_dir", str(tmp_path), "--model_name_or_path", "/nope/model", *cpu]
+    )
+    with pytest.raises(SystemExit, match="--model_name_or_path /nope/model does not exist"):
+        train_grpo.resolve_model_path(model, script, str(tmp_path), airline_env)
+
+
+def test_unwritable_hub_dir_is_rejected(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(HubError, match="--hub_dir"):
+        ensure_writable(blocker / "hub")  # a directory under a regular file: unwritable even for root
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
+def test_use_vllm_without_vllm_is_a_clear_error():
+    with pytest.raises(ValueError, match="--use_vllm needs vLLM, which is not installed"):
+        MultiTurnGRPOConfig(output_dir="unused", variant="vanilla", use_vllm=True)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--variant", "vanilla", "--prm_coef", "0.3"], "error: --prm_coef belongs to variant(s)"),
+        (["--hub_dir", "{tmp}/a-file/hub"], "error: hub directory {tmp}/a-file/hub (--hub_dir) is not writable"),
+    ],
+)
+def test_train_grpo_cli_prints_one_line_errors(tmp_path, flags, message):
+    (tmp_path / "a-file").write_text("")
+    flags = [f.format(tmp=tmp_path) for f in flags]
+    command = [sys.executable, "train_grpo.py", "--config", "recipes/grpo/cpu_smoke.yaml", *flags]
+    command += ["--output_dir", str(tmp_path / "out")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(message.format(tmp=tmp_path))
+    assert not (tmp_path / "out").exists()  # nothing was trained or written

@@ -1,0 +1,201 @@
+"""SFT warm-up on teacher trajectories of the τ²-bench airline domain (TRL's SFTTrainer, assistant-token masks).
+
+    # the embedded default: tiny random-weight Qwen2 + oracle trajectories of the covered tasks, CPU, a few minutes
+    accelerate launch --config_file accelerate_configs/cpu.yaml train_sft.py --config recipes/sft/cpu_smoke.yaml
+    # a real run on trajectories collected with collect_trajectories.py
+    accelerate launch --config_file accelerate_configs/single_gpu.yaml train_sft.py \
+        --config recipes/sft/qwen2_5_7b.yaml --model_name_or_path /models/Qwen2.5-7B-Instruct \
+        --dataset_path outputs/trajectories/openai-seed
+    # then GRPO from the SFT model
+    accelerate launch ... train_grpo.py --config recipes/grpo/joint.yaml --model_name_or_path outputs/sft-qwen2_5-7b
+
+Any recipe field can be overridden on the command line. The final model (LoRA merged into the base weights) is saved
+to ``output_dir`` and exported to ``<hub_dir>/<run_name>/step-<N>``; both load with ``from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import datasets
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+from transformers.trainer_utils import get_last_checkpoint
+from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
+
+from airline_rl.configs import CollectArguments, SFTScriptArguments
+from airline_rl.data.collect import CollectError, collect, load_trajectories, parse_task_list
+from airline_rl.envs.episode import AirlineEnv, EnvConfig
+from airline_rl.envs.splits import SplitError, get_split
+from airline_rl.envs.tools import TOOL_SCHEMAS
+from airline_rl.hub import HubError, ensure_writable, write_json_atomic
+from airline_rl.trainers.sft import REPORT_FILE, SFTDataError, export_model_dir, prepare_sft_dataset, trainer_columns
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_model_path(
+    model_args: ModelConfig, script_args: SFTScriptArguments, output_dir: str, env: AirlineEnv
+) -> str:
+    """The model to fine-tune: the given path, or the embedded tiny model (built once and cached)."""
+    if model_args.model_name_or_path:
+        path = Path(model_args.model_name_or_path)
+        if not path.exists():
+            raise SystemExit(
+                f"--model_name_or_path {path} does not exist: pass a local model directory (nothing is downloaded)"
+            )
+        return str(path)
+    from airline_rl.data.tiny_model import build_tiny_model, default_tiny_model_dir
+
+    hidden, layers = script_args.tiny_hidden_size, script_args.tiny_num_layers
+    directory = script_args.tiny_model_dir or default_tiny_model_dir(Path(output_dir).parent)
+    if not script_args.tiny_model_dir and (hidden, layers) != (64, 2):
+        directory = Path(directory).with_name(f"{Path(directory).name}-h{hidden}-l{layers}")
+    extra = [env.system_prompt, *(str(schema) for schema in TOOL_SCHEMAS)]  # as train_grpo.py: the same tokenizer
+    return str(
+        build_tiny_model(
+            directory, hidden_size=hidden, num_layers=layers, intermediate_size=2 * hidden, extra_texts=extra
+        )
+    )
+
+
+def resolve_dataset(script_args: SFTScriptArguments) -> datasets.Dataset:
+    """The trajectories: ``--dataset_path``, or the embedded default (oracle on the split's covered tasks)."""
+    if script_args.dataset_path:
+        return load_trajectories(script_args.dataset_path, script_args.hub_dir)
+    args = CollectArguments(
+        data_dir=script_args.data_dir,
+        split=script_args.split,
+        split_file=script_args.split_file,
+        max_turns=script_args.max_turns,
+        max_tool_errors=script_args.max_tool_errors,
+        teacher="oracle",
+        user_simulator="scripted",
+        hub_dir=script_args.hub_dir,
+        progress=False,
+    )
+    result = collect(args)  # resumable: a second run only reloads it
+    return load_trajectories(result.output_dir)
+
+
+def save_final_model(trainer: SFTTrainer, tokenizer, output_dir: str, peft: bool) -> None:
+    """``output_dir`` holds a plain model (LoRA merged; the adapter alone goes to ``output_dir/adapter``)."""
+    if not peft:
+        trainer.save_model(output_dir)
+        return
+    trainer.save_model(os.path.join(output_dir, "adapter"))
+    if trainer.is_world_process_zero():
+        merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
+        merged.save_pretrained(output_dir)
+        tokenizer.save_pretrained(output_dir)
+
+
+def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
+    set_seed(training_args.seed)
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    log_level = training_args.get_process_log_level()
+    logger.setLevel(log_level)
+    logging.getLogger("airline_rl").setLevel(log_level)
+    datasets.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.set_verbosity(log_level)
+    if training_args.bf16 and not torch.cuda.is_available():
+        raise SystemExit("--bf16 true needs a GPU; on CPU pass --bf16 false (the CPU recipes do)")
+    ensure_writable(script_args.hub_dir)
+    run_name = training_args.run_name or Path(training_args.output_dir).name
+
+    env = AirlineEnv(script_args.data_dir, EnvConfig(script_args.max_turns, script_args.max_tool_errors))
+    split = get_split(script_args.split, script_args.split_file, frozenset(env.domain.tasks))
+    with training_args.main_process_first(desc="teacher trajectories"):  # the default collects them once
+        trajectories = resolve_dataset(script_args)
+    model_path = resolve_model_path(model_args, script_args, training_args.output_dir, env)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+    train_dataset, report = prepare_sft_dataset(
+        trajectories,
+        tokenizer,
+        tasks=parse_task_list(script_args.tasks),
+        min_reward=script_args.min_reward,
+        split=split,
+        allow_test_tasks=script_args.allow_test_tasks,
+        max_length=training_args.max_length,
+        truncation_mode=training_args.truncation_mode,
+    )
+    logger.info("SFT data: %s", report.summary())
+    if training_args.process_index == 0:
+        write_json_atomic(Path(training_args.output_dir) / REPORT_FILE, report.to_dict())
+
+    dtype = model_args.dtype if model_args.dtype in ("auto", None) else getattr(torch, model_args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path,
+        revision=model_args.model_revision,
+        dtype=dtype,
+        attn_implementation=model_args.attn_implementation,
+    )
+    peft_config = get_peft_config(model_args)
+    trainer = SFTTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=trainer_columns(train_dataset),
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+    checkpoint = training_args.resume_from_checkpoint
+    if checkpoint is None and os.path.isdir(training_args.output_dir):
+        checkpoint = get_last_checkpoint(training_args.output_dir)
+    if checkpoint:
+        logger.info("resuming from %s", checkpoint)
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.log_metrics("train", result.metrics)
+    trainer.save_metrics("train", result.metrics)
+    trainer.save_state()
+    save_final_model(trainer, tokenizer, training_args.output_dir, peft_config is not None)
+
+    exported = None
+    if trainer.is_world_process_zero():
+        metrics = {}
+        for entry in reversed(trainer.state.log_history):
+            metrics = {k: v for k, v in entry.items() if isinstance(v, int | float)}
+            if metrics:
+                break
+        info = {
+            "config": {
+                "base_model": model_path,
+                "dataset": script_args.dataset_path or "oracle trajectories (embedded default)",
+                "learning_rate": training_args.learning_rate,
+                "num_train_epochs": training_args.num_train_epochs,
+                "max_steps": training_args.max_steps,
+                "max_length": training_args.max_length,
+                "lora": peft_config is not None,
+                "split": script_args.split,
+            },
+            "data": report.summary(),
+            "metrics": metrics,
+        }
+        exported = export_model_dir(
+            training_args.output_dir, script_args.hub_dir, run_name, trainer.state.global_step, info
+        )
+        logger.info("local hub revision: %s", exported)
+    trainer.accelerator.wait_for_everyone()
+    return {"report": report.to_dict(), "metrics": result.metrics, "hub_path": str(exported) if exported else None}
+
+
+def make_parser() -> TrlParser:
+    return TrlParser((SFTScriptArguments, SFTConfig, ModelConfig))
+
+
+if __name__ == "__main__":
+    parser = make_parser()
+    script_args, training_args, model_args = parser.parse_args_and_config()
+    try:
+        main(script_args, training_args, model_args)
+    except (SFTDataError, CollectError, HubError, SplitError) as err:
+        raise SystemExit(f"error: {err}") from None  # bad input: one line naming the row or flag, not a traceback
