@@ -59,7 +59,8 @@ class TransformersBackend:
     prompts no longer all extend it) and starts each batch from a copy of it: the prompts are laid out as
     ``[prefix | left padding | rest]`` with position ids from the attention mask, so each sequence sees exactly the
     positions it would see unpadded and only the per-episode rest is prefilled. ``prefix_stats`` counts builds and
-    reuses; ``timings`` splits the time spent in ``generate`` into prefix building, prefill and decoding.
+    reuses; ``timings`` splits the time spent in ``generate`` into prefix building, prefill and decoding. The cache is
+    rebuilt when the model's weights change (an optimiser step between calls).
     """
 
     def __init__(
@@ -89,6 +90,7 @@ class TransformersBackend:
         self.generation_kwargs = dict(generation_kwargs or {})
         self._prefix: list[int] = []
         self._prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._prefix_weights: tuple[int, int] | None = None
         self.prefix_stats = {"built": 0, "reused": 0, "prefix_tokens": 0}
         self.timings = {"prefix": 0.0, "prefill": 0.0, "decode": 0.0, "calls": 0}
 
@@ -115,6 +117,9 @@ class TransformersBackend:
         shortest = min(len(p) for p in prompts)
         cached = len(self._prefix)
         # Every prompt must extend the prefix by at least one token (its last position gives the next-token logits).
+        if self._prefix_kv is not None and self._prefix_weights != self._weights_signature():
+            self.reset_prefix_cache()  # the weights changed in place (a training step, load_state_dict): stale
+            cached = 0
         if self._prefix_kv is not None and cached < shortest and all(p[:cached] == self._prefix for p in prompts):
             self.prefix_stats["reused"] += 1
             return cached
@@ -135,6 +140,7 @@ class TransformersBackend:
         self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
         self._prefix_kv = [(layer.keys, layer.values) for layer in cache.layers]
         self._prefix = list(prefix)
+        self._prefix_weights = self._weights_signature()
         self.prefix_stats["built"] += 1
         self.prefix_stats["prefix_tokens"] = len(prefix)
         self.timings["prefix"] += time.perf_counter() - start
@@ -149,9 +155,14 @@ class TransformersBackend:
             cache.update(keys.expand(batch_size, -1, -1, -1), values.expand(batch_size, -1, -1, -1), index)
         return cache
 
+    def _weights_signature(self) -> tuple[int, int]:
+        """Changes whenever a parameter is modified in place (torch's per-tensor version counters) or replaced."""
+        params = list(self.model.parameters())
+        return sum(p._version for p in params), hash(tuple(p.data_ptr() for p in params))
+
     def reset_prefix_cache(self) -> None:
-        """Drops the cached prefix (call after changing the model's weights)."""
-        self._prefix, self._prefix_kv = [], None
+        """Drops the cached prefix (done automatically when the model's weights change)."""
+        self._prefix, self._prefix_kv, self._prefix_weights = [], None, None
 
     # -- generation -----------------------------------------------------------------------------------------------
 

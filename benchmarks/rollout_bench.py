@@ -16,6 +16,12 @@ Modes (same episodes, same seeds):
 Also printed: prefill vs decode time inside ``generate`` and what the engine (agent + rendering + environment + user)
 adds over raw batched ``model.generate`` calls on the same inputs.
 
+Measured on 2 shared CPU cores (best of 2; identical transcripts in all four modes): one at a time with plain
+generate 10–16 s, wave-batched plain generate 19–35 s (slower: with left padding the long prefill needs an explicit
+mask and loses the causal kernel's savings), one at a time with prefix reuse 6–9 s, wave-batched with prefix reuse
+2.2–3.3 s: 4.7x. The engine adds under 5% over its generate calls; the backend adds nothing measurable over raw
+batched ``model.generate`` on the same inputs.
+
 Usage: ``python benchmarks/rollout_bench.py [--episodes 16] [--turn-tokens 32] [--threads N] [--repeats N]``.
 The speed-up of the engine (wave-batched + prefix reuse) over one episode at a time with plain generate is the last
 line. On a machine shared with other jobs, use ``--repeats 2`` or more (the best wall time of each mode counts).
@@ -126,10 +132,16 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=16)
     parser.add_argument("--turn-tokens", type=int, default=32)
     parser.add_argument("--model-dir", default=None, help="default: outputs/tiny-qwen2 (built if missing)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (0: torch's choice). 1 by default: the tiny model gains little from more, and on a "
+        "machine shared with other jobs extra threads spin-wait and make every mode erratic",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="runs per mode; the best wall time counts")
     args = parser.parse_args()
-    if args.threads:
+    if args.threads > 0:
         torch.set_num_threads(args.threads)
 
     env = AirlineEnv(config=EnvConfig(max_turns=4))

@@ -34,6 +34,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from airline_rl.backends import TransformersBackend  # noqa: E402
 from airline_rl.configs import CollectArguments  # noqa: E402
 from airline_rl.data.collect import collect, decode_rows, load_trajectories  # noqa: E402
+from airline_rl.envs.agents import get_agent  # noqa: E402
 from airline_rl.envs.episode import AirlineEnv  # noqa: E402
 from airline_rl.envs.runner import run_episodes  # noqa: E402
 from airline_rl.envs.splits import get_split  # noqa: E402
@@ -63,12 +64,14 @@ def greedy_rollouts(
         max_turn_tokens=max_turn_tokens,
     )
     records = run_episodes(env, agent, get_user_simulator("scripted"), [(task, 0) for task in tasks])
+    noop = run_episodes(env, get_agent("noop"), get_user_simulator("scripted"), [(task, 0) for task in tasks])
     results = {}
-    for record in records:
+    for record, baseline in zip(records, noop, strict=True):
         gold = env.domain.get_task(record.task_id).actions
         first = record.tool_calls[0] if record.tool_calls else None
         results[record.task_id] = {
             "reward": record.reward["reward"],
+            "noop_reward": baseline.reward["reward"],  # reward 1 without doing anything: a weak success signal
             "termination": record.termination,
             "first_gold_call": bool(
                 gold and first is not None and first.name == gold[0].name and first.arguments == gold[0].arguments
@@ -156,6 +159,8 @@ def run(
         "rollouts": rollouts,
         "first_gold_call_reproduced": sum(r["first_gold_call"] for r in rollouts.values()),
         "solved": sum(r["reward"] == 1.0 for r in rollouts.values()),
+        "solved_where_noop_fails": sum(r["reward"] == 1.0 and r["noop_reward"] < 1.0 for r in rollouts.values()),
+        "noop_fails": sum(r["noop_reward"] < 1.0 for r in rollouts.values()),
         "same_as_teacher": sum(r["same_as_teacher"] for r in rollouts.values()),
         "train_seconds": round(train_seconds, 1),
         "total_seconds": round(time.perf_counter() - start, 1),

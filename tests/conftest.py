@@ -14,6 +14,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 from pathlib import Path
 
 import pytest
+import torch
 
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.tools import TOOL_SCHEMAS
@@ -68,3 +69,16 @@ def tiny_model(tiny_model_dir: Path):
 def short_env():
     """Factory: ``short_env(max_turns=..., tools=...)`` (see ``make_short_env``)."""
     return make_short_env
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """One torch intra-op thread for a module (``pytestmark = pytest.mark.usefixtures("single_thread")``).
+
+    The tiny model's tensors gain nothing from a second thread, and on a 2-core machine shared with other jobs the
+    threads spin-wait on each other: measured 10x slower training steps with 2 threads under load.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -8,8 +8,6 @@ whole path (request format, tool-call ids, reply → Hermes text → environment
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -221,14 +219,15 @@ def test_bad_settings_name_the_flag(tmp_path: Path) -> None:
         collect(make_args(tmp_path, tasks="27", teacher="openai", output_dir=str(tmp_path / "o")))
 
 
-def test_command_line(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "collect_trajectories.py", "--tasks", "27", "--output_dir", str(tmp_path / "c"), "--hub_dir",
-         str(tmp_path / "hub"), "--progress", "false"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env={"HF_HUB_OFFLINE": "1", "PATH": ""},
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout[out.stdout.index("\n{\n") :])["covered_tasks"] == ["27"]
+def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import collect_trajectories
+
+    argv = ["--tasks", "27", "--output_dir", str(tmp_path / "c"), "--hub_dir", str(tmp_path / "hub"), "--progress",
+            "false"]  # fmt: skip
+    (args,) = TrlParser((CollectArguments,)).parse_args_and_config(args=argv)
+    collect_trajectories.main(args)
+    out = capsys.readouterr().out
+    assert json.loads(out[out.index("{\n") :])["covered_tasks"] == ["27"]
 
 
 def test_command_line_parser_refuses_test_tasks(tmp_path: Path) -> None:

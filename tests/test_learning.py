@@ -11,7 +11,7 @@ Negative controls, same settings, same seed:
 - advantages negated after the trainer computed them → the reward falls instead (towards 0);
 - every policy token masked (tool_mask all 0, as if the mask dropped the sampled tokens) → nothing moves.
 
-Marked slow (~1–2 min on 2 idle cores): ``pytest -m slow tests/test_learning.py``.
+Marked slow (about 30 s on 2 cores, one torch thread): ``pytest -m slow tests/test_learning.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from airline_rl.envs.users import get_user_simulator
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 from airline_rl.trainers.variants import VARIANTS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
 
 STEPS = 12  # optimisation steps per run: the working trainer saturates after ~3–6
 K = 4  # windows compared: the first K and the last K steps
@@ -114,7 +114,7 @@ def mean(values: list[float]) -> float:
 
 
 @pytest.fixture(scope="module")
-def untrained(tmp_path_factory, tiny_model_dir, tiny_tokenizer, short_env):
+def untrained(tmp_path_factory, tiny_model_dir, tiny_tokenizer, short_env, single_thread):
     """The masked control: no parameter may move, so its rewards sample the untrained policy (the baseline b)."""
     path = tmp_path_factory.mktemp("baseline")
     return run(path, tiny_model_dir, tiny_tokenizer, short_env, "vanilla", "mask_policy")

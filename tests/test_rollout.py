@@ -20,6 +20,8 @@ from airline_rl.envs.users import get_user_simulator
 from airline_rl.render import render
 from airline_rl.rollout import TokenPolicyAgent, episode_tensors
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 TASKS = ["0", "1", "5"]  # three different tasks in one wave: different users, tool results and lengths
 
 SCRIPT = [  # the same four assistant turns for every episode
@@ -266,8 +268,8 @@ def test_prefix_reuse_matches_plain_greedy_decoding(tiny_model, tiny_tokenizer, 
     agent = TokenPolicyAgent(None, tok, airline_env.tools, [tok.eos_token_id], 1, 1)
     prefix = agent._prompt(airline_env.reset("0").messages[:2])[:300]  # a shared prefix (shortened for speed)
     rng = random.Random(0)
-    prompts = [prefix + [rng.randrange(1000) for _ in range(rng.randint(1, 40))] for _ in range(5)]
-    new = 12
+    prompts = [prefix + [rng.randrange(1000) for _ in range(rng.randint(1, 40))] for _ in range(4)]
+    new = 8
     singles = [_greedy(tiny_model, tok, [p], new, prefix_cache=False)[1][0] for p in prompts]
     _, batched = _greedy(tiny_model, tok, prompts, new, prefix_cache=False)
     backend, cached = _greedy(tiny_model, tok, prompts, new, prefix_cache=True, min_prefix_tokens=16)
@@ -281,6 +283,12 @@ def test_prefix_reuse_matches_plain_greedy_decoding(tiny_model, tiny_tokenizer, 
     assert backend.prefix_stats["built"] == 1 and backend.prefix_stats["reused"] == 2
     assert again == [_greedy(tiny_model, tok, [p], new, prefix_cache=False)[1][0] for p in later]
     assert one == again[:1]
+    # Changing the weights (an optimiser step between calls) invalidates the cached prefix.
+    with torch.no_grad():
+        tiny_model.model.embed_tokens.weight.mul_(2.0)
+    after = backend.generate(prompts, new)[0]
+    assert backend.prefix_stats["built"] == 2
+    assert after == [_greedy(tiny_model, tok, [p], new, prefix_cache=False)[1][0] for p in prompts]
 
 
 def test_prefix_reuse_logits_match(tiny_model, tiny_tokenizer):

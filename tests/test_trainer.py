@@ -1,5 +1,5 @@
 """``MultiTurnGRPOTrainer`` end to end on CPU with the tiny model: loss equivalence, masking, every variant, resume,
-local-hub export, early errors and logged metrics. About a minute on 2 cores.
+local-hub export, early errors and logged metrics. About 30 s on 2 cores (one torch thread).
 
 Shrunk hyper-parameters (each marked where set): one group of 4 episodes per step instead of 8 × 8; a one-line
 system prompt with no tool schemas (~40 tokens instead of ~7k); turns of 8 tokens, at most 3 turns, a 192-token
@@ -28,6 +28,8 @@ from airline_rl.hub import HubError, ensure_writable, resolve_model
 from airline_rl.trainers import multiturn_grpo
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 from airline_rl.trainers.variants import VARIANTS
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TASKS = ["0", "1", "2", "3"]
@@ -226,13 +228,14 @@ def cli(tmp_path: Path, model_dir: Path, *extra: str) -> list[str]:
         "--hub_dir", str(tmp_path / "hub"),
         "--tasks", "0,1",
         "--task_repeats", "1",  # shrunk: 2 prompts × 4 generations = 2 steps
-        "--num_generations", "4",  # shrunk from the recipe's 4 × 2 groups
-        "--per_device_train_batch_size", "4",
+        "--num_generations", "4",
+        "--per_device_train_batch_size", "4",  # shrunk from 8: one group per step
         "--max_turns", "2",  # shrunk from 6
         "--max_turn_tokens", "8",  # shrunk from 64
         "--max_completion_length", "160",  # shrunk from 1536
         "--max_steps", "2",
         "--save_steps", "1",
+        "--mask_truncated_completions", "false",  # the random model's 8-token turns rarely end with EOS
         "--report_to", "none",
         *extra,
     ]  # fmt: skip
@@ -240,6 +243,11 @@ def cli(tmp_path: Path, model_dir: Path, *extra: str) -> list[str]:
 
 def test_train_resume_and_hub_export(tmp_path, tiny_model_dir, short_env, monkeypatch):
     monkeypatch.setattr(train_grpo, "AirlineEnv", lambda data_dir=None, config=None: short_env(config.max_turns))
+
+    def outcome(completions, **kwargs):  # τ²'s reward is 0 for a random policy: use one that moves the weights
+        return assistant_chars(completions)
+
+    monkeypatch.setattr(multiturn_grpo, "outcome", outcome)
     steps_run: list[int] = []
     original_step = MultiTurnGRPOTrainer.training_step
 
@@ -254,6 +262,8 @@ def test_train_resume_and_hub_export(tmp_path, tiny_model_dir, short_env, monkey
     assert steps_run == [0, 1]
     assert (run_dir / "checkpoint-1").is_dir() and (run_dir / "checkpoint-2").is_dir()
     straight = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoint-2").state_dict()
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    assert any(not torch.equal(initial[name], tensor) for name, tensor in straight.items())  # training moved it
 
     # (d) the local hub: one loadable revision per save, a model card, refs.json pointing at the newest
     hub, run = tmp_path / "hub", "tiny-run"
@@ -320,6 +330,15 @@ def test_unwritable_hub_dir_is_rejected(tmp_path):
     blocker.write_text("")
     with pytest.raises(HubError, match="--hub_dir"):
         ensure_writable(blocker / "hub")  # a directory under a regular file: unwritable even for root
+
+
+def test_unknown_task_fails_before_the_model_is_loaded(tmp_path, tiny_model_dir, monkeypatch):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the inputs were checked")
+
+    monkeypatch.setattr(train_grpo.AutoModelForCausalLM, "from_pretrained", no_loading)
+    with pytest.raises(SystemExit, match=r"error: Unknown task id '999'.*task ids 0\.\.49"):
+        train_grpo.main(*train_grpo.parse_args(cli(tmp_path, tiny_model_dir, "--tasks", "999")))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
