@@ -57,3 +57,20 @@ def test_subclass_overrides_only_the_documented_hooks():
         if callable(value) and hasattr(GRPOTrainer, name) and not name.startswith("__")
     }
     assert overridden == {"_generate", "_generate_and_score_completions", "training_step"}
+
+
+def test_vllm_sleep_mode_attributes_we_toggle_exist():
+    # MultiTurnGRPOTrainer._vllm_awake_for_rollout keeps a colocated sleep-mode engine awake for a whole rollout by
+    # toggling these private attributes of trl.generation.vllm_generation.VLLMGeneration.
+    from trl.generation import vllm_generation
+
+    source = inspect.getsource(vllm_generation.VLLMGeneration)
+    for needle in (
+        "self.enable_sleep_mode",
+        "self._llm_weights_sleeping",
+        "def sync_weights(self)",
+        'wake_up(tags=["kv_cache"])',
+        "self.llm.sleep(level=2)",
+    ):
+        assert needle in source, needle
+    assert "_last_loaded_step" in inspect.getsource(GRPOTrainer._generate_single_turn)

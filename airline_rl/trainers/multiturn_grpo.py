@@ -157,6 +157,32 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             else:
                 self.generation_config.max_new_tokens = saved
 
+    @contextlib.contextmanager
+    def _vllm_awake_for_rollout(self) -> Iterator[None]:
+        """Keeps a colocated, sleep-mode vLLM engine awake for a whole rollout instead of for each wave.
+
+        TRL puts the engine to sleep (level 2: weights and KV cache discarded) after every ``generate`` call and
+        re-pushes the weights before the next one. A multi-turn rollout calls it once per wave, so that would pay a
+        full weight sync per wave and lose the prefix cache between turns. Here: sync and wake once, generate all
+        waves with sleep mode off, and put the engine back to sleep for the optimiser step.
+        """
+        generation = getattr(self, "vllm_generation", None)
+        if not (self.use_vllm and generation is not None and generation.mode == "colocate"
+                and generation.enable_sleep_mode):  # fmt: skip
+            yield
+            return
+        if generation._llm_weights_sleeping or self.state.global_step != self._last_loaded_step:
+            generation.sync_weights()  # wakes the weights and loads the current training weights
+            self._last_loaded_step = self.state.global_step
+        generation.llm.wake_up(tags=["kv_cache"])
+        generation.enable_sleep_mode = False
+        try:
+            yield
+        finally:
+            generation.enable_sleep_mode = True
+            generation.llm.sleep(level=2)
+            generation._llm_weights_sleeping = True
+
     def _episode_seed(self, index: int) -> int:
         return (self.state.global_step * 1_000_003 + self.accelerator.process_index * 10_007 + index) % (2**31)
 
@@ -182,8 +208,9 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         for episode in episodes:
             agent.start(episode)
         timings = RunTimings()
-        records = run_episodes(self.env, agent, self.user, specs, timings=timings, episodes=episodes)
-        backend.drain()
+        with self._vllm_awake_for_rollout():
+            records = run_episodes(self.env, agent, self.user, specs, timings=timings, episodes=episodes)
+            backend.drain()
         prm_start = time.perf_counter()
         clip = self.args.prm_clip if self.args.prm_clip is not None else 0.5
         prm_results = [score_episode(record, clip=(-clip, clip)) for record in records]
