@@ -67,6 +67,22 @@ def task_dataset(script_args: GRPOScriptArguments, env: AirlineEnv, system_promp
     return datasets.Dataset.from_list(rows)
 
 
+def warn_if_updates_round_away(model: torch.nn.Module, model_args: ModelConfig, args: MultiTurnGRPOConfig) -> None:
+    """Full fine-tuning of bf16 weights without fp32 master weights (no DeepSpeed / FSDP) rounds small AdamW updates
+    away: a 1e-6 step is below bf16's resolution for most weights. Say so instead of training silently on nothing."""
+    launched_sharded = any(
+        os.environ.get(k, "").lower() == "true" for k in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP")
+    )
+    if model_args.use_peft or args.deepspeed or args.fsdp or launched_sharded:
+        return
+    if next(model.parameters()).dtype == torch.bfloat16 and args.learning_rate < 1e-5:
+        logger.warning(
+            "bf16 weights with learning_rate=%g and no fp32 master copy: most updates round to zero. Use "
+            "accelerate_configs/zero2_offload.yaml (fp32 master weights), --use_peft true, or --dtype float32.",
+            args.learning_rate,
+        )
+
+
 def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, model_args: ModelConfig) -> None:
     set_seed(training_args.seed)
     logging.basicConfig(
@@ -103,6 +119,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         dtype=dtype,
         attn_implementation=model_args.attn_implementation,
     )
+    warn_if_updates_round_away(model, model_args, training_args)
     trainer = MultiTurnGRPOTrainer(
         model=model,
         args=training_args,
