@@ -21,7 +21,6 @@ sliding-window layers use the parent directly. Outputs equal plain ``generate`` 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import torch
@@ -29,7 +28,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from airline_rl.backends import TransformersBackend
+from airline_rl.backends import TransformersBackend, _StepClock
 
 logger = logging.getLogger(__name__)
 
@@ -131,24 +130,6 @@ def supports_shared_prefix(model: Any) -> str | None:
     if len(layers) != getattr(config, "num_hidden_layers", -1):
         return "its attention modules were not recognised"
     return None
-
-
-class _Clock:
-    """A ``generate`` streamer that only timestamps (prompt in, first new token, end)."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-
-    def put(self, value: Any) -> None:
-        self.times.append(time.perf_counter())
-
-    def end(self) -> None:
-        self.times.append(time.perf_counter())
-
-    def split(self) -> tuple[float, float]:
-        if len(self.times) < 3:
-            return (self.times[-1] - self.times[0], 0.0) if len(self.times) >= 2 else (0.0, 0.0)
-        return self.times[1] - self.times[0], self.times[-1] - self.times[1]
 
 
 class SharedPrefixTransformersBackend(TransformersBackend):
@@ -263,7 +244,7 @@ class SharedPrefixTransformersBackend(TransformersBackend):
             "pad_token_id": self.pad_token_id,
             **self.generation_kwargs,
         }
-        clock = _Clock()
+        clock = _StepClock()
         self._attach(prefix_length)
         try:
             output = self.model.generate(
