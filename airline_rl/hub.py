@@ -116,7 +116,7 @@ def export_revision(trainer: Any, hub_dir: str | os.PathLike[str], run_name: str
 def resolve_model(spec: str, hub_dir: str | os.PathLike[str] = "hub") -> Path:
     """A model directory from a path, ``<run>`` (newest revision) or ``<run>@<step|revision>`` in the local hub."""
     as_path = Path(spec)
-    if as_path.is_dir() and (as_path / "config.json").exists():
+    if as_path.is_dir() and any((as_path / name).exists() for name in ("config.json", "adapter_config.json")):
         return as_path
     run, _, revision = spec.partition("@")
     run_dir = Path(hub_dir) / run

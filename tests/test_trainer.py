@@ -365,3 +365,29 @@ def test_train_grpo_cli_prints_one_line_errors(tmp_path, flags, message):
     assert "Traceback" not in result.stderr, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith(message.format(tmp=tmp_path))
     assert not (tmp_path / "out").exists()  # nothing was trained or written
+
+
+def test_lora_training_exports_a_loadable_adapter(tmp_path, tiny_model_dir, short_env, monkeypatch):
+    """LoRA through ModelConfig (--use_peft): only adapter weights train, and the hub revision (the adapter, whose
+    config points at the local base model) loads offline with from_pretrained and resolves for evaluate.py."""
+    monkeypatch.setattr(train_grpo, "AirlineEnv", lambda data_dir=None, config=None: short_env(config.max_turns))
+    monkeypatch.setattr(multiturn_grpo, "outcome", lambda completions, **kwargs: assistant_chars(completions))
+    flags = cli(tmp_path, tiny_model_dir, "--use_peft", "true", "--lora_r", "4", "--lora_alpha", "8")
+    flags[flags.index("--max_steps") + 1] = "1"  # shrunk: one step is enough to move the adapter
+    train_grpo.main(*train_grpo.parse_args(flags))
+    revision = resolve_model("tiny-run", tmp_path / "hub")
+    assert (revision / "adapter_config.json").is_file()
+    adapted = AutoModelForCausalLM.from_pretrained(revision, local_files_only=True)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True)
+    lora = {name: p for name, p in adapted.named_parameters() if "lora_B" in name}
+    assert lora and any(p.abs().sum() > 0 for p in lora.values())  # lora_B starts at zero: training moved it
+    base_names = dict(base.named_parameters())
+    frozen = [n for n, p in adapted.named_parameters() if "lora_" not in n]
+    assert frozen and all(
+        torch.equal(
+            dict(adapted.named_parameters())[n],
+            base_names[n.replace("base_model.model.", "").replace(".base_layer", "")],
+        )
+        for n in frozen
+        if n.replace("base_model.model.", "").replace(".base_layer", "") in base_names
+    )
