@@ -22,8 +22,6 @@ import hashlib
 import json
 import logging
 import threading
-import urllib.error
-import urllib.request
 import weakref
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
@@ -34,7 +32,12 @@ from airline_rl.envs.agents import get_agent
 from airline_rl.envs.runner import AgentTurn
 from airline_rl.envs.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, format_tool_call
 from airline_rl.envs.tools import TOOL_SCHEMAS
-from airline_rl.envs.users.llm import MAX_BACKOFF_S, NON_RETRYABLE_STATUS, EndpointUnreachableError, _LoopRuntime
+from airline_rl.envs.users.llm import (
+    MAX_BACKOFF_S,
+    NON_RETRYABLE_STATUS,
+    _LoopRuntime,
+    check_openai_endpoint,
+)
 
 if TYPE_CHECKING:
     from airline_rl.envs.episode import Episode
@@ -197,31 +200,15 @@ class OpenAITeacher:
 
     def check_endpoint(self, timeout: float = 5.0) -> list[str]:
         """GETs ``<base_url>/models``; a clear error names the URL when it is unreachable or lacks the model."""
-        url = self.config.base_url.rstrip("/") + "/models"
-        try:
-            request = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.config.api_key}"})
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - configured URL
-                body = response.read()
-        except urllib.error.HTTPError as err:
-            raise EndpointUnreachableError(
-                f"The teacher endpoint {url} answered HTTP {err.code}; check --teacher_base_url and --teacher_api_key"
-            ) from err
-        except (urllib.error.URLError, OSError, TimeoutError, ValueError) as err:
-            reason = getattr(err, "reason", err)
-            raise EndpointUnreachableError(
-                f"The teacher endpoint {url} is unreachable ({reason}). Start the server (for example `vllm serve "
-                f"{self.config.model} --enable-auto-tool-choice --tool-call-parser hermes`) or fix --teacher_base_url."
-            ) from err
-        try:
-            served = [str(item["id"]) for item in json.loads(body)["data"]]
-        except (ValueError, KeyError, TypeError) as err:
-            raise EndpointUnreachableError(f"{url} did not answer an OpenAI model list: {body[:200]!r}") from err
-        if served and self.config.model not in served:
-            raise ValueError(
-                f"The teacher endpoint {self.config.base_url} does not serve --teacher_model {self.config.model!r}; "
-                f"it serves: {', '.join(served)}"
-            )
-        return served
+        return check_openai_endpoint(
+            self.config.base_url,
+            self.config.api_key,
+            self.config.model,
+            timeout,
+            who="teacher",
+            flags=("--teacher_base_url", "--teacher_api_key", "--teacher_model"),
+            serve_hint=f"vllm serve {self.config.model} --enable-auto-tool-choice --tool-call-parser hermes",
+        )
 
     def stats(self) -> dict[str, int]:
         with self._lock:

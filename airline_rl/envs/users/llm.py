@@ -410,32 +410,15 @@ class LLMUser(UserSimulator):
     def check_endpoint(self, timeout: float = 5.0) -> list[str]:
         """GETs ``<base_url>/models`` and returns the served model ids; raises a clear error naming the URL when the
         endpoint is unreachable or does not serve ``config.model``, so a run fails before any episode starts."""
-        url = self.config.base_url.rstrip("/") + "/models"
-        try:
-            request = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.config.api_key}"})
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - configured URL
-                body = response.read()
-        except urllib.error.HTTPError as err:
-            raise EndpointUnreachableError(
-                f"The LLM user simulator endpoint {url} answered HTTP {err.code}; check --user_base_url "
-                f"({self.config.base_url}) and --api_key."
-            ) from err
-        except (urllib.error.URLError, OSError, TimeoutError, ValueError) as err:  # ValueError: not a URL
-            reason = getattr(err, "reason", err)
-            raise EndpointUnreachableError(
-                f"The LLM user simulator endpoint {url} is unreachable ({reason}). Start the server (for example "
-                f"`vllm serve {self.config.model}`) or fix --user_base_url."
-            ) from err
-        try:
-            served = [str(item["id"]) for item in json.loads(body)["data"]]
-        except (ValueError, KeyError, TypeError) as err:
-            raise EndpointUnreachableError(f"{url} did not answer an OpenAI model list: {body[:200]!r}") from err
-        if served and self.config.model not in served:
-            raise ValueError(
-                f"The endpoint {self.config.base_url} does not serve --user_model {self.config.model!r}; it serves: "
-                f"{', '.join(served)}."
-            )
-        return served
+        return check_openai_endpoint(
+            self.config.base_url,
+            self.config.api_key,
+            self.config.model,
+            timeout,
+            who="LLM user simulator",
+            flags=("--user_base_url", "--api_key", "--user_model"),
+            serve_hint=f"vllm serve {self.config.model}",
+        )
 
     def close(self) -> None:
         """Stops the background loop and closes the HTTP client (also done when the simulator is collected)."""
@@ -543,3 +526,45 @@ def _reply_text(response: Any) -> str | None:
     if not isinstance(content, str) or not content.strip():
         return None
     return content.strip()
+
+
+def check_openai_endpoint(
+    base_url: str,
+    api_key: str,
+    model: str,
+    timeout: float,
+    *,
+    who: str,
+    flags: tuple[str, str, str],
+    serve_hint: str,
+) -> list[str]:
+    """GETs ``<base_url>/models`` of an OpenAI-compatible server and returns the served model ids.
+
+    Shared by the LLM user simulator and the openai teacher. ``flags`` names the (base URL, API key, model) options
+    of the caller, so the error says which flag to fix; ``serve_hint`` is a command that would start the server.
+    """
+    url_flag, key_flag, model_flag = flags
+    url = base_url.rstrip("/") + "/models"
+    try:
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"})
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - configured URL
+            body = response.read()
+    except urllib.error.HTTPError as err:
+        raise EndpointUnreachableError(
+            f"The {who} endpoint {url} answered HTTP {err.code}; check {url_flag} ({base_url}) and {key_flag}."
+        ) from err
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError) as err:  # ValueError: not a URL
+        reason = getattr(err, "reason", err)
+        raise EndpointUnreachableError(
+            f"The {who} endpoint {url} is unreachable ({reason}). Start the server (for example `{serve_hint}`) "
+            f"or fix {url_flag}."
+        ) from err
+    try:
+        served = [str(item["id"]) for item in json.loads(body)["data"]]
+    except (ValueError, KeyError, TypeError) as err:
+        raise EndpointUnreachableError(f"{url} did not answer an OpenAI model list: {body[:200]!r}") from err
+    if served and model not in served:
+        raise ValueError(
+            f"The {who} endpoint {base_url} does not serve {model_flag} {model!r}; it serves: {', '.join(served)}."
+        )
+    return served
