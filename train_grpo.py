@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from pathlib import Path
 
 import datasets
 import torch
-import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_utils import get_last_checkpoint
 from trl import ModelConfig, TrlParser, get_peft_config
 
@@ -29,6 +27,7 @@ from airline_rl.envs.splits import get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.envs.users import get_user_simulator
 from airline_rl.hub import HubError, LocalHubCallback, ensure_writable
+from airline_rl.script_setup import setup_run
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -84,18 +83,7 @@ def warn_if_updates_round_away(model: torch.nn.Module, model_args: ModelConfig, 
 
 
 def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, model_args: ModelConfig) -> None:
-    set_seed(training_args.seed)
-    logging.basicConfig(
-        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
-        handlers=[logging.StreamHandler(sys.stdout)],
-    )
-    log_level = training_args.get_process_log_level()
-    logger.setLevel(log_level)
-    logging.getLogger("airline_rl").setLevel(log_level)
-    datasets.utils.logging.set_verbosity(log_level)
-    transformers.utils.logging.set_verbosity(log_level)
-    if training_args.bf16 and not torch.cuda.is_available():
-        raise SystemExit("error: --bf16 true needs a GPU; on CPU pass --bf16 false (the CPU recipes do)")
+    setup_run(training_args, logger)
     # Everything the user can get wrong is checked before any model is built or loaded; each message names its flag.
     try:
         ensure_writable(script_args.hub_dir)

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from pathlib import Path
 
 import datasets
 import torch
-import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_utils import get_last_checkpoint
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
@@ -33,6 +31,7 @@ from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.splits import SplitError, get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.hub import HubError, ensure_writable, write_json_atomic
+from airline_rl.script_setup import setup_run
 from airline_rl.trainers.sft import REPORT_FILE, SFTDataError, export_model_dir, prepare_sft_dataset, trainer_columns
 
 logger = logging.getLogger(__name__)
@@ -95,18 +94,7 @@ def save_final_model(trainer: SFTTrainer, tokenizer, output_dir: str, peft: bool
 
 
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
-    set_seed(training_args.seed)
-    logging.basicConfig(
-        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
-        handlers=[logging.StreamHandler(sys.stdout)],
-    )
-    log_level = training_args.get_process_log_level()
-    logger.setLevel(log_level)
-    logging.getLogger("airline_rl").setLevel(log_level)
-    datasets.utils.logging.set_verbosity(log_level)
-    transformers.utils.logging.set_verbosity(log_level)
-    if training_args.bf16 and not torch.cuda.is_available():
-        raise SystemExit("--bf16 true needs a GPU; on CPU pass --bf16 false (the CPU recipes do)")
+    setup_run(training_args, logger)
     ensure_writable(script_args.hub_dir)
     run_name = training_args.run_name or Path(training_args.output_dir).name
 

@@ -1,0 +1,28 @@
+"""The start of every training entry script (seed, logging, device sanity), in one place."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import datasets
+import torch
+import transformers
+from transformers import set_seed
+
+
+def setup_run(training_args: Any, script_logger: logging.Logger) -> None:
+    """Seeds everything, routes logs to stdout at the process's log level, and refuses bf16 on a CPU-only machine."""
+    set_seed(training_args.seed)
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    log_level = training_args.get_process_log_level()
+    script_logger.setLevel(log_level)
+    logging.getLogger("airline_rl").setLevel(log_level)
+    datasets.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.set_verbosity(log_level)
+    if training_args.bf16 and not torch.cuda.is_available():
+        raise SystemExit("error: --bf16 true needs a GPU; on CPU pass --bf16 false (the CPU recipes do)")
