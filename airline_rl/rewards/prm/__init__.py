@@ -24,7 +24,15 @@ from airline_rl.rewards.prm.detectors import (
     mentionable_values,
 )
 from airline_rl.rewards.prm.engine import DEFAULT_CLIP, PRMResult, score_episode
-from airline_rl.rewards.prm.rules import MAX_FREE_TOOL_CALLS, RULES, Rule, TurnContext, UnknownRuleError, get_rule
+from airline_rl.rewards.prm.rules import (
+    MAX_FREE_TOOL_CALLS,
+    RULES,
+    TRUNCATED_TURN_COST,
+    Rule,
+    TurnContext,
+    UnknownRuleError,
+    get_rule,
+)
 from airline_rl.rewards.prm.stats import auc, episode_rule_stats, spearman
 
 __all__ = [
@@ -34,6 +42,7 @@ __all__ = [
     "LOOKUP_TOOLS",
     "MAX_FREE_TOOL_CALLS",
     "RULES",
+    "TRUNCATED_TURN_COST",
     "VERIFIABLE_ID_NAMES",
     "PRMResult",
     "Rule",
