@@ -15,7 +15,13 @@ import trl
 
 from airline_rl.trainers.variants import VARIANT_FIELDS, VARIANTS
 
-VARIANT_DEFAULTS = {"turn_discount_alpha": 1.05, "prm_coef": 0.3, "prm_clip": 0.5, "turn_credit_coef": 0.3}
+VARIANT_DEFAULTS = {
+    "turn_discount_alpha": 1.05,
+    "prm_coef": 0.3,
+    "prm_clip": 0.5,
+    "turn_credit_coef": 0.3,
+    "length_reference": 256.0,
+}
 
 
 @dataclass
@@ -112,6 +118,11 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
         default=None,
         metadata={"help": "joint only: a token's advantage gets this × its turn's PRM-Lite score (default 0.3)."},
     )
+    length_reference: float | None = field(
+        default=None,
+        metadata={"help": "lata/joint: L_ref in the weight 1/√(L·L_ref), so that a trajectory of L_ref policy tokens "
+                  "weighs what it weighs under vanilla (default 256; docs/variants.md)."},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -126,6 +137,8 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
                 setattr(self, name, VARIANT_DEFAULTS[name])
         if self.turn_discount_alpha is not None and self.turn_discount_alpha <= 0:
             raise ValueError(f"--turn_discount_alpha must be > 0, got {self.turn_discount_alpha}")
+        if self.length_reference is not None and not self.length_reference > 0:
+            raise ValueError(f"--length_reference must be > 0, got {self.length_reference}")
         if self.prm_clip is not None and self.prm_clip < 0:
             raise ValueError(f"--prm_clip must be >= 0, got {self.prm_clip}")
         if self.beta != 0.0:

@@ -16,7 +16,8 @@ How it departs from textbook GRPO (single-turn, one completion per prompt):
    user simulator failed gets no reward (NaN: TRL excludes it from the group baseline and gives it advantage 0).
 
 Overridden hooks (pinned to trl==1.16.0, checked by tests/test_trl_hooks.py): ``_generate`` (whole episodes),
-``_generate_and_score_completions`` (truncation mask, variant advantages, metrics) and ``training_step`` (timing).
+``_generate_and_score_completions`` (truncation mask, variant advantages, metrics), ``training_step`` (timing) and
+transformers' ``_get_grad_norm`` (the pre-clip gradient norm of every step).
 
 Launch (see recipes/grpo/*.yaml):
     accelerate launch --config_file accelerate_configs/cpu.yaml train_grpo.py --config recipes/grpo/joint.yaml
@@ -255,9 +256,13 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         policy_mask = output["completion_mask"] * output["tool_mask"]
         turn_index = _turn_index(episodes, policy_mask.shape[1], device)
-        turn_scores = None
+        turn_scores = credit_eligible = None
         if self.args.variant == "joint":
             turn_scores = _pad_turn_scores([ep.record for ep in episodes], self._last_prm, device)
+            # no per-turn credit for an episode the user simulator broke or the token budget cut, whatever the mask
+            credit_eligible = torch.tensor(
+                [ep.record.user_error is None and not ep.record.truncated for ep in episodes], device=device
+            )
         output["advantages"] = token_advantages(
             self.args.variant,
             output["advantages"],
@@ -266,6 +271,9 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             turn_scores=turn_scores,
             alpha=self.args.turn_discount_alpha,
             turn_credit_coef=self.args.turn_credit_coef,
+            length_reference=self.args.length_reference,
+            prm_clip=self.args.prm_clip,
+            credit_eligible=credit_eligible,
         )
         self._rollout_seconds += time.perf_counter() - start
         return output
@@ -282,6 +290,19 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             if self._rollout_seconds > 0:  # this micro-step generated: how much of it went to env + user + reward
                 metrics["timing/env_user_reward_share"].append(self._env_seconds / total if total > 0 else 0.0)
         return loss
+
+    def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
+        """Logs the pre-clip gradient norm of every optimiser step, and whether ``max_grad_norm`` clipped it.
+
+        transformers logs ``grad_norm`` only at logging steps (the last step's value); the variants differ in step
+        size (1/L vs 1/√L), so the ablation needs every step's norm and how often clipping was active."""
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        if grad_norm is not None and self.model.training:
+            norm = float(grad_norm)
+            self._metrics["train"]["grad_norm/pre_clip"].append(norm)
+            limit = self.args.max_grad_norm
+            self._metrics["train"]["grad_norm/clipped"].append(float(bool(limit and limit > 0 and norm > limit)))
+        return grad_norm
 
     # -- metrics -------------------------------------------------------------------------------------------------
 
