@@ -11,6 +11,7 @@ import ast
 import inspect
 import math
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -222,3 +223,15 @@ def test_two_hundred_turns_are_scored() -> None:
     assert len(episode.record.turns) == 200 and not episode.is_completed
     _check(episode.record)
     assert score_episode(episode.record).rule_counts["P8"] > 0
+
+
+def test_benchmark_prints_the_pooled_auc_last(capsys: pytest.CaptureFixture[str]) -> None:
+    import runpy
+
+    module = runpy.run_path(str(Path(__file__).resolve().parents[1] / "benchmarks" / "prm_calibration.py"))
+    assert module["main"](["--tasks", "3,7", "--rules"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("pooled AUC success vs failure: ")
+    assert any(line.startswith("oracle strictly above") for line in lines)
+    with pytest.raises(SystemExit):
+        module["main"](["--tasks", "999"])
