@@ -303,8 +303,8 @@ _RULE_LIST = [
         0.02,
         "A successful call of the same tool as the last failed call, with different arguments, the failure having "
         "been seen in an earlier turn; once per episode.",
-        "Reading an error and fixing the call is the skill long episodes need; once per episode, and a staged "
-        "failure costs more (P6/P3) than its recovery earns.",
+        "Reading an error and fixing the call is the skill long episodes need; once per episode, so staging "
+        "failures pays at most +0.02, and a failure staged with an invented id costs more (P6).",
         _b1_recovery,
     ),
     Rule(
