@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from airline_rl.envs.behaviours import corrupt_arguments, get_behaviour
 from airline_rl.envs.episode import AirlineEnv, EpisodeRecord, ToolCallRecord, TurnRecord
 from airline_rl.rewards.prm import RULES, auc, detectors, engine, rules, score_episode, spearman
 from airline_rl.rewards.prm.corpus import Trajectory, build_corpus
@@ -235,3 +236,17 @@ def test_benchmark_prints_the_pooled_auc_last(capsys: pytest.CaptureFixture[str]
     assert any(line.startswith("oracle strictly above") for line in lines)
     with pytest.raises(SystemExit):
         module["main"](["--tasks", "999"])
+
+
+def test_behaviour_registry_and_corrupted_arguments() -> None:
+    with pytest.raises(ValueError, match="valid behaviours: oracle_terse"):
+        get_behaviour("bogus")
+    arguments = {"reservation_id": "ABC123", "flights": [{"flight_number": "HAT001", "date": "2024-05-01"}],
+                 "payment_id": "credit_card_7", "cabin": "economy"}  # fmt: skip
+    corrupted = corrupt_arguments(arguments)
+    assert corrupted["payment_id"] == "credit_card_8"  # the preferred leaf, one digit shifted
+    assert {k: v for k, v in corrupted.items() if k != "payment_id"} == {
+        k: v for k, v in arguments.items() if k != "payment_id"
+    }
+    assert arguments["payment_id"] == "credit_card_7"  # the gold arguments are not mutated
+    assert corrupt_arguments({"total_baggages": 2}) == {"total_baggages": 3}
