@@ -137,7 +137,7 @@ class TransformersBackend:
         start = time.perf_counter()
         cache = DynamicCache(config=self.model.config)
         ids = torch.tensor([prefix], dtype=torch.long, device=self.model.device)
-        self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         self._prefix_kv = [(layer.keys, layer.values) for layer in cache.layers]
         self._prefix = list(prefix)
         self._prefix_weights = self._weights_signature()
@@ -188,7 +188,7 @@ class TransformersBackend:
         sampling = self.temperature > 0
         extra: dict[str, Any] = {}
         if prefix_length:
-            extra["cache"] = self._prefix_cache_for(len(prompts))
+            extra["past_key_values"] = self._prefix_cache_for(len(prompts))
         clock = _StepClock()
         kwargs = {
             "max_new_tokens": max_new_tokens,
@@ -227,7 +227,7 @@ class TransformersBackend:
         position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
         kwargs: dict[str, Any] = {}
         if prefix_length:
-            kwargs["cache"] = self._prefix_cache_for(len(prompts))
+            kwargs["past_key_values"] = self._prefix_cache_for(len(prompts))
         device = self.model.device
         output = self.model(
             input_ids=input_ids[:, prefix_length:].to(device),

@@ -62,7 +62,7 @@ def run(tmp_path, model_dir, tokenizer, short_env, variant: str, control: str | 
         report_to="none",
         use_cpu=True,
         bf16=False,
-        activation_checkpointing=False,
+        gradient_checkpointing=False,
         seed=0,
     )
     env = short_env(max_turns=1)

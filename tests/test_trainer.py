@@ -57,7 +57,7 @@ def make_args(tmp_path: Path, variant: str, tokenizer, **overrides) -> MultiTurn
         "report_to": "none",
         "use_cpu": True,
         "bf16": False,
-        "activation_checkpointing": False,
+        "gradient_checkpointing": False,
         "seed": 0,
     }
     values.update(overrides)

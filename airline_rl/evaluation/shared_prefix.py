@@ -190,7 +190,7 @@ class SharedPrefixTransformersBackend(TransformersBackend):
                 input_ids=input_ids.to(device),
                 attention_mask=attention.to(device),
                 position_ids=positions.to(device),
-                cache=DynamicCache(config=self.model.config),
+                past_key_values=DynamicCache(config=self.model.config),
                 use_cache=True,
                 logits_to_keep=1,
             )
@@ -251,7 +251,7 @@ class SharedPrefixTransformersBackend(TransformersBackend):
                 input_ids=input_ids.to(device),
                 attention_mask=attention.to(device),
                 position_ids=positions.to(device),
-                cache=DynamicCache(config=self.model.config),
+                past_key_values=DynamicCache(config=self.model.config),
                 streamer=clock,
                 **kwargs,
             )
