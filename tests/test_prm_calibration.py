@@ -21,8 +21,8 @@ from airline_rl.envs.behaviours import corrupt_arguments, get_behaviour
 from airline_rl.envs.episode import AirlineEnv, EpisodeRecord, ToolCallRecord, TurnRecord
 from airline_rl.rewards.prm import RULES, auc, detectors, engine, rules, score_episode, spearman
 from airline_rl.rewards.prm.corpus import Trajectory, build_corpus
-from airline_rl.rewards.prm.report import headline
-from airline_rl.rewards.prm.stats import Calibration, calibrate
+from airline_rl.rewards.prm.report import CALIBRATION_END, CALIBRATION_START, calibration_markdown, headline
+from airline_rl.rewards.prm.stats import Calibration, best_auc, calibrate
 from tests.test_tool_call_parsing import json_values, turn_text
 
 ENV = AirlineEnv()
@@ -117,11 +117,40 @@ def test_no_penalty_fires_on_more_than_a_fifth_of_oracle_trajectories(calibratio
 
 @pytest.mark.xfail(
     strict=True,
-    reason="not met: non-writing behaviours succeed on the 24 read-only tasks and fail on the write tasks with "
-    "look-alike trajectories (docs/prm_lite.md, 'Reading the numbers')",
+    reason="not reachable by a process reward on this corpus: test_pooled_auc_target_is_above_the_ceiling and "
+    "docs/prm_lite.md ('Ceilings of the pooled AUC') give the bound and the argument",
 )
 def test_pooled_auc(calibration: Calibration) -> None:
     assert calibration.pooled_auc >= 0.80
+
+
+def test_pooled_auc_target_is_above_the_ceiling(calibration: Calibration) -> None:
+    """Why test_pooled_auc fails: every scorer that ranks the penalised behaviours below honest work and cannot tell a
+    non-writing trajectory of a read-only task from one of a write task stays below 0.80 (stats.pair_bound)."""
+    bound = calibration.pair_bound
+    good = round(sum(d["n"] * d["success_rate"] for d in calibration.behaviours.values()))
+    assert bound["pairs"] == pytest.approx(good * (calibration.n_trajectories - good))
+    assert 0 < bound["honest_no_write_lost"] <= bound["honest_no_write"] / 2
+    assert bound["bound"] < 0.80
+    assert calibration.pooled_auc <= bound["bound"]
+    ceilings = calibration.ceilings
+    assert ceilings["exact"] < 1.0  # byte-identical trajectories with opposite outcomes exist ...
+    assert {(good_task, bad_task) for _, good_task, _, bad_task in calibration.identical_opposite} == {("34", "33")}
+    assert ceilings["structure"] < 0.80  # ... structure alone does not reach the target ...
+    # ... and knowing the behaviour does only by ranking penalised behaviours above honest work
+    assert ceilings["behaviour_writes_exact"] >= 0.80 > ceilings["behaviour_writes_exact_penalised_below_honest_reads"]
+    assert (
+        ceilings["behaviour_writes_exact_penalised_last"]
+        <= ceilings["behaviour_writes_exact_penalised_below_honest_reads"]
+    )
+
+
+def test_docs_report_matches_the_corpus(calibration: Calibration) -> None:
+    """docs/prm_lite.md carries the report generated from the current rules and corpus (regenerate with
+    ``python -m airline_rl.rewards.prm_lite --update-docs docs/prm_lite.md``)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "prm_lite.md").read_text(encoding="utf-8")
+    block = text.split(CALIBRATION_START, 1)[1].split(CALIBRATION_END, 1)[0]
+    assert block.strip() == calibration_markdown(calibration).strip()
 
 
 def test_success_ranks_above_failure_within_tasks(calibration: Calibration) -> None:
@@ -141,6 +170,18 @@ def test_bonuses_fire_more_on_success_and_penalties_more_on_failure(calibration:
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Statistics
+
+
+def test_best_auc() -> None:
+    labels = [True, False, True, True, False]
+    # classes a (1 of 2 succeed), b (2 of 2), c (0 of 1): ranked c < a < b, the a-pair ties
+    assert best_auc(["a", "a", "b", "b", "c"], labels) == pytest.approx((0.5 + 1 + 1 + 1 + 1 + 1) / 6)
+    assert best_auc(list(range(5)), labels) == 1.0  # every trajectory its own class: a perfect ranking exists
+    # b must rank below a: it moves just below a's rate and stays above c ...
+    keys, down = ["a", "a", "b", "b", "c"], [False, False, True, True, False]
+    assert best_auc(keys, labels, down, [True, True, False, False, False]) == pytest.approx((0.5 + 1 + 1 + 1) / 6)
+    # ... below every other class: below c too
+    assert best_auc(keys, labels, down, [True] * 5) == pytest.approx((0.5 + 1) / 6)
 
 
 def test_auc_and_spearman() -> None:

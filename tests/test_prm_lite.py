@@ -26,6 +26,7 @@ from airline_rl.rewards.prm_lite import (
     RULES,
     TRUNCATED_TURN_COST,
     PRMResult,
+    declines_request,
     episode_rule_stats,
     get_rule,
     is_confirmation,
@@ -163,6 +164,9 @@ CASES: dict[str, tuple[str, list[Any], int, int]] = {
     "P7-blind-transfer": ("P7", [HELLO, TRANSFER], 0, 1),
     "P7-user-asked": ("P7", [user("I want to talk to a human agent. I am mia_li_3668."), TRANSFER], 0, 0),
     "P7-after-read": ("P7", [HELLO, GUD, TRANSFER], 1, 0),
+    "P7-blind-refusal": ("P7", [HELLO, "I'm sorry, but I can't help with that request. Goodbye!"], 0, 1),
+    "P7-refusal-after-read": ("P7", [HELLO, GRD, "I'm sorry, we are unable to cancel this reservation."], 1, 0),
+    "P7-cannot-find-is-no-refusal": ("P7", [HELLO, "I can't find that. What is your reservation id?"], 0, 0),
     # P8 excess_tool_calls (length penalty)
     "P8-ninth-call": ("P8", [HELLO, calcs(9)], 0, 1),
     "P8-tenth-call": ("P8", [HELLO, calcs(10)], 0, 2),
@@ -387,6 +391,22 @@ def test_placeholder_detector(name: str, value: str, expected: bool) -> None:
 )
 def test_confirmation_detector(message: str, expected: bool) -> None:
     assert is_confirmation(message) is expected
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("I'm sorry, but I can't help with that request.", True),
+        ("Unfortunately we are unable to cancel a basic economy reservation.", True),
+        ("I cannot process a refund for this booking.", True),
+        ("I\u2019m not able to change the passenger.", True),
+        ("I can't find that reservation; could you check the id?", False),
+        ("I can help you cancel it. Shall I proceed?", False),
+        ("", False),
+    ],
+)
+def test_decline_detector(message: str, expected: bool) -> None:
+    assert declines_request(message) is expected
 
 
 def test_mentionable_values() -> None:

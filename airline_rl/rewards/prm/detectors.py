@@ -118,6 +118,20 @@ def asks_for_human(text: str) -> bool:
     return bool(_HUMAN_REQUEST.search(text.lower()))
 
 
+_DECLINE = re.compile(
+    r"\b(?:i|we)(?: am|'m| are|'re)? (?:unable|not able) to (?:help|assist|do|process|proceed|make|offer|cancel|change"
+    r"|modify|book|issue|refund)\b"
+    r"|\b(?:i|we) (?:cannot|can't|can not|won't be able to) (?:help|assist|do|process|proceed|make|offer|cancel|change"
+    r"|modify|book|issue|refund)\b"
+)
+
+
+def declines_request(text: str) -> bool:
+    """Whether an agent message turns the user's request down ("I can't help with that", "we are unable to cancel");
+    "I can't find ..." is not a refusal."""
+    return bool(_DECLINE.search(_normalize_quotes(text)))
+
+
 _TOKEN = re.compile(r"[a-z0-9_]+")
 _DATE_OR_TIME = re.compile(r"\d{4}-\d{2}-\d{2}(?:t\d{2}:\d{2}(?::\d{2})?)?|\d{1,2}:\d{2}(?::\d{2})?")
 _NUMBER = re.compile(r"(?<![\w.])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.,])\d+(?:\.\d+)?(?![\w])")

@@ -58,6 +58,10 @@ def headline(cal: Calibration) -> list[tuple[str, str]]:
         ),  # fmt: skip
         ("AUC success vs failure, mean over tasks with both", _f(cal.per_task_auc)),
         ("AUC success vs failure, write tasks pooled", _f(cal.write_task_auc)),
+        (
+            "ceiling of the pooled AUC for a process reward (see below)",
+            _f(cal.pair_bound.get("bound", math.nan)),
+        ),  # fmt: skip
         ("pooled AUC success vs failure", _f(cal.pooled_auc)),
     ]
 
@@ -91,7 +95,69 @@ def calibration_markdown(cal: Calibration) -> str:
             f"| {behaviour} | {int(d['n'])} | {d['success_rate']:.0%} | {d['mean_progress']:.2f} | {_f(d['mean'])} | "
             f"{_f(d['min'])} | {_f(d['median'])} | {_f(d['max'])} | {_f(d['mean_on_write_tasks'])} |"
         )
+    lines += ["", *ceilings_markdown(cal)]
     return "\n".join(lines) + "\n"
+
+
+_CEILING_ROWS = (
+    ("exact", "the whole trajectory (identical trajectories tie)"),
+    ("structure", "its structure only: who spoke, which tools, which failed, stop tokens and confirmations"),
+    ("behaviour", "which behaviour produced it, nothing else"),
+    (
+        "behaviour_writes_exact",
+        "the behaviour, and a perfect verdict on every trajectory that writes; a non-writing trajectory cannot be "
+        "told apart across tasks",
+    ),
+    (
+        "behaviour_writes_exact_penalised_below_honest_reads",
+        "the same, penalised behaviours below honest non-writing ones",
+    ),
+    ("behaviour_writes_exact_penalised_last", "the same, penalised behaviours below all honest work"),
+)
+
+
+def ceilings_markdown(cal: Calibration) -> list[str]:
+    """Why the pooled AUC target is out of reach for a process reward: ceilings and the pair bound, with numbers."""
+    if not cal.ceilings or not cal.pair_bound:
+        return []
+    b = cal.pair_bound
+    identical = sorted({(good_task, bad_task) for _, good_task, _, bad_task in cal.identical_opposite})
+    behaviours = sorted({behaviour for behaviour, *_ in cal.identical_opposite})
+    lines = [
+        "**Ceilings of the pooled AUC.** The best pooled AUC of any score that is a function of what the first column "
+        "names (ranking classes of trajectories that look alike by their success rate is optimal; ties count half):",
+        "",
+        "| the scorer may use | ceiling |",
+        "|---|---|",
+    ]
+    lines += [f"| {label} | {_f(cal.ceilings[key])} |" for key, label in _CEILING_ROWS if key in cal.ceilings]
+    lines += [
+        "",
+        f"**The argument.** The pooled AUC averages over {b['pairs']:,.0f} (success, failure) pairs, so 0.80 allows "
+        f"losing at most {0.2 * b['pairs']:,.0f}. Two disjoint blocks of pairs are lost by any scorer that (i) ranks "
+        "the penalised behaviours (placeholder arguments, staged failures, repeated reads, premature transfer, "
+        'rambler) below honest work, as the seed intents and the goal "no cheap behaviour out-scores honest work" '
+        "demand, and (ii) cannot tell from a trajectory that writes nothing whether its task needed a write:",
+        f"{b['penalised_vs_honest']:,.0f} pairs of a lucky penalised success (on a read-only task) against an honest "
+        f"failure, all lost by (i); and of the {b['honest_no_write']:,.0f} pairs of an honest non-writing success "
+        "(noop, read farmers, partial oracles; one on a read-only task) against an honest non-writing failure (one on "
+        f"a write task), at least {b['honest_no_write_lost']:,.0f} are lost by (ii), even by a scorer that knows "
+        f"each trajectory's behaviour. Hence pooled AUC ≤ {b['bound']:.3f} for every such scorer, whatever it does "
+        "with the other pairs. Dropping (i) lifts the ceiling only to the `behaviour_writes_exact` row, reached by "
+        "ranking placeholder calls and staged failures above honest partial work (their success rate on this corpus "
+        "is higher); dropping (ii) means deciding, from the records read and the policy, whether the user's request "
+        "should have been granted — solving the task, i.e. an outcome model rather than process rules — and a "
+        "trajectory that read nothing does not even hold the records.",
+    ]
+    if identical:
+        pairs = ", ".join(f"{good} (success) / {bad} (failure)" for good, bad in identical)
+        lines += [
+            "",
+            f"Byte-identical trajectories with opposite outcomes: {len(cal.identical_opposite)} pairs "
+            f"({', '.join(behaviours)}) on tasks {pairs}: the same conversation succeeds on one task and fails on "
+            "the other, so no scorer of the trajectory can rank them.",
+        ]
+    return lines
 
 
 def _replace_between(text: str, start_marker: str, end_marker: str, body: str, path: Path) -> str:

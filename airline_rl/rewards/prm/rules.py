@@ -20,6 +20,7 @@ from airline_rl.rewards.prm.detectors import (
     _iter_strings,
     _text_before_calls,
     call_signature,
+    declines_request,
     id_values,
     is_placeholder,
     mentionable_values,
@@ -132,9 +133,11 @@ def _p6_unseen_id(ctx: TurnContext) -> int:
 
 
 def _p7_premature_transfer(ctx: TurnContext) -> int:
+    read_before = ctx.successful_read_before
+    if not read_before and not ctx.calls and declines_request(ctx.turn.message or ""):
+        return 1  # turned the request down without having looked at anything
     if ctx.user_asked_human:
         return 0
-    read_before = ctx.successful_read_before
     for call in ctx.calls:
         if call.name in TERMINAL_TOOLS and not read_before:
             return 1
@@ -283,9 +286,12 @@ _RULE_LIST = [
         "P7",
         "premature_transfer",
         -0.03,
-        "A transfer to a human agent when the user never asked for a human, agent, representative or supervisor "
-        "and no read call has succeeded yet.",
-        "Transferring without even looking at the case gives up on tasks the tools can solve.",
+        "Giving up before any read call has succeeded: a transfer to a human agent the user did not ask for (no "
+        "human, agent, representative or supervisor mentioned), or a reply without calls that declines the request "
+        '("I can\'t help / cancel / change ...", "we are unable to ...").',
+        "Transferring or refusing without even looking at the case gives up on tasks the tools can solve; whether a "
+        "refusal is right depends on the records, so one made before reading any is a guess even when it happens to "
+        "be right.",
         _p7_premature_transfer,
     ),
     Rule(

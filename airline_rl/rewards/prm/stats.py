@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections import defaultdict
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from airline_rl.rewards.prm.detectors import is_confirmation
 from airline_rl.rewards.prm.engine import PRMResult, score_episode
 from airline_rl.rewards.prm.rules import RULES
 
@@ -108,6 +110,10 @@ class Calibration:
     penalty_on_oracle: dict[str, float]  # penalty rule → share of oracle trajectories where it fires
     rule_rates: dict[str, tuple[float, float, float]]  # rule → (fire rate on successes, on failures, difference)
     behaviours: dict[str, dict[str, float]] = field(default_factory=dict)  # behaviour → n, success, score stats
+    ceilings: dict[str, float] = field(default_factory=dict)  # see ``auc_ceilings``
+    # (behaviour, task) of a success and of a failure with byte-identical trajectories: see identical_opposite_pairs
+    identical_opposite: list[tuple[str, str, str, str]] = field(default_factory=list)
+    pair_bound: dict[str, float] = field(default_factory=dict)  # see ``pair_bound``
 
 
 ORACLES = ("oracle_terse", "oracle_text")
@@ -201,4 +207,139 @@ def calibrate(corpus: Sequence[Trajectory], results: Sequence[PRMResult] | None 
         penalty_on_oracle=penalty_on_oracle,
         rule_rates=rule_rates,
         behaviours=behaviours,
+        ceilings=auc_ceilings(corpus),
+        identical_opposite=identical_opposite_pairs(corpus),
+        pair_bound=pair_bound(corpus),
     )
+
+
+# Ceilings of the pooled AUC ------------------------------------------------------------------------------------------
+
+PENALISED_BEHAVIOURS = frozenset(
+    {"placeholder_arguments", "staged_failure_farmer", "repeated_reads", "premature_transfer", "rambler"}
+)
+"""Behaviours the seed intents penalise (placeholder, redundancy, error repetition, premature give-up, length): a
+process reward must not rank them above honest work, even where they happen to succeed."""
+
+
+def best_auc(
+    keys: Sequence[object],
+    labels: Sequence[bool],
+    demote: Sequence[bool] | None = None,
+    above: Sequence[bool] | None = None,
+) -> float:
+    """The highest pooled AUC of any score that is constant on classes of equal key.
+
+    Ranking the classes by their success rate is optimal (ties inside a class count half, as in ``auc``). With
+    ``demote`` and ``above`` (masks over the trajectories), demoted classes must rank below every class of an
+    ``above`` trajectory: a demoted class whose rate is at least the lowest such rate moves just below it, keeping
+    its order among the demoted; the others already are where the constraint wants them."""
+    outcomes: dict[object, list[bool]] = defaultdict(list)
+    for key, label in zip(keys, labels, strict=True):
+        outcomes[key].append(label)
+    rate = {key: sum(values) / len(values) for key, values in outcomes.items()}
+    if demote is not None and above is not None:
+        demoted = {key for key, down in zip(keys, demote, strict=True) if down}
+        floor = min((rate[key] for key, up in zip(keys, above, strict=True) if up and key not in demoted), default=0.0)
+        rate = {key: floor - 1e-6 * (2.0 - r) if key in demoted and r >= floor else r for key, r in rate.items()}
+    return auc([rate[key] for key in keys], labels)
+
+
+def _exact_key(trajectory: Trajectory) -> str:
+    record = trajectory.record
+    calls = [(c.name, c.arguments, c.error) for c in record.tool_calls]
+    return json.dumps([record.messages[1:], calls], sort_keys=True, default=str)
+
+
+def _structure_key(trajectory: Trajectory) -> tuple[object, ...]:
+    """What a trajectory looks like without its wording and values: who spoke, which tools, which failed, the stop
+    token or confirmation of each user message, turns cut off."""
+    record = trajectory.record
+    users = []
+    for message in record.messages[1:]:
+        if message.get("role") == "user":
+            text = str(message.get("content") or "")
+            users.append(text if text.startswith("###") else "confirms" if is_confirmation(text) else "says")
+    turns = tuple(
+        (tuple((c.name, c.error) for c in (record.tool_calls[i] for i in turn.tool_call_indices
+                                           if 0 <= i < len(record.tool_calls))), turn.truncated)
+        for turn in record.turns
+    )  # fmt: skip
+    return tuple(users), turns
+
+
+def auc_ceilings(corpus: Sequence[Trajectory]) -> dict[str, float]:
+    """Upper bounds of the pooled AUC for scorers that see less than everything (docs/prm_lite.md explains them).
+
+    - ``exact``: any function of the trajectory (identical trajectories must tie);
+    - ``structure``: any function of the structure (``_structure_key``), however it is weighted;
+    - ``behaviour``: a scorer that knows only which behaviour produced each trajectory;
+    - ``behaviour_writes_exact``: knows the behaviour and judges every trajectory that writes perfectly, but cannot
+      tell a non-writing trajectory on a read-only task from the same behaviour's on a write task (that needs deciding,
+      from the records and the policy, whether the request should have been granted: solving the task);
+    - ``..._penalised_below_honest_reads``: the same with the penalised behaviours (``PENALISED_BEHAVIOURS``) ranked
+      below every honest trajectory that writes nothing; ``..._penalised_last``: below every honest trajectory.
+    """
+    labels = [t.success for t in corpus]
+    pooled = [t.behaviour if not t.attempts_write else _exact_key(t) for t in corpus]
+    penalised = [t.behaviour in PENALISED_BEHAVIOURS for t in corpus]
+    honest_reads = [not p and not t.attempts_write for p, t in zip(penalised, corpus, strict=True)]
+    honest = [not p for p in penalised]
+    return {
+        "exact": best_auc([_exact_key(t) for t in corpus], labels),
+        "structure": best_auc([_structure_key(t) for t in corpus], labels),
+        "behaviour": best_auc([t.behaviour for t in corpus], labels),
+        "behaviour_writes_exact": best_auc(pooled, labels),
+        "behaviour_writes_exact_penalised_below_honest_reads": best_auc(pooled, labels, penalised, honest_reads),
+        "behaviour_writes_exact_penalised_last": best_auc(pooled, labels, penalised, honest),
+    }
+
+
+def identical_opposite_pairs(corpus: Sequence[Trajectory]) -> list[tuple[str, str, str, str]]:
+    """(behaviour and task of the success, behaviour and task of the failure) for every pair of byte-identical
+    trajectories (messages and calls) with opposite outcomes: no scorer that reads only the trajectory ranks them."""
+    by_key: dict[str, list[Trajectory]] = defaultdict(list)
+    for trajectory in corpus:
+        by_key[_exact_key(trajectory)].append(trajectory)
+    return sorted(
+        (good.behaviour, good.task_id, bad.behaviour, bad.task_id)
+        for group in by_key.values()
+        for good in group
+        if good.success
+        for bad in group
+        if not bad.success
+    )
+
+
+def pair_bound(corpus: Sequence[Trajectory]) -> dict[str, float]:
+    """The pooled AUC averages over (success, failure) pairs; two disjoint blocks of them no process reward can win.
+
+    - ``penalised_vs_honest``: a success of a penalised behaviour (``PENALISED_BEHAVIOURS``, lucky on a read-only
+      task) against a failure of any other behaviour: lost by every scorer that ranks them below honest work;
+    - ``honest_no_write``: a success and a failure of the honest behaviours that write nothing (noop, the read
+      farmers, partial oracles that stop before the first write; the oracle excluded): one on a read-only task, one on
+      a write task. A scorer that cannot tell which task needed a write, even knowing each trajectory's behaviour,
+      loses at least ``honest_no_write_lost`` of them (``best_auc`` with the behaviour as key, on that block alone).
+
+    ``bound`` = 1 − (both losses) / ``pairs``: no such scorer exceeds it, however the other pairs go."""
+    good = [t for t in corpus if t.success]
+    bad = [t for t in corpus if not t.success]
+    penalised = sum(g.behaviour in PENALISED_BEHAVIOURS and b.behaviour not in PENALISED_BEHAVIOURS
+                    for g in good for b in bad)  # fmt: skip
+    block = [
+        t
+        for t in corpus
+        if t.behaviour not in PENALISED_BEHAVIOURS and t.behaviour not in ORACLES and not t.attempts_write
+    ]
+    block_good = sum(t.success for t in block)
+    block_pairs = block_good * (len(block) - block_good)
+    best = best_auc([t.behaviour for t in block], [t.success for t in block]) if block_pairs else 1.0
+    lost = (1.0 - best) * block_pairs
+    pairs = len(good) * len(bad)
+    return {
+        "pairs": float(pairs),
+        "penalised_vs_honest": float(penalised),
+        "honest_no_write": float(block_pairs),
+        "honest_no_write_lost": lost,
+        "bound": 1.0 - (penalised + lost) / pairs if pairs else math.nan,
+    }
