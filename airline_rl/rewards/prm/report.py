@@ -137,12 +137,13 @@ def ceilings_markdown(cal: Calibration) -> list[str]:
         f"losing at most {0.2 * b['pairs']:,.0f}. Two disjoint blocks of pairs are lost by any scorer that (i) ranks "
         "the penalised behaviours (placeholder arguments, staged failures, repeated reads, premature transfer, "
         'rambler) below honest work, as the seed intents and the goal "no cheap behaviour out-scores honest work" '
-        "demand, and (ii) cannot tell from a trajectory that writes nothing whether its task needed a write:",
+        "demand, and (ii) scores a trajectory that writes nothing by what its behaviour does, not by whether its "
+        "task needed a write:",
         f"{b['penalised_vs_honest']:,.0f} pairs of a lucky penalised success (on a read-only task) against an honest "
         f"failure, all lost by (i); and of the {b['honest_no_write']:,.0f} pairs of an honest non-writing success "
         "(noop, read farmers, partial oracles; one on a read-only task) against an honest non-writing failure (one on "
-        f"a write task), at least {b['honest_no_write_lost']:,.0f} are lost by (ii), even by a scorer that knows "
-        f"each trajectory's behaviour. Hence pooled AUC ≤ {b['bound']:.3f} for every such scorer, whatever it does "
+        f"a write task), at least {b['honest_no_write_lost']:,.0f} are lost by (ii), by the best ordering of those "
+        f"behaviours. Hence pooled AUC ≤ {b['bound']:.3f} for every such scorer, whatever it does "
         "with the other pairs. Dropping (i) lifts the ceiling only to the `behaviour_writes_exact` row, reached by "
         "ranking placeholder calls and staged failures above honest partial work (their success rate on this corpus "
         "is higher); dropping (ii) means deciding, from the records read and the policy, whether the user's request "

@@ -218,8 +218,10 @@ def calibrate(corpus: Sequence[Trajectory], results: Sequence[PRMResult] | None 
 PENALISED_BEHAVIOURS = frozenset(
     {"placeholder_arguments", "staged_failure_farmer", "repeated_reads", "premature_transfer", "rambler"}
 )
-"""Behaviours the seed intents penalise (placeholder, redundancy, error repetition, premature give-up, length): a
-process reward must not rank them above honest work, even where they happen to succeed."""
+"""Behaviours the seed intents penalise (placeholder, redundancy, error repetition, premature transfer, length): a
+process reward must not rank them above honest work, even where they happen to succeed. The noop is left out (P7 now
+charges its blind refusal too) so that the bound assumes the least; counting it in gives a ceiling of about 0.78 as
+well."""
 
 
 def best_auc(
@@ -318,8 +320,9 @@ def pair_bound(corpus: Sequence[Trajectory]) -> dict[str, float]:
       task) against a failure of any other behaviour: lost by every scorer that ranks them below honest work;
     - ``honest_no_write``: a success and a failure of the honest behaviours that write nothing (noop, the read
       farmers, partial oracles that stop before the first write; the oracle excluded): one on a read-only task, one on
-      a write task. A scorer that cannot tell which task needed a write, even knowing each trajectory's behaviour,
-      loses at least ``honest_no_write_lost`` of them (``best_auc`` with the behaviour as key, on that block alone).
+      a write task. A scorer whose score of such a trajectory depends on its behaviour only, not on whether its task
+      needed a write, loses at least ``honest_no_write_lost`` of them (``best_auc`` with the behaviour as key, on
+      that block alone).
 
     ``bound`` = 1 − (both losses) / ``pairs``: no such scorer exceeds it, however the other pairs go."""
     good = [t for t in corpus if t.success]
