@@ -57,6 +57,7 @@ class UpdateFractionCallback(TrainerCallback):
         self.low_streak = 0
         self.last_warning_step: int | None = None
         self.master_unavailable = False
+        self.logged_step: int | None = None
 
     def _master(self, param: torch.nn.Parameter) -> torch.Tensor | None:
         if getattr(self.trainer, "is_deepspeed_enabled", False):
@@ -113,8 +114,10 @@ class UpdateFractionCallback(TrainerCallback):
             )  # fmt: skip
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.fraction is None or logs is None or any(k.startswith("eval_") for k in logs):
+        # once per measured step: not again in the end-of-training summary or an evaluation's logs
+        if self.fraction is None or logs is None or self.logged_step == state.global_step:
             return
+        self.logged_step = state.global_step
         logs[METRIC] = self.fraction
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1][METRIC] = self.fraction  # Trainer.log stored its copy before calling us
