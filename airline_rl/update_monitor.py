@@ -100,18 +100,6 @@ class UpdateFractionCallback(TrainerCallback):
         total = sum(a.numel() for a in after)
         self.fraction = changed / total if total else None
         self.before = None
-        if self.fraction is None:
-            return
-        # two low steps in a row: LoRA's A matrices get no gradient in the first step (B starts at zero)
-        self.low_streak = self.low_streak + 1 if self.fraction < self.warn_below else 0
-        due = self.last_warning_step is None or state.global_step - self.last_warning_step >= WARN_EVERY
-        if self.low_streak >= 2 and due:
-            self.last_warning_step = state.global_step
-            logger.warning(
-                "step %d: the optimiser step changed only %.1f%% of the sampled weights (%s); updates are "
-                "rounded away or the learning rate is below the weights' precision (airline_rl/precision.py)",
-                state.global_step, 100 * self.fraction, ", ".join(n for n, _ in self.tensors or []),
-            )  # fmt: skip
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         # once per measured step: not again in the end-of-training summary or an evaluation's logs
@@ -121,6 +109,18 @@ class UpdateFractionCallback(TrainerCallback):
         logs[METRIC] = self.fraction
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1][METRIC] = self.fraction  # Trainer.log stored its copy before calling us
+        # a zero gradient (GRPO: every group's rewards equal) leaves the weights alone by design, not by rounding;
+        # two low steps in a row: LoRA's A matrices get no gradient in the first step (B starts at zero)
+        low = self.fraction < self.warn_below and logs.get("grad_norm") != 0
+        self.low_streak = self.low_streak + 1 if low else 0
+        due = self.last_warning_step is None or state.global_step - self.last_warning_step >= WARN_EVERY
+        if self.low_streak >= 2 and due:
+            self.last_warning_step = state.global_step
+            logger.warning(
+                "step %d: the optimiser step changed only %.1f%% of the sampled weights (%s); updates are "
+                "rounded away or the learning rate is below the weights' precision (airline_rl/precision.py)",
+                state.global_step, 100 * self.fraction, ", ".join(n for n, _ in self.tensors or []),
+            )  # fmt: skip
 
 
 def add_update_monitor(trainer: Any, warn_below: float = WARN_BELOW) -> UpdateFractionCallback:
