@@ -161,3 +161,37 @@ def test_train_grpo_refuses_bf16_at_1e6_before_training(tmp_path, tiny_model_dir
     with pytest.raises(SystemExit, match=r"^error: .*--allow_rounded_updates true"):
         train_grpo.main(*train_grpo.parse_args(flags))
     assert not trained
+
+
+def test_train_sft_refuses_bf16_at_1e5_before_training(tmp_path, tiny_model_dir, monkeypatch) -> None:
+    import train_sft
+
+    monkeypatch.chdir(tmp_path)  # the embedded default collects oracle trajectories into ./hub
+    trained = []
+    monkeypatch.setattr(train_sft.SFTTrainer, "train", lambda self, **kw: trained.append(1))
+    argv = [
+        "--model_name_or_path", str(tiny_model_dir), "--tasks", "0", "--use_cpu", "true", "--bf16", "false",
+        "--output_dir", str(tmp_path / "sft"), "--hub_dir", str(tmp_path / "hub"), "--max_steps", "1",
+        "--report_to", "none", "--max_length", "8192",
+        "--dtype", "bfloat16", "--learning_rate", "1e-5",  # recipes/sft/qwen2_5_7b.yaml's precision, without master
+    ]  # fmt: skip
+    script_args, training_args, model_args = train_sft.make_parser().parse_args_and_config(args=argv)
+    with pytest.raises(SystemExit, match=r"^error: .*--allow_rounded_updates true"):
+        train_sft.main(script_args, training_args, model_args)
+    assert not trained
+
+
+def test_monitor_does_not_blame_rounding_for_a_zero_gradient(tmp_path, caplog) -> None:
+    """GRPO steps whose groups all have equal rewards have a zero gradient: an unchanged model is expected then."""
+    trainer = _trainer(tmp_path, torch.float32, 1e-4)
+    callback = UpdateFractionCallback(trainer)
+    state = trainer.state
+    with caplog.at_level(logging.WARNING, logger="airline_rl.update_monitor"):
+        for step in (1, 2, 3):
+            state.global_step, callback.fraction = step, 0.0
+            callback.on_log(trainer.args, state, trainer.control, logs={"grad_norm": 0.0})
+        assert "changed only" not in caplog.text
+        for step in (4, 5):
+            state.global_step, callback.fraction = step, 0.0
+            callback.on_log(trainer.args, state, trainer.control, logs={"grad_norm": 0.3})
+    assert "step 5: the optimiser step changed only 0.0%" in caplog.text
