@@ -3,7 +3,7 @@
     # the embedded default: tiny random-weight Qwen2 + oracle trajectories of the covered tasks, CPU, a few minutes
     accelerate launch --config_file accelerate_configs/cpu.yaml train_sft.py --config recipes/sft/cpu_smoke.yaml
     # a real run on trajectories collected with collect_trajectories.py
-    accelerate launch --config_file accelerate_configs/single_gpu.yaml train_sft.py \
+    accelerate launch --config_file accelerate_configs/zero2_offload.yaml train_sft.py \
         --config recipes/sft/qwen2_5_7b.yaml --model_name_or_path /models/Qwen2.5-7B-Instruct \
         --dataset_path outputs/trajectories/openai-seed
     # then GRPO from the SFT model
