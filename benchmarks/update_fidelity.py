@@ -54,15 +54,17 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, Trainer  # noqa: E402
 from airline_rl.precision import lost_update_fraction  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE_PATTERNS = ("recipes/grpo/*.yaml", "recipes/sft/qwen2_5_7b*.yaml")
-NOT_REFERENCE = ("recipes/grpo/cpu_smoke.yaml",)
 VOCAB = 256
 LAUNCH = re.compile(r"accelerate launch .*?--config_file (\S+\.yaml)")
 
 
 def reference_recipes() -> list[str]:
-    found = sorted({p for pattern in REFERENCE_PATTERNS for p in glob.glob(pattern, root_dir=ROOT)})
-    return [p for p in found if p not in NOT_REFERENCE]
+    """The 7B recipes: one per variant for one GPU, its ``_2gpu`` twin, the multi-node one and the SFT warm-ups."""
+    from airline_rl.trainers.variants import VARIANTS
+
+    grpo = [f"recipes/grpo/{variant}{suffix}.yaml" for variant in VARIANTS for suffix in ("", "_2gpu")]
+    found = [*grpo, "recipes/grpo/grpo_multinode.yaml", *glob.glob("recipes/sft/qwen2_5_7b*.yaml", root_dir=ROOT)]
+    return sorted(p for p in found if (ROOT / p).is_file())
 
 
 def recipe_launch_config(recipe: str) -> str:
