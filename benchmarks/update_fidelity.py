@@ -122,6 +122,8 @@ def recipe_setup(recipe: str, fp32_master: bool | None = None) -> Setup:
         targets = model_args.lora_target_modules
         targets = tuple(targets) if isinstance(targets, list) else (targets,)
         lora = (model_args.lora_r, model_args.lora_alpha, targets)
+    if str(model_args.dtype) not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"{recipe}: dtype {model_args.dtype!r}: a reference recipe names its dtype explicitly")
     if fp32_master is None:
         fp32_master = launch_keeps_fp32_master(recipe_launch_config(recipe))
     return Setup(
