@@ -108,7 +108,9 @@ def check_update_precision(trainer: Any, allow: bool) -> float:
     trainable = [p for p in trainer.model.parameters() if p.requires_grad]
     lost = lost_update_fraction(trainable, args.learning_rate, master)
     dtypes = sorted({str(update_dtype(p, master)).removeprefix("torch.") for p in trainable})
-    where = "fp32 master weights" if master else f"{'/'.join(dtypes)} parameters (no fp32 master copy)"
+    where = "fp32 master weights" if master else f"{'/'.join(dtypes)} parameters"
+    if not master and dtypes != ["float32"]:
+        where += " (no fp32 master copy)"
     if lost <= REFUSE_ABOVE:
         logger.info("update precision: updates go to %s; %.1f%% of lr=%g steps round away", where, 100 * lost,
                     args.learning_rate)  # fmt: skip
