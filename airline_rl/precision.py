@@ -84,7 +84,8 @@ def lost_update_fraction(
     """Fraction of the trainable weights (by count) whose ``learning_rate``-sized update rounds away.
 
     Each tensor is estimated from a strided sample and weighted by its size. AdamW's update is about the learning rate
-    for every weight (the ratio of the moments is ~1 in magnitude), so this is what most steps lose.
+    for every weight (the ratio of the moments is ~1 in magnitude), so this is what most steps lose. For optimisers
+    whose step is smaller than the learning rate (SGD: lr × gradient) the estimate is lenient, never strict.
     """
     lost = total = 0.0
     for param in params:
