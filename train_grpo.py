@@ -3,7 +3,7 @@
     # the embedded default: tiny random-weight Qwen2 + scripted user, on CPU, a few minutes
     accelerate launch --config_file accelerate_configs/cpu.yaml train_grpo.py --config recipes/grpo/cpu_smoke.yaml
     # a real run (see README "Reproducing the ablation")
-    accelerate launch --config_file accelerate_configs/single_gpu.yaml train_grpo.py \
+    accelerate launch --config_file accelerate_configs/zero2_offload.yaml train_grpo.py \
         --config recipes/grpo/joint.yaml --model_name_or_path /models/Qwen2.5-7B-Instruct
 
 Any recipe field can be overridden on the command line (``--variant lata``, ``--max_steps 10``...).
@@ -27,8 +27,10 @@ from airline_rl.envs.splits import get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.envs.users import get_user_simulator
 from airline_rl.hub import HubError, LocalHubCallback, ensure_writable
+from airline_rl.precision import check_update_precision
 from airline_rl.script_setup import setup_run
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+from airline_rl.update_monitor import add_update_monitor
 
 logger = logging.getLogger(__name__)
 
@@ -66,22 +68,6 @@ def task_dataset(script_args: GRPOScriptArguments, env: AirlineEnv, system_promp
     return datasets.Dataset.from_list(rows)
 
 
-def warn_if_updates_round_away(model: torch.nn.Module, model_args: ModelConfig, args: MultiTurnGRPOConfig) -> None:
-    """Full fine-tuning of bf16 weights without fp32 master weights (no DeepSpeed / FSDP) rounds small AdamW updates
-    away: a 1e-6 step is below bf16's resolution for most weights. Say so instead of training silently on nothing."""
-    launched_sharded = any(
-        os.environ.get(k, "").lower() == "true" for k in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP")
-    )
-    if model_args.use_peft or args.deepspeed or args.fsdp or launched_sharded:
-        return
-    if next(model.parameters()).dtype == torch.bfloat16 and args.learning_rate < 1e-5:
-        logger.warning(
-            "bf16 weights with learning_rate=%g and no fp32 master copy: most updates round to zero. Use "
-            "accelerate_configs/zero2_offload.yaml (fp32 master weights), --use_peft true, or --dtype float32.",
-            args.learning_rate,
-        )
-
-
 def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, model_args: ModelConfig) -> None:
     setup_run(training_args, logger)
     # Everything the user can get wrong is checked before any model is built or loaded; each message names its flag.
@@ -107,7 +93,6 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         dtype=dtype,
         attn_implementation=model_args.attn_implementation,
     )
-    warn_if_updates_round_away(model, model_args, training_args)
     trainer = MultiTurnGRPOTrainer(
         model=model,
         args=training_args,
@@ -130,6 +115,8 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     }  # fmt: skip
     hub = LocalHubCallback(trainer, script_args.hub_dir, run_name, hub_config)
     trainer.add_callback(hub)
+    check_update_precision(trainer, script_args.allow_rounded_updates)  # refuses bf16 weights that would not move
+    add_update_monitor(trainer)
 
     checkpoint = training_args.resume_from_checkpoint
     if checkpoint is None and os.path.isdir(training_args.output_dir):

@@ -87,6 +87,11 @@ class GRPOScriptArguments(EnvArguments):
         metadata={"help": "Where the embedded tiny model is built when no --model_name_or_path is given "
                   "(default: <outputs>/tiny-qwen2)."},
     )  # fmt: skip
+    allow_rounded_updates: bool = field(
+        default=False,
+        metadata={"help": "Train even when most learning-rate-sized updates round away in the weights' dtype "
+                  "(airline_rl/precision.py); refused by default."},
+    )  # fmt: skip
 
 
 @dataclass
@@ -259,6 +264,11 @@ class SFTScriptArguments(EnvArguments):
     )  # fmt: skip
     tiny_hidden_size: int = field(default=64, metadata={"help": "Embedded tiny model: hidden size."})
     tiny_num_layers: int = field(default=2, metadata={"help": "Embedded tiny model: layers."})
+    allow_rounded_updates: bool = field(
+        default=False,
+        metadata={"help": "Train even when most learning-rate-sized updates round away in the weights' dtype "
+                  "(airline_rl/precision.py); refused by default."},
+    )  # fmt: skip
 
 
 @dataclass

@@ -171,7 +171,8 @@ def test_gpu_reference_dry_run_uses_the_reference_recipes_and_gpus(tmp_path: Pat
         assert f"--config recipes/grpo/{variant}_2gpu.yaml --variant {variant}" in text
         assert f"--model grpo-{variant} --steps 200,250,300 --eval_name {variant}" in text
     assert text.count("--max_steps 300 --save_steps 50") == 5
-    assert "CUDA_VISIBLE_DEVICES=0" in text and "accelerate_configs/single_gpu.yaml --gpu_ids 0 train_grpo.py" in text
+    assert "CUDA_VISIBLE_DEVICES=0" in text
+    assert "accelerate_configs/zero2_offload.yaml --gpu_ids 0 train_grpo.py" in text  # fp32 master weights
     assert "--model_name_or_path /models/Qwen2.5-7B-Instruct" in text
     assert f"--teacher_base_url {url} --teacher_model Qwen2.5-72B-Instruct-AWQ" in text
     assert text.count(f"--user_base_url {url} --user_model Qwen2.5-72B-Instruct-AWQ") == 1 + 5 + 6  # collect/grpo/eval

@@ -21,7 +21,7 @@ transformers' ``_get_grad_norm`` (the pre-clip gradient norm of every step).
 
 Launch (see recipes/grpo/*.yaml):
     accelerate launch --config_file accelerate_configs/cpu.yaml train_grpo.py --config recipes/grpo/joint.yaml
-    accelerate launch --config_file accelerate_configs/single_gpu.yaml train_grpo.py \
+    accelerate launch --config_file accelerate_configs/zero2_offload.yaml train_grpo.py \
         --config recipes/grpo/joint.yaml --model_name_or_path /models/Qwen2.5-7B-Instruct --use_vllm true
 """
 
