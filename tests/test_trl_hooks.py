@@ -56,7 +56,7 @@ def test_subclass_overrides_only_the_documented_hooks():
         for name, value in vars(MultiTurnGRPOTrainer).items()
         if callable(value) and hasattr(GRPOTrainer, name) and not name.startswith("__")
     }
-    assert overridden == {"_generate", "_generate_and_score_completions", "training_step"}
+    assert overridden == {"_generate", "_generate_and_score_completions", "training_step", "evaluate"}
 
 
 def test_vllm_sleep_mode_attributes_we_toggle_exist():
