@@ -179,3 +179,71 @@ def test_step_files_of_another_configuration_are_refused_before_training(
 def test_eval_strategy_no_builds_nothing(tiny_tokenizer) -> None:
     args = MultiTurnGRPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none")
     assert build_heldout(EnvArguments(), args, None, None, TINY_SPLIT, "run") is None
+
+
+TWO_RANKS_SCRIPT = """
+import json, sys
+from pathlib import Path
+
+import datasets
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from airline_rl.configs import EnvArguments, MultiTurnGRPOConfig
+from airline_rl.envs.episode import AirlineEnv, EnvConfig
+from airline_rl.envs.splits import Split
+from airline_rl.envs.users import get_user_simulator
+from airline_rl.evaluation.heldout import build_heldout
+from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+
+torch.set_num_threads(1)
+model_dir, out = sys.argv[1], Path(sys.argv[2])
+tokenizer = AutoTokenizer.from_pretrained(model_dir)
+env = AirlineEnv(config=EnvConfig(max_turns=2))
+env.system_prompt, env.tools = "You are an airline customer service agent.", []
+args = MultiTurnGRPOConfig(
+    output_dir=str(out / "run"), variant="vanilla", per_device_train_batch_size=4, per_device_eval_batch_size=2,
+    num_generations=4, max_completion_length=96, max_turn_tokens=6, eval_strategy="steps", eval_steps=1,
+    heldout_num_samples=3, generation_kwargs={"forced_eos_token_id": tokenizer.eos_token_id}, report_to="none",
+    use_cpu=True, bf16=False, save_strategy="no", seed=0,
+)
+split = Split("tiny", train=("0", "1", "3", "4"), test=("2", "8"), covered=("0",))
+user = get_user_simulator("scripted")
+heldout = build_heldout(EnvArguments(split="tiny"), args, env, user, split, "two-ranks")
+rows = [{"prompt": [{"role": "system", "content": env.system_prompt}], "task_id": "0"}] * 4
+trainer = MultiTurnGRPOTrainer(
+    model=AutoModelForCausalLM.from_pretrained(model_dir), args=args, env=env, user=user,
+    train_dataset=datasets.Dataset.from_list(rows), processing_class=tokenizer, heldout=heldout,
+)
+logs = trainer.evaluate()
+rank = trainer.accelerator.process_index
+(out / f"logs-{rank}.json").write_text(json.dumps({**logs, "world": trainer.accelerator.num_processes}))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_play_one_shard_each_and_report_the_same_metrics(tmp_path, tiny_model_dir) -> None:
+    """Two CPU processes (torchrun, gloo): 2 tasks × 3 samples = 6 episodes, 3 per rank in chunks of 2 (a rank whose
+    episodes end first joins the other's generations), one complete results file, the same logs on both ranks."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "two_ranks.py"
+    script.write_text(TWO_RANKS_SCRIPT)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(root)}  # fmt: skip
+    # torchrun: two CPU processes with the gloo backend (accelerate's CPU launcher would need MPI)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29617",
+               str(script), str(tiny_model_dir), str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    logs = [json.loads((tmp_path / f"logs-{rank}.json").read_text()) for rank in (0, 1)]
+    logs[0].pop("eval_runtime"), logs[1].pop("eval_runtime")
+    assert logs[0] == logs[1] and logs[0]["eval_episodes"] == 6 and logs[0]["world"] == 2
+    data = json.loads((tmp_path / "run" / "heldout" / "step-000000" / "results.json").read_text())
+    assert data["metrics"]["complete"] and data["runs"][0]["episodes"] == 6
+    for task_id in ("2", "8"):
+        samples = data["tasks"][task_id]["samples"]
+        assert [s["seed"] for s in samples] == [episode_seed(0, task_id, s) for s in (0, 1, 2)]
