@@ -325,6 +325,13 @@ def build_heldout(
     if str(getattr(training_args.eval_strategy, "value", training_args.eval_strategy)) == "no":
         return None
     task_ids = heldout_task_ids(split, training_args.heldout_uncovered_tasks, training_args.seed)
+    trained = {t.strip() for t in str(getattr(env_args, "tasks", None) or "").split(",") if t.strip()}
+    if trained & set(split.test):
+        logger.warning(
+            "--tasks trains on test tasks of split %r (%s): their held-out scores are not held out",
+            split.name,
+            ", ".join(sorted(trained & set(split.test), key=task_order)),
+        )
     output_dir = training_args.heldout_output_dir or str(Path(training_args.output_dir) / "heldout")
     return HeldoutEvaluation(
         env,
