@@ -333,6 +333,9 @@ def summary_markdown(data: Mapping[str, Any]) -> str:
     if pass_k:
         lines += ["", "## pass^k", "", "| k | " + " | ".join(pass_k) + " |", "|---|" + "---:|" * len(pass_k)]
         lines.append("| pass^k | " + " | ".join(fmt(v) for v in pass_k.values()) + " |")
+        if metrics.get("pass_hat_k_convention") == "tau2":
+            lines += ["", f"As τ² reports it: for k up to the smallest number of valid samples of a task "
+                      f"({metrics.get('pass_hat_k_max')}); larger k are left out (—)."]  # fmt: skip
     terminations = ", ".join(f"{k}: {v}" for k, v in (metrics.get("terminations") or {}).items()) or "—"
     lines += [
         "",
