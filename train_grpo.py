@@ -26,6 +26,7 @@ from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.splits import get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.envs.users import get_user_simulator
+from airline_rl.evaluation.heldout import build_heldout
 from airline_rl.hub import HubError, LocalHubCallback, ensure_writable
 from airline_rl.precision import check_update_precision
 from airline_rl.script_setup import setup_run
@@ -80,6 +81,11 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     run_name = training_args.run_name or Path(training_args.output_dir).name
 
     user = get_user_simulator(script_args.user_simulator, **script_args.user_kwargs())
+    try:  # held-out pass^k at eval steps (eval_strategy: steps); None when evaluation is off
+        split = get_split(script_args.split, script_args.split_file, frozenset(env.domain.tasks))
+        heldout = build_heldout(script_args, training_args, env, user, split, run_name)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
     model_path = resolve_model_path(model_args, script_args, training_args.output_dir, env)
     logger.info("policy model: %s; variant: %s; user simulator: %s", model_path, training_args.variant, user.name)
 
@@ -101,7 +107,13 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         train_dataset=train_dataset,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
+        heldout=heldout,
     )
+    if heldout is not None:
+        try:
+            heldout.check_existing(trainer)
+        except ValueError as err:
+            raise SystemExit(f"error: {err}") from None
     hub_config = {
         "variant": training_args.variant,
         "base_model": model_path,

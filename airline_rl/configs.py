@@ -128,6 +128,19 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
         metadata={"help": "lata/joint: L_ref in the weight 1/√(L·L_ref), so that a trajectory of L_ref policy tokens "
                   "weighs what it weighs under vanilla (default 256; docs/variants.md)."},
     )  # fmt: skip
+    # -- held-out pass^k at eval steps (eval_strategy: steps, eval_steps: N; airline_rl/evaluation/heldout.py) --
+    heldout_num_samples: int = field(
+        default=4, metadata={"help": "Held-out eval: episodes per task at each eval step (pass^k for k up to it)."}
+    )
+    heldout_uncovered_tasks: int = field(
+        default=0,
+        metadata={"help": "Held-out eval: also play a fixed sample of this many uncovered train tasks (drawn with "
+                  "--seed), which defines the generalization metric; 0: the split's test tasks only."},
+    )  # fmt: skip
+    heldout_output_dir: str | None = field(
+        default=None,
+        metadata={"help": "Held-out eval: results go to <this>/step-<N>/ (default: <output_dir>/heldout)."},
+    )
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -153,6 +166,8 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
             )
         if self.max_turn_tokens < 1:
             raise ValueError(f"--max_turn_tokens must be >= 1, got {self.max_turn_tokens}")
+        if self.heldout_num_samples < 1 or self.heldout_uncovered_tasks < 0:
+            raise ValueError("--heldout_num_samples must be >= 1 and --heldout_uncovered_tasks >= 0")
         if self.use_vllm and importlib.util.find_spec("vllm") is None:
             raise ValueError(
                 "--use_vllm needs vLLM, which is not installed: pip install -r requirements-gpu.txt (vllm==0.31.0)"

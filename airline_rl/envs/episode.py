@@ -145,10 +145,16 @@ class Episode:
         """Applies one assistant turn; returns the tool messages it produced (empty: the user answers next).
 
         Ends the episode on a transfer, the agent's stop token, the turn or tool-error cap, or ``truncated``
-        (the policy ran out of token budget mid-turn: nothing in that turn is executed).
+        (the policy ran out of token budget mid-turn: nothing in that turn is executed). A turn in which the policy
+        sampled no token (``num_policy_tokens == 0``: the budget was spent before it started) is not a turn: no turn
+        or message is recorded, the episode just ends as ``token_budget`` (so turn counts and reasoning depth only
+        see turns the policy actually took).
         """
         if self.is_completed:
             raise RuntimeError(f"episode of task {self.task.task_id} is already completed")
+        if num_policy_tokens == 0:
+            self.finish(TOKEN_BUDGET)
+            return []
         turn = TurnRecord(
             index=len(self.record.turns),
             raw_text=text,

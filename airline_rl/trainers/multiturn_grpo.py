@@ -17,7 +17,8 @@ How it departs from textbook GRPO (single-turn, one completion per prompt):
 
 Overridden hooks (pinned to trl==1.16.0, checked by tests/test_trl_hooks.py): ``_generate`` (whole episodes),
 ``_generate_and_score_completions`` (truncation mask, variant advantages, metrics), ``training_step`` (timing) and
-transformers' ``_get_grad_norm`` (the pre-clip gradient norm of every step).
+transformers' ``_get_grad_norm`` (the pre-clip gradient norm of every step) and
+``evaluate`` (held-out pass^k, ``airline_rl.evaluation.heldout``, instead of the loss on eval prompts).
 
 Launch (see recipes/grpo/*.yaml):
     accelerate launch --config_file accelerate_configs/cpu.yaml train_grpo.py --config recipes/grpo/joint.yaml
@@ -32,7 +33,7 @@ import logging
 import statistics
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate.utils import gather_object
@@ -45,6 +46,9 @@ from airline_rl.envs.users.base import UserSimulator
 from airline_rl.rewards.prm_lite import PRMResult, episode_rule_stats, score_episode
 from airline_rl.rollout import TokenPolicyAgent
 from airline_rl.trainers.variants import token_advantages
+
+if TYPE_CHECKING:
+    from airline_rl.evaluation.heldout import HeldoutEvaluation
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +121,10 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         peft_config: Any = None,
         callbacks: list | None = None,
         reward_funcs: list | None = None,
+        heldout: HeldoutEvaluation | None = None,
     ) -> None:
+        if heldout is not None and eval_dataset is None:  # Trainer needs an eval_dataset once eval_strategy is set
+            eval_dataset = heldout.dataset(env.system_prompt)
         if reward_funcs is None:  # the variant's rewards: τ²'s outcome, plus prm_coef × PRM-Lite for prm_lite/joint
             reward_funcs = [outcome] + ([process] if args.uses_prm else [])
             args.reward_weights = [1.0] + ([args.prm_coef] if args.uses_prm else [])
@@ -138,6 +145,13 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         self._rollout_seconds = 0.0
         self._env_seconds = 0.0
         self._last_prm: list[PRMResult] = []
+        self.heldout = heldout
+
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval") -> dict:
+        """Held-out pass^k of the current policy (``HeldoutEvaluation.run``) when configured, else TRL's evaluation."""
+        if self.heldout is None or eval_dataset is not None:
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        return self.heldout.run(self, metric_key_prefix)
 
     # -- generation ---------------------------------------------------------------------------------------------
 
