@@ -56,7 +56,13 @@ def test_subclass_overrides_only_the_documented_hooks():
         for name, value in vars(MultiTurnGRPOTrainer).items()
         if callable(value) and hasattr(GRPOTrainer, name) and not name.startswith("__")
     }
-    assert overridden == {"_generate", "_generate_and_score_completions", "training_step", "_get_grad_norm", "evaluate"}
+    assert overridden == {
+        "_generate",
+        "_generate_and_score_completions",
+        "training_step",
+        "_get_grad_norm",
+        "evaluate",
+    }
 
 
 def test_grad_norm_hook_receives_the_pre_clip_norm():

@@ -16,7 +16,7 @@ How it departs from textbook GRPO (single-turn, one completion per prompt):
    user simulator failed gets no reward (NaN: TRL excludes it from the group baseline and gives it advantage 0).
 
 Overridden hooks (pinned to trl==1.16.0, checked by tests/test_trl_hooks.py): ``_generate`` (whole episodes),
-``_generate_and_score_completions`` (truncation mask, variant advantages, metrics), ``training_step`` (timing) and
+``_generate_and_score_completions`` (truncation mask, variant advantages, metrics), ``training_step`` (timing),
 transformers' ``_get_grad_norm`` (the pre-clip gradient norm of every step) and
 ``evaluate`` (held-out pass^k, ``airline_rl.evaluation.heldout``, instead of the loss on eval prompts).
 
