@@ -1,4 +1,4 @@
-"""The ablation driver (airline_rl/experiment.py, run_ablation.py): dry runs, completeness checks, skip and resume.
+"""The ablation driver (airline_rl/experiment/, run_ablation.py): dry runs, completeness checks, skip and resume.
 
 The fast tests fake each stage's outputs or run tiny ``python -c`` stages; the slow test runs the whole driver end to
 end on CPU with the embedded default (tiny model, scripted user, oracle teacher) and then reruns it (all skipped).
@@ -393,7 +393,7 @@ def test_keep_going_runs_independent_stages_and_blocks_dependent_ones(tmp_path: 
 def test_run_returns_1_and_records_a_failed_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "ablation"
     fake_collect(out)
-    monkeypatch.setattr(experiment, "_execute", lambda stage, cwd: 1)
+    monkeypatch.setattr(experiment.driver, "_execute", lambda stage, cwd: 1)
     lines: list[str] = []
     assert run(AblationArguments(output_dir=str(out)), print_fn=lines.append) == 1
     state = json.loads((out / experiment.STATE_FILE).read_text())
@@ -403,7 +403,7 @@ def test_run_returns_1_and_records_a_failed_stage(tmp_path: Path, monkeypatch: p
 def test_selected_stages_only_and_dependencies_are_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "ablation"
     ran: list[str] = []
-    monkeypatch.setattr(experiment, "_execute", lambda stage, cwd: ran.append(stage.name) or 0)
+    monkeypatch.setattr(experiment.driver, "_execute", lambda stage, cwd: ran.append(stage.name) or 0)
     lines: list[str] = []
     assert run(AblationArguments(output_dir=str(out), stages="grpo"), print_fn=lines.append) == 1
     assert ran == []  # sft is incomplete and not selected: GRPO cannot start
