@@ -229,7 +229,7 @@ WRITE_TOOLS = frozenset(
 )
 READ_TOOLS = frozenset({"get_reservation_details", "get_user_details", "list_all_airports", "search_direct_flight",
                         "search_onestop_flight", "get_flight_status"})  # fmt: skip
-TERMINAL_TOOLS = frozenset({"transfer_to_human_agents"})
+TERMINAL_TOOLS = frozenset({"transfer_to_human_agents"})  # ends the conversation in effect, not the episode itself
 
 
 # ---------------------------------------------------------------------------------------------------------------------
