@@ -38,7 +38,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "tests" / "data" / "tau2_reference.json"
-MAX_INLINE_CHARS = 1200  # longer observations are stored as sha256 + length + head, to keep the file small
+MAX_INLINE_CHARS = 500  # longer observations are stored as sha256 + length + head, to keep the file small
 WRITE_TOOLS = {
     "book_reservation",
     "cancel_reservation",
@@ -52,8 +52,9 @@ ODD_VALUES: list[Any] = [None, 1, "1", 2.5, True, [], {}, ["x"], "", "HAT001"]
 EXPRESSIONS = [
     "2 + 2", "(1911 - 106) / 2", "2 ** 10", "7 // 2", "1 / 0", "1 // 0", "1.0 / 0", "0 ** -1", "10 ** 400",
     "10.0 ** 400", "(-8) ** 0.5", "()", "...", "1 2", "", "  3*4", "1(2)", "1e3", "abs(-1)", "100 * 1.15",
-    "3.14159 * 2", "-0", "0.1 + 0.2", "((2))", "2 ** -2", "9 ** 9 ** 9", "(1+2", "1 +", "5 - - 5", "0.5 // 0.2",
+    "3.14159 * 2", "-0", "0.1 + 0.2", "((2))", "2 ** -2", "(1+2", "1 +", "5 - - 5", "0.5 // 0.2",
 ]  # fmt: skip
+# Not here: "9 ** 9 ** 9" and the like, which τ²'s eval computes for minutes (the project refuses them, see calculator).
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@
 ``1024.0`` and ``7 // 2`` is ``3.0``, and a failure shows Python's own message (``division by zero``). A policy model
 is adversarial input, so we parse the expression with ``ast`` instead and apply Python's own operators node by node:
 the same values and the same exception messages, but nothing outside numbers, ``+ - * / // **``, parentheses and
-unary signs ever runs, and a power whose result would be astronomically large (``9 ** 9 ** 9``, which τ² would spend
-minutes or all memory on) is refused with ``Result too large`` instead. That refusal is the one departure from τ².
+unary signs ever runs. Two refusals depart from τ², both for inputs where τ² would spend minutes or all memory: a
+power whose result would be astronomically large (``9 ** 9 ** 9``) fails with ``Result too large``, and an expression
+over 10,000 characters with ``Expression too long``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import operator
 from typing import Any
 
 ALLOWED_CHARACTERS = frozenset("0123456789+-*/(). ")
+MAX_EXPRESSION_CHARS = 10_000
 MAX_POWER_BITS = 100_000  # a power result above 2**100000 (~30000 digits) is refused rather than computed
 _BINARY = {
     ast.Add: operator.add,
@@ -63,6 +65,8 @@ def calculate(expression: Any) -> str:
             raise CalculationError("Invalid characters in expression")
         if not isinstance(expression, str):  # e.g. a list of digit strings gets past the filter, as in τ²
             raise CalculationError("eval() arg 1 must be a string, bytes or code object")
+        if len(expression) > MAX_EXPRESSION_CHARS:
+            raise CalculationError("Expression too long")
         # eval() skips leading spaces and tabs of a string; compile() would call them an indent.
         tree = ast.parse(expression.lstrip(" \t"), filename="<string>", mode="eval")
         return str(round(float(_eval(tree.body)), 2))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,13 +35,26 @@ _MAX_MEMO = 8192
 _SEP = b", "  # json.dumps' default item separator, between the records of a table
 
 
+def dumps_unbounded(obj: Any, **kwargs: Any) -> str:
+    """``json.dumps``, also for integers past Python's 4300-digit printing limit (where τ² itself would crash)."""
+    try:
+        return json.dumps(obj, **kwargs)
+    except ValueError:
+        limit = sys.get_int_max_str_digits()
+        sys.set_int_max_str_digits(0)
+        try:
+            return json.dumps(obj, **kwargs)
+        finally:
+            sys.set_int_max_str_digits(limit)
+
+
 def canonical_json(obj: Any) -> bytes:
     """τ²'s serialisation for its database hash: ``json.dumps(obj, sort_keys=True, default=str)`` (``get_dict_hash``).
 
     Default separators (``", "``, ``": "``) and ASCII escapes; with the database stored as τ²'s ``model_dump``, the
     hash below is the very string τ²'s ``Environment.get_db_hash()`` returns for the same state.
     """
-    return json.dumps(obj, sort_keys=True, default=str).encode()
+    return dumps_unbounded(obj, sort_keys=True, default=str).encode()
 
 
 def naive_db_hash(db: dict[str, dict[str, Any]]) -> str:

@@ -15,7 +15,6 @@ Where τ² would hang instead of answering (``calculate("9 ** 9 ** 9")``) we ans
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 from collections.abc import Callable
 from copy import deepcopy
@@ -39,7 +38,7 @@ from airline_rl.envs.models import (
     User,
     dump,
 )
-from airline_rl.envs.state import AirlineState
+from airline_rl.envs.state import AirlineState, dumps_unbounded
 
 logger = logging.getLogger(__name__)
 
@@ -575,7 +574,7 @@ def _jsonable(value: Any) -> Any:
 
 def format_observation(value: Any) -> str:
     """τ² shows strings as they are and everything else as ``json.dumps(..., default=str)``."""
-    return value if isinstance(value, str) else json.dumps(_jsonable(value), default=str)
+    return value if isinstance(value, str) else dumps_unbounded(_jsonable(value), default=str)
 
 
 def _collision(arguments: dict[str, Any]) -> str | None:
