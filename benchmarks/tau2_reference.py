@@ -54,7 +54,7 @@ EXPRESSIONS = [
     "10.0 ** 400", "(-8) ** 0.5", "()", "...", "1 2", "", "  3*4", "1(2)", "1e3", "abs(-1)", "100 * 1.15",
     "3.14159 * 2", "-0", "0.1 + 0.2", "((2))", "2 ** -2", "(1+2", "1 +", "5 - - 5", "0.5 // 0.2",
 ]  # fmt: skip
-# Not here: "9 ** 9 ** 9" and the like, which τ²'s eval computes for minutes (the project refuses them, see calculator).
+# Not here: "9 ** 9 ** 9" and the like, which τ²'s eval computes for minutes (the project refuses them instead).
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -293,16 +293,17 @@ def fixed_sequences() -> list[tuple[str, list[tuple[str, dict[str, Any]]]]]:
         (
             "certificate-twice",
             [
-                ("search_direct_flight", {"origin": "ORD", "destination": "DTW", "date": "2024-05-22"}),
+                ("search_direct_flight", {"origin": "PHL", "destination": "LGA", "date": "2024-05-20"}),
                 ("book_reservation", {
-                    "user_id": user, "origin": "ORD", "destination": "DTW", "flight_type": "one_way",
-                    "cabin": "economy", "flights": [one_way],
+                    "user_id": user, "origin": "PHL", "destination": "LGA", "flight_type": "one_way",
+                    "cabin": "basic_economy", "flights": [{"flight_number": "HAT001", "date": "2024-05-20"}],
                     "passengers": [{"first_name": "Mei", "last_name": "Hernandez", "dob": "1981-08-11"}],
                     "payment_methods": [{"payment_id": certificate, "amount": 1},
                                         {"payment_id": certificate, "amount": 1},
-                                        {"payment_id": card, "amount": "0"}],
+                                        {"payment_id": card, "amount": "59"}],
                     "total_baggages": 0, "nonfree_baggages": 0, "insurance": "no"}),
                 ("get_user_details", {"user_id": user}),
+                ("search_direct_flight", {"origin": "PHL", "destination": "LGA", "date": "2024-05-20"}),
             ],
         ),
         ("calculator", [("calculate", {"expression": expression}) for expression in EXPRESSIONS]

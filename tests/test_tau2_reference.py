@@ -36,7 +36,7 @@ def _same_pydantic_minor(reference: dict[str, Any]) -> bool:
 
 
 def _expected_text(call: dict[str, Any], reference: dict[str, Any]) -> str | None:
-    """The recorded text; a validation error's docs link names pydantic's minor version, so follow the installed one."""
+    """The recorded text; a validation error's docs link names pydantic's minor version: follow the installed one."""
     text = call.get("content")
     if text is not None and not _same_pydantic_minor(reference):
         minor = ".".join(pydantic.VERSION.split(".")[:2])
@@ -103,7 +103,7 @@ def test_observations_are_byte_identical(replay: list[dict[str, Any]], reference
         else:
             same = hashlib.sha256(content.encode()).hexdigest() == call["sha256"]
         if not same:
-            mismatches.append((row["sequence"], row["index"], call["name"], expected or call.get("head"), content[:300]))
+            mismatches.append((row["sequence"], row["index"], call["name"], expected or call["head"], content[:300]))
     assert compared >= 300
     assert not mismatches, f"{len(mismatches)} observations differ from τ²'s, first: {mismatches[:3]}"
 
