@@ -96,6 +96,8 @@ def test_observations_are_byte_identical(replay: list[dict[str, Any]], reference
         call, content = row["call"], row["result"].content
         if call.get("python_dependent"):
             continue  # the text of a Python parser message differs between Python versions; the flag is checked
+        if "content" not in call and "validation error" in call["head"] and not _same_pydantic_minor(reference):
+            continue  # a long validation error stored as a digest embeds the recording's pydantic version
         compared += 1
         expected = _expected_text(call, reference)
         if expected is not None:
