@@ -118,7 +118,7 @@ def plan_steps(
 
     for action in actions:
         if action.name in TERMINAL_TOOLS:
-            terminal.append(action)  # it ends the episode: play it after everything else
+            terminal.append(action)  # the conversation ends with it: play it after everything else
         elif action.name in WRITE_TOOLS:
             flush()
             description = describe_action(action.name, action.arguments)
@@ -143,6 +143,8 @@ def plan_steps(
     if terminal:
         calls = [(a.name, a.arguments) for a in terminal]
         steps.append({"kind": "calls", "calls": calls, "text": "I am transferring you to a human agent now."})
+        # τ²: the transfer call ends nothing; the user answers the transfer message with ###TRANSFER###.
+        steps.append({"kind": "say", "text": "You are being transferred to a human agent now. Please hold."})
     else:
         steps.append({"kind": "say", "text": CLOSING_MESSAGE})
     return steps
