@@ -18,7 +18,6 @@ from pathlib import Path
 import datasets
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.trainer_utils import get_last_checkpoint
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from airline_rl.configs import GRPOScriptArguments, MultiTurnGRPOConfig
@@ -27,6 +26,7 @@ from airline_rl.envs.splits import get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.envs.users import get_user_simulator
 from airline_rl.hub import HubError, LocalHubCallback, ensure_writable
+from airline_rl.run_guard import RunGuardError, decide_resume, model_identity, write_run_config
 from airline_rl.script_setup import setup_run
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
@@ -82,6 +82,30 @@ def warn_if_updates_round_away(model: torch.nn.Module, model_args: ModelConfig, 
         )
 
 
+def run_fingerprint(
+    script_args: GRPOScriptArguments,
+    training_args: MultiTurnGRPOConfig,
+    model_args: ModelConfig,
+    model_path: str,
+    task_ids: list[str],
+) -> dict:
+    """What makes a GRPO run *this* run: a checkpoint of another fingerprint is never resumed (run_guard.py)."""
+    return {
+        "model": model_identity(model_path),
+        "model_revision": model_args.model_revision,
+        "use_peft": model_args.use_peft,
+        "variant": training_args.variant,
+        **{k: getattr(training_args, k) for k in ("turn_discount_alpha", "prm_coef", "prm_clip", "turn_credit_coef")},
+        "tasks": task_ids,
+        "task_repeats": script_args.task_repeats,
+        "data_dir": model_identity(script_args.data_dir) if script_args.data_dir else None,
+        "split": script_args.split,
+        "split_file": script_args.split_file,
+        "user_simulator": script_args.user_simulator,
+        "user_model": script_args.user_model,
+    }  # fmt: skip
+
+
 def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, model_args: ModelConfig) -> None:
     setup_run(training_args, logger)
     # Everything the user can get wrong is checked before any model is built or loaded; each message names its flag.
@@ -96,6 +120,24 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     user = get_user_simulator(script_args.user_simulator, **script_args.user_kwargs())
     model_path = resolve_model_path(model_args, script_args, training_args.output_dir, env)
     logger.info("policy model: %s; variant: %s; user simulator: %s", model_path, training_args.variant, user.name)
+    task_ids = list(dict.fromkeys(train_dataset["task_id"]))
+    fingerprint = run_fingerprint(script_args, training_args, model_args, model_path, task_ids)
+    length = {"max_steps": training_args.max_steps, "num_train_epochs": training_args.num_train_epochs}
+    try:
+        decision = decide_resume(
+            training_args.output_dir,
+            fingerprint,
+            length,
+            resume_from_checkpoint=training_args.resume_from_checkpoint,
+            overwrite_output_dir=script_args.overwrite_output_dir,
+        )
+    except RunGuardError as err:
+        raise SystemExit(f"error: {err}") from None
+    if decision.complete:  # a rerun of a finished run trains nothing and leaves the hub's main alone
+        logger.info("%s", decision.message)
+        return
+    if training_args.process_index == 0:
+        write_run_config(training_args.output_dir, fingerprint, length)
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
     if tokenizer.pad_token is None:
@@ -131,9 +173,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     hub = LocalHubCallback(trainer, script_args.hub_dir, run_name, hub_config)
     trainer.add_callback(hub)
 
-    checkpoint = training_args.resume_from_checkpoint
-    if checkpoint is None and os.path.isdir(training_args.output_dir):
-        checkpoint = get_last_checkpoint(training_args.output_dir)
+    checkpoint = decision.checkpoint
     if checkpoint:
         logger.info("resuming from %s", checkpoint)
     result = trainer.train(resume_from_checkpoint=checkpoint)
@@ -144,6 +184,10 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     exported = hub.export(trainer.state)
     if exported is not None and trainer.is_world_process_zero():
         logger.info("local hub revision: %s", exported)
+    if trainer.is_world_process_zero():
+        write_run_config(
+            training_args.output_dir, fingerprint, length, completed=True, global_step=trainer.state.global_step
+        )
 
 
 def make_parser() -> TrlParser:

@@ -81,6 +81,11 @@ class GRPOScriptArguments(EnvArguments):
         metadata={"help": "Where the embedded tiny model is built when no --model_name_or_path is given "
                   "(default: <outputs>/tiny-qwen2)."},
     )  # fmt: skip
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Start over in an output_dir that holds checkpoints (default: resume them when they are "
+                  "of this configuration, refuse when they are not; see airline_rl/run_guard.py)."},
+    )  # fmt: skip
 
 
 @dataclass
@@ -246,6 +251,11 @@ class SFTScriptArguments(EnvArguments):
     )  # fmt: skip
     tiny_hidden_size: int = field(default=64, metadata={"help": "Embedded tiny model: hidden size."})
     tiny_num_layers: int = field(default=2, metadata={"help": "Embedded tiny model: layers."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Start over in an output_dir that holds checkpoints (default: resume them when they are "
+                  "of this configuration, refuse when they are not; see airline_rl/run_guard.py)."},
+    )  # fmt: skip
 
 
 @dataclass
