@@ -381,6 +381,7 @@ def build_policy(args: EvalArguments, target: EvalTarget, env: AirlineEnv) -> tu
         max_completion_length=args.max_new_tokens,
         max_turn_tokens=args.max_turn_tokens,
         max_context=int(max_context or 10**9),
+        per_episode_seeds=True,  # an episode's samples depend on (seed, task, sample) only: resumes equal runs
     )
 
     def release() -> None:
