@@ -20,6 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import ModelConfig, TrlParser, get_peft_config
 
+from airline_rl.cli import parse_or_exit, run_main
 from airline_rl.configs import GRPOScriptArguments, MultiTurnGRPOConfig
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.splits import get_split
@@ -113,11 +114,11 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         ensure_writable(script_args.hub_dir)
         env = AirlineEnv(script_args.data_dir, EnvConfig(script_args.max_turns, script_args.max_tool_errors))
         train_dataset = task_dataset(script_args, env, env.system_prompt)
-    except (HubError, KeyError, ValueError) as err:  # bad --hub_dir, --data_dir, --split or --tasks
+        user = get_user_simulator(script_args.user_simulator, **script_args.user_kwargs())
+    except (HubError, KeyError, ValueError) as err:  # bad --hub_dir, --data_dir, --split, --tasks or --user_* flags
         raise SystemExit(f"error: {err.args[0] if isinstance(err, KeyError) else err}") from None
     run_name = training_args.run_name or Path(training_args.output_dir).name
 
-    user = get_user_simulator(script_args.user_simulator, **script_args.user_kwargs())
     model_path = resolve_model_path(model_args, script_args, training_args.output_dir, env)
     logger.info("policy model: %s; variant: %s; user simulator: %s", model_path, training_args.variant, user.name)
     task_ids = list(dict.fromkeys(train_dataset["task_id"]))
@@ -196,11 +197,13 @@ def make_parser() -> TrlParser:
 
 def parse_args(argv: list[str] | None = None) -> tuple[GRPOScriptArguments, MultiTurnGRPOConfig, ModelConfig]:
     """Parses the recipe and flags; a configuration error exits with its one-line message, not a traceback."""
-    try:
-        return make_parser().parse_args_and_config(args=argv)
-    except ValueError as err:  # the configs' __post_init__ checks (variant fields, --use_vllm without vLLM, ...)
-        raise SystemExit(f"error: {err}") from None
+    return parse_or_exit(make_parser(), argv)
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """The command line: bad input exits with status 2 and one line (airline_rl/cli.py)."""
+    run_main(lambda: main(*parse_args(argv)))
 
 
 if __name__ == "__main__":
-    main(*parse_args())
+    cli()

@@ -24,8 +24,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
+from airline_rl.cli import parse_or_exit, run_main
 from airline_rl.configs import CollectArguments, SFTScriptArguments
 from airline_rl.data.collect import CollectError, collect, load_trajectories, parse_task_list
+from airline_rl.envs.data import DomainDataError
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.splits import SplitError, get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
@@ -207,10 +209,13 @@ def make_parser() -> TrlParser:
     return TrlParser((SFTScriptArguments, SFTConfig, ModelConfig))
 
 
+INPUT_ERRORS = (SFTDataError, CollectError, HubError, SplitError, RunGuardError, DomainDataError)
+
+
+def cli(argv: list[str] | None = None) -> dict:
+    """The command line: bad input (``INPUT_ERRORS``) exits with status 2 and one line naming the row, file or flag."""
+    return run_main(lambda: main(*parse_or_exit(make_parser(), argv)), INPUT_ERRORS)
+
+
 if __name__ == "__main__":
-    parser = make_parser()
-    script_args, training_args, model_args = parser.parse_args_and_config()
-    try:
-        main(script_args, training_args, model_args)
-    except (SFTDataError, CollectError, HubError, SplitError, RunGuardError) as err:
-        raise SystemExit(f"error: {err}") from None  # bad input: one line naming the row or flag, not a traceback
+    cli()
