@@ -22,6 +22,7 @@ from trl import ModelConfig, TrlParser, get_peft_config
 
 from airline_rl.cli import parse_or_exit, run_main
 from airline_rl.configs import GRPOScriptArguments, MultiTurnGRPOConfig
+from airline_rl.console import DropNoneLogs, install_first, silence_known_warnings, tied_missing_keys_are_expected
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.splits import get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
@@ -151,6 +152,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         attn_implementation=model_args.attn_implementation,
     )
     warn_if_updates_round_away(model, model_args, training_args)
+    silence_known_warnings()  # TRL's luspo/importance-sampling advice does not apply to per-token advantages
     trainer = MultiTurnGRPOTrainer(
         model=model,
         args=training_args,
@@ -171,6 +173,8 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         **{k: getattr(training_args, k) for k in ("turn_discount_alpha", "prm_coef", "prm_clip", "turn_credit_coef")
            if getattr(training_args, k) is not None},
     }  # fmt: skip
+    install_first(trainer, DropNoneLogs())
+    tied_missing_keys_are_expected(trainer)
     hub = LocalHubCallback(trainer, script_args.hub_dir, run_name, hub_config)
     trainer.add_callback(hub)
 

@@ -26,6 +26,7 @@ from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
 from airline_rl.cli import parse_or_exit, run_main
 from airline_rl.configs import CollectArguments, SFTScriptArguments
+from airline_rl.console import tied_missing_keys_are_expected
 from airline_rl.data.collect import CollectError, collect, load_trajectories, parse_task_list
 from airline_rl.envs.data import DomainDataError
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
@@ -164,6 +165,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         processing_class=tokenizer,
         peft_config=peft_config,
     )
+    tied_missing_keys_are_expected(trainer)  # no lm_head.weight warning on resume for tied embeddings
     checkpoint = decision.checkpoint
     if checkpoint:
         logger.info("resuming from %s", checkpoint)

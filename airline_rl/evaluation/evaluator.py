@@ -478,12 +478,12 @@ def evaluate_target(
     try:
         for chunk in chunked(todo, args.batch_size):
             specs = [(task_id, episode_seed(args.seed, task_id, sample)) for task_id, sample in chunk]
-            records = run_episodes(plan_.env, agent, user, specs, progress=args.progress, timings=timings)
+            # the bar moves as each episode finishes, not once per chunk of --batch_size episodes
+            records = run_episodes(plan_.env, agent, user, specs, timings=timings, on_finished=bar.update)
             for (task_id, sample), record in zip(chunk, records, strict=True):
                 results.add(task_id, sample_entry(record, sample, args.save_messages))
             played += len(chunk)
             results.save()
-            bar.update(len(chunk))
     finally:
         bar.close()
         release()
