@@ -41,7 +41,10 @@ def _parent_is_accelerate_launcher() -> bool:
     except OSError:
         return False
     words = [Path(w.decode(errors="replace")).name for w in cmdline if w]
-    return "launch" in words and any(w.startswith("accelerate") for w in words)
+    # `accelerate launch ...` or `python -m accelerate.commands.launch ...`
+    return ("launch" in words and any(w.startswith("accelerate") for w in words)) or (
+        "accelerate.commands.launch" in words
+    )
 
 
 def _process_gone(pid: int) -> bool:
