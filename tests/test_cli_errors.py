@@ -115,3 +115,22 @@ def test_evaluate_exits_non_zero_when_results_are_incomplete(tmp_path: Path, cap
     data["metrics"].update(valid_episodes=1, user_errors=1, complete=False)
     path.write_text(json.dumps(data))
     assert "incomplete (1 of 2 episodes scored, 1 user errors)" in evaluate.unfinished(path)
+
+
+@pytest.mark.slow
+def test_under_accelerate_launch_our_line_is_the_last_thing_printed(tmp_path: Path) -> None:
+    """accelerate's simple launcher answers the child's exit status 2 with a CalledProcessError traceback; the line
+    is repeated after it, so it is what the user reads last."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    argv = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml",
+            "train_grpo.py", "--variant", "foo"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(repo)}
+    done = subprocess.run(argv, cwd=repo, capture_output=True, text=True, env=env, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and "returned non-zero exit status 2" in done.stderr
+    assert ": error: argument --variant: invalid choice: 'foo'" in lines[-1]
+    assert "usage:" not in done.stderr
