@@ -71,3 +71,24 @@ def test_sigterm_to_the_launcher_checkpoints_and_stops_the_trainer(tmp_path: Pat
     step = int(checkpoints[-1].name.split("-")[1])
     assert 1 <= step < 40
     assert not json.loads((out / RUN_CONFIG_FILE).read_text())["completed"]
+
+
+def test_a_stop_signal_saves_and_stops_at_the_end_of_the_step() -> None:
+    from transformers import TrainerControl, TrainerState
+
+    from airline_rl.graceful_stop import STOP_SIGNALS, GracefulStop
+
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        stop = GracefulStop().install()
+        control, state = TrainerControl(), TrainerState(global_step=3)
+        stop.on_step_end(None, state, control)
+        assert not control.should_save and not control.should_training_stop and not stop.stopped
+        os.kill(os.getpid(), signal.SIGTERM)  # handled: the test process keeps running
+        stop.on_step_end(None, state, control)
+        assert control.should_save and control.should_training_stop
+        assert stop.stopped_at == 3 and stop.signal_name == "SIGTERM"
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # a second signal stops at once
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
