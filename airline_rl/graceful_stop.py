@@ -47,10 +47,18 @@ class GracefulStop(TrainerCallback):
         self.stopped_at: int | None = None
 
     def install(self) -> GracefulStop:
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._handle)
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
         die_with_launcher()
         return self
+
+    def uninstall(self) -> None:
+        """Restores the handlers that were there before (training is over: a signal acts as it did before)."""
+        for sig, handler in getattr(self, "_previous", {}).items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.uninstall()
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.signal_name = signal.Signals(signum).name

@@ -89,6 +89,8 @@ def test_a_stop_signal_saves_and_stops_at_the_end_of_the_step() -> None:
         assert control.should_save and control.should_training_stop
         assert stop.stopped_at == 3 and stop.signal_name == "SIGTERM"
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # a second signal stops at once
+        stop.on_train_end(None, state, control)
+        assert all(signal.getsignal(sig) == previous[sig] for sig in STOP_SIGNALS)  # restored after training
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
