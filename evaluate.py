@@ -14,10 +14,14 @@ Every selected task (default: all 50; ``--split`` only assigns groups) is played
 episode runner and batched token-level policy agent as training. Results go to
 ``<output_dir>/<name>[/step-<N>]/results.json`` (+ ``summary.md``); a rerun resumes, and a results file from another
 configuration is refused. Any field of a recipe can be overridden on the command line.
+
+Exit status: 0 when every results file is complete, 1 when one is incomplete or has no scored episode (e.g. every
+episode failed with ``user_error``), 2 on bad input (one line naming the flag or file).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -27,6 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local directories: ne
 
 from trl import TrlParser  # noqa: E402
 
+from airline_rl.cli import parse_or_exit  # noqa: E402
 from airline_rl.configs import EvalArguments  # noqa: E402
 from airline_rl.evaluation import INPUT_ERRORS, run_compare, run_evaluation  # noqa: E402
 from airline_rl.evaluation.evaluator import describe_results  # noqa: E402
@@ -47,6 +52,23 @@ def main(args: EvalArguments) -> list[Path]:
     return paths
 
 
+def unfinished(path: Path) -> str | None:
+    """Why a results file is not a finished evaluation (None when it is): episodes missing, or none scored."""
+    metrics = json.loads(path.read_text(encoding="utf-8"))["metrics"]
+    if not metrics.get("valid_episodes"):
+        return (
+            f"{path}: no episode could be scored ({metrics.get('user_errors', 0)} of {metrics.get('episodes', 0)} "
+            "failed with user_error); fix the user simulator and rerun to retry them"
+        )
+    if not metrics.get("complete"):
+        wanted = metrics.get("tasks", 0) * metrics.get("num_samples", 0)
+        return (
+            f"{path}: incomplete ({metrics.get('valid_episodes')} of {wanted} episodes scored, "
+            f"{metrics.get('user_errors', 0)} user errors); rerun the same command to resume"
+        )
+    return None
+
+
 def make_parser() -> TrlParser:
     return TrlParser((EvalArguments,))
 
@@ -56,13 +78,19 @@ def cli(argv: list[str] | None = None) -> int:
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", handlers=[logging.StreamHandler(sys.stdout)]
     )
     logging.getLogger("airline_rl").setLevel(logging.INFO)
-    (args,) = make_parser().parse_args_and_config(argv)
+    (args,) = parse_or_exit(make_parser(), argv)
     try:
-        main(args)
+        paths = main(args)
     except INPUT_ERRORS as err:
         logger.debug("evaluation failed", exc_info=True)
         print(f"evaluate.py: error: {err}", file=sys.stderr)
         return 2
+    if not args.compare:  # results that are not a finished evaluation must not look like one to a script
+        problems = [problem for path in paths if (problem := unfinished(path))]
+        for problem in problems:
+            print(f"evaluate.py: error: {problem}", file=sys.stderr)
+        if problems:
+            return 1
     return 0
 
 

@@ -12,23 +12,25 @@ Any recipe field can be overridden on the command line (``--variant lata``, ``--
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import datasets
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.trainer_utils import get_last_checkpoint
 from trl import ModelConfig, TrlParser, get_peft_config
 
+from airline_rl.cli import parse_or_exit, run_main
 from airline_rl.configs import GRPOScriptArguments, MultiTurnGRPOConfig
+from airline_rl.console import DropNoneLogs, install_first, silence_known_warnings, tied_missing_keys_are_expected
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.splits import get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.envs.users import get_user_simulator
 from airline_rl.evaluation.heldout import build_heldout
+from airline_rl.graceful_stop import EXIT_STOPPED, GracefulStop
 from airline_rl.hub import HubError, LocalHubCallback, ensure_writable
 from airline_rl.precision import check_update_precision
+from airline_rl.run_guard import RunGuardError, decide_resume, model_identity, write_run_config
 from airline_rl.script_setup import setup_run
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 from airline_rl.update_monitor import add_update_monitor
@@ -69,6 +71,30 @@ def task_dataset(script_args: GRPOScriptArguments, env: AirlineEnv, system_promp
     return datasets.Dataset.from_list(rows)
 
 
+def run_fingerprint(
+    script_args: GRPOScriptArguments,
+    training_args: MultiTurnGRPOConfig,
+    model_args: ModelConfig,
+    model_path: str,
+    task_ids: list[str],
+) -> dict:
+    """What makes a GRPO run *this* run: a checkpoint of another fingerprint is never resumed (run_guard.py)."""
+    return {
+        "model": model_identity(model_path),
+        "model_revision": model_args.model_revision,
+        "use_peft": model_args.use_peft,
+        "variant": training_args.variant,
+        **{k: getattr(training_args, k) for k in ("turn_discount_alpha", "prm_coef", "prm_clip", "turn_credit_coef")},
+        "tasks": task_ids,
+        "task_repeats": script_args.task_repeats,
+        "data_dir": model_identity(script_args.data_dir) if script_args.data_dir else None,
+        "split": script_args.split,
+        "split_file": script_args.split_file,
+        "user_simulator": script_args.user_simulator,
+        "user_model": script_args.user_model,
+    }  # fmt: skip
+
+
 def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, model_args: ModelConfig) -> None:
     setup_run(training_args, logger)
     # Everything the user can get wrong is checked before any model is built or loaded; each message names its flag.
@@ -76,11 +102,11 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         ensure_writable(script_args.hub_dir)
         env = AirlineEnv(script_args.data_dir, EnvConfig(script_args.max_turns, script_args.max_tool_errors))
         train_dataset = task_dataset(script_args, env, env.system_prompt)
-    except (HubError, KeyError, ValueError) as err:  # bad --hub_dir, --data_dir, --split or --tasks
+        user = get_user_simulator(script_args.user_simulator, **script_args.user_kwargs())
+    except (HubError, KeyError, ValueError) as err:  # bad --hub_dir, --data_dir, --split, --tasks or --user_* flags
         raise SystemExit(f"error: {err.args[0] if isinstance(err, KeyError) else err}") from None
     run_name = training_args.run_name or Path(training_args.output_dir).name
 
-    user = get_user_simulator(script_args.user_simulator, **script_args.user_kwargs())
     try:  # held-out pass^k at eval steps (eval_strategy: steps); None when evaluation is off
         split = get_split(script_args.split, script_args.split_file, frozenset(env.domain.tasks))
         heldout = build_heldout(script_args, training_args, env, user, split, run_name)
@@ -88,6 +114,24 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         raise SystemExit(f"error: {err}") from None
     model_path = resolve_model_path(model_args, script_args, training_args.output_dir, env)
     logger.info("policy model: %s; variant: %s; user simulator: %s", model_path, training_args.variant, user.name)
+    task_ids = list(dict.fromkeys(train_dataset["task_id"]))
+    fingerprint = run_fingerprint(script_args, training_args, model_args, model_path, task_ids)
+    length = {"max_steps": training_args.max_steps, "num_train_epochs": training_args.num_train_epochs}
+    try:
+        decision = decide_resume(
+            training_args.output_dir,
+            fingerprint,
+            length,
+            resume_from_checkpoint=training_args.resume_from_checkpoint,
+            overwrite_output_dir=script_args.overwrite_output_dir,
+        )
+    except RunGuardError as err:
+        raise SystemExit(f"error: {err}") from None
+    if decision.complete:  # a rerun of a finished run trains nothing and leaves the hub's main alone
+        logger.info("%s", decision.message)
+        return
+    if training_args.process_index == 0:
+        write_run_config(training_args.output_dir, fingerprint, length)
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
     if tokenizer.pad_token is None:
@@ -99,6 +143,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         dtype=dtype,
         attn_implementation=model_args.attn_implementation,
     )
+    silence_known_warnings()  # TRL's luspo/importance-sampling advice does not apply to per-token advantages
     trainer = MultiTurnGRPOTrainer(
         model=model,
         args=training_args,
@@ -125,17 +170,27 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         **{k: getattr(training_args, k) for k in ("turn_discount_alpha", "prm_coef", "prm_clip", "turn_credit_coef")
            if getattr(training_args, k) is not None},
     }  # fmt: skip
+    install_first(trainer, DropNoneLogs())
+    tied_missing_keys_are_expected(trainer)
     hub = LocalHubCallback(trainer, script_args.hub_dir, run_name, hub_config)
     trainer.add_callback(hub)
     check_update_precision(trainer, script_args.allow_rounded_updates)  # refuses bf16 weights that would not move
     add_update_monitor(trainer)
 
-    checkpoint = training_args.resume_from_checkpoint
-    if checkpoint is None and os.path.isdir(training_args.output_dir):
-        checkpoint = get_last_checkpoint(training_args.output_dir)
+    checkpoint = decision.checkpoint
     if checkpoint:
         logger.info("resuming from %s", checkpoint)
+    stop = GracefulStop(trainer.accelerator).install()
+    trainer.add_callback(stop)
     result = trainer.train(resume_from_checkpoint=checkpoint)
+    if stop.stopped:  # a checkpoint was saved at this step; the run is not complete and exports no final model
+        logger.warning(
+            "stopped by %s at step %d: checkpoint saved in %s; rerun the same command to resume",
+            stop.signal_name,
+            stop.stopped_at,
+            training_args.output_dir,
+        )
+        raise SystemExit(EXIT_STOPPED)
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
@@ -143,6 +198,10 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     exported = hub.export(trainer.state)
     if exported is not None and trainer.is_world_process_zero():
         logger.info("local hub revision: %s", exported)
+    if trainer.is_world_process_zero():
+        write_run_config(
+            training_args.output_dir, fingerprint, length, completed=True, global_step=trainer.state.global_step
+        )
 
 
 def make_parser() -> TrlParser:
@@ -151,11 +210,13 @@ def make_parser() -> TrlParser:
 
 def parse_args(argv: list[str] | None = None) -> tuple[GRPOScriptArguments, MultiTurnGRPOConfig, ModelConfig]:
     """Parses the recipe and flags; a configuration error exits with its one-line message, not a traceback."""
-    try:
-        return make_parser().parse_args_and_config(args=argv)
-    except ValueError as err:  # the configs' __post_init__ checks (variant fields, --use_vllm without vLLM, ...)
-        raise SystemExit(f"error: {err}") from None
+    return parse_or_exit(make_parser(), argv)
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """The command line: bad input exits with status 2 and one line (airline_rl/cli.py)."""
+    run_main(lambda: main(*parse_args(argv)))
 
 
 if __name__ == "__main__":
-    main(*parse_args())
+    cli()

@@ -22,16 +22,20 @@ from pathlib import Path
 import datasets
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.trainer_utils import get_last_checkpoint
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
+from airline_rl.cli import parse_or_exit, run_main
 from airline_rl.configs import CollectArguments, SFTScriptArguments
+from airline_rl.console import tied_missing_keys_are_expected
 from airline_rl.data.collect import CollectError, collect, load_trajectories, parse_task_list
+from airline_rl.envs.data import DomainDataError
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.splits import SplitError, get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
+from airline_rl.graceful_stop import EXIT_STOPPED, GracefulStop
 from airline_rl.hub import HubError, ensure_writable, write_json_atomic
 from airline_rl.precision import check_update_precision
+from airline_rl.run_guard import RunGuardError, decide_resume, model_identity, write_run_config
 from airline_rl.script_setup import setup_run
 from airline_rl.trainers.sft import REPORT_FILE, SFTDataError, export_model_dir, prepare_sft_dataset, trainer_columns
 from airline_rl.update_monitor import add_update_monitor
@@ -109,6 +113,32 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
 
+    fingerprint = {  # what makes an SFT run *this* run: a checkpoint of another one is never resumed (run_guard.py)
+        "model": model_identity(model_path),
+        "model_revision": model_args.model_revision,
+        "use_peft": model_args.use_peft,
+        "dataset": model_identity(script_args.dataset_path) if script_args.dataset_path else None,
+        "data_dir": model_identity(script_args.data_dir) if script_args.data_dir else None,
+        "tasks": script_args.tasks,
+        "min_reward": script_args.min_reward,
+        "split": script_args.split,
+        "split_file": script_args.split_file,
+        "max_length": training_args.max_length,
+    }
+    length = {"max_steps": training_args.max_steps, "num_train_epochs": training_args.num_train_epochs}
+    decision = decide_resume(
+        training_args.output_dir,
+        fingerprint,
+        length,
+        resume_from_checkpoint=training_args.resume_from_checkpoint,
+        overwrite_output_dir=script_args.overwrite_output_dir,
+    )
+    if decision.complete:  # a rerun of a finished run trains nothing and exports nothing
+        logger.info("%s", decision.message)
+        return {"complete": True, "message": decision.message}
+    if training_args.process_index == 0:
+        write_run_config(training_args.output_dir, fingerprint, length)
+
     train_dataset, report = prepare_sft_dataset(
         trajectories,
         tokenizer,
@@ -140,12 +170,21 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     )
     check_update_precision(trainer, script_args.allow_rounded_updates)  # refuses bf16 weights that would not move
     add_update_monitor(trainer)
-    checkpoint = training_args.resume_from_checkpoint
-    if checkpoint is None and os.path.isdir(training_args.output_dir):
-        checkpoint = get_last_checkpoint(training_args.output_dir)
+    tied_missing_keys_are_expected(trainer)  # no lm_head.weight warning on resume for tied embeddings
+    checkpoint = decision.checkpoint
     if checkpoint:
         logger.info("resuming from %s", checkpoint)
+    stop = GracefulStop(trainer.accelerator).install()  # SIGTERM (also to the launcher): checkpoint, then exit
+    trainer.add_callback(stop)
     result = trainer.train(resume_from_checkpoint=checkpoint)
+    if stop.stopped:
+        logger.warning(
+            "stopped by %s at step %d: checkpoint saved in %s; rerun the same command to resume",
+            stop.signal_name,
+            stop.stopped_at,
+            training_args.output_dir,
+        )
+        raise SystemExit(EXIT_STOPPED)
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
@@ -176,6 +215,9 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
             training_args.output_dir, script_args.hub_dir, run_name, trainer.state.global_step, info
         )
         logger.info("local hub revision: %s", exported)
+        write_run_config(
+            training_args.output_dir, fingerprint, length, completed=True, global_step=trainer.state.global_step
+        )
     trainer.accelerator.wait_for_everyone()
     return {"report": report.to_dict(), "metrics": result.metrics, "hub_path": str(exported) if exported else None}
 
@@ -184,10 +226,13 @@ def make_parser() -> TrlParser:
     return TrlParser((SFTScriptArguments, SFTConfig, ModelConfig))
 
 
+INPUT_ERRORS = (SFTDataError, CollectError, HubError, SplitError, RunGuardError, DomainDataError)
+
+
+def cli(argv: list[str] | None = None) -> dict:
+    """The command line: bad input (``INPUT_ERRORS``) exits with status 2 and one line naming the row, file or flag."""
+    return run_main(lambda: main(*parse_or_exit(make_parser(), argv)), INPUT_ERRORS)
+
+
 if __name__ == "__main__":
-    parser = make_parser()
-    script_args, training_args, model_args = parser.parse_args_and_config()
-    try:
-        main(script_args, training_args, model_args)
-    except (SFTDataError, CollectError, HubError, SplitError) as err:
-        raise SystemExit(f"error: {err}") from None  # bad input: one line naming the row or flag, not a traceback
+    cli()

@@ -85,6 +85,7 @@ class TransformersBackend:
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.max_batch_size = max_batch_size
         self.generator_seed = seed
+        self._chunk_seeds: list[int] | None = None  # per-row sampling seeds of the batch being generated
         self.prefix_cache = prefix_cache
         self.min_prefix_tokens = max(1, min_prefix_tokens)
         self.generation_kwargs = dict(generation_kwargs or {})
@@ -95,18 +96,44 @@ class TransformersBackend:
         self.timings = {"prefix": 0.0, "prefill": 0.0, "decode": 0.0, "calls": 0}
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> tuple[list[list[int]], None]:
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int, seeds: list[int] | None = None
+    ) -> tuple[list[list[int]], None]:
+        """``seeds`` (one per prompt): sample each row from its own generator, independent of the batch."""
         if not prompts:
             return [], None
-        if self.generator_seed is not None:
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        if self.generator_seed is not None and seeds is None:
             torch.manual_seed(self.generator_seed)
             self.generator_seed += 1
         prefix_length = self._shared_prefix(prompts)
         results: list[list[int]] = []
         for start in range(0, len(prompts), self.max_batch_size):
             chunk = prompts[start : start + self.max_batch_size]
+            self._chunk_seeds = seeds[start : start + self.max_batch_size] if seeds is not None else None
             results.extend(self._generate_batch(chunk, max_new_tokens, prefix_length))
+        self._chunk_seeds = None
         return results, None
+
+    def _sampling_kwargs(self) -> dict[str, Any]:
+        """``generate`` kwargs of the decoding rule; with per-row seeds, ``PerRowSampler`` draws the tokens."""
+        sampling = self.temperature > 0
+        seeds = self._chunk_seeds
+        if sampling and seeds is not None:
+            from transformers import LogitsProcessorList
+
+            from airline_rl.sampling import PerRowSampler
+
+            sampler = PerRowSampler(seeds, self.temperature, self.top_p)
+            return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None,
+                    "logits_processor": LogitsProcessorList([sampler])}  # fmt: skip
+        return {
+            "do_sample": sampling,
+            "temperature": self.temperature if sampling else None,
+            "top_p": self.top_p if sampling else None,
+            "top_k": 0 if sampling else None,
+        }
 
     # -- prefix reuse ---------------------------------------------------------------------------------------------
 
@@ -185,17 +212,13 @@ class TransformersBackend:
     ) -> list[list[int]]:
         device = self.model.device
         input_ids, attention = self._inputs(prompts, prefix_length)
-        sampling = self.temperature > 0
         extra: dict[str, Any] = {}
         if prefix_length:
             extra["past_key_values"] = self._prefix_cache_for(len(prompts))
         clock = _StepClock()
         kwargs = {
             "max_new_tokens": max_new_tokens,
-            "do_sample": sampling,
-            "temperature": self.temperature if sampling else None,
-            "top_p": self.top_p if sampling else None,
-            "top_k": 0 if sampling else None,
+            **self._sampling_kwargs(),
             "eos_token_id": self.eos_token_ids,
             "pad_token_id": self.pad_token_id,
             **self.generation_kwargs,
@@ -274,14 +297,20 @@ class VLLMBackend:
         self.top_p = top_p
         self.seed = seed
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> tuple[list[list[int]], list[list[float]]]:
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int, seeds: list[int] | None = None
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """``seeds`` (one per prompt): a per-request sampling seed, so a row's draws do not depend on its batch."""
         if not prompts:
             return [], []
         from vllm import SamplingParams  # noqa: PLC0415
 
-        params = SamplingParams(
-            temperature=self.temperature, top_p=self.top_p, max_tokens=max_new_tokens, logprobs=0, seed=None
-        )
+        def sampling(seed: int | None) -> Any:
+            return SamplingParams(
+                temperature=self.temperature, top_p=self.top_p, max_tokens=max_new_tokens, logprobs=0, seed=seed
+            )
+
+        params = sampling(None) if seeds is None else [sampling(seed) for seed in seeds]
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         ids, logprobs = [], []
         for output in outputs:

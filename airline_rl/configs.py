@@ -92,6 +92,11 @@ class GRPOScriptArguments(EnvArguments):
         metadata={"help": "Train even when most learning-rate-sized updates round away in the weights' dtype "
                   "(airline_rl/precision.py); refused by default."},
     )  # fmt: skip
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Start over in an output_dir that holds checkpoints (default: resume them when they are "
+                  "of this configuration, refuse when they are not; see airline_rl/run_guard.py)."},
+    )  # fmt: skip
 
 
 @dataclass
@@ -283,6 +288,11 @@ class SFTScriptArguments(EnvArguments):
         default=False,
         metadata={"help": "Train even when most learning-rate-sized updates round away in the weights' dtype "
                   "(airline_rl/precision.py); refused by default."},
+    )  # fmt: skip
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Start over in an output_dir that holds checkpoints (default: resume them when they are "
+                  "of this configuration, refuse when they are not; see airline_rl/run_guard.py)."},
     )  # fmt: skip
 
 

@@ -64,7 +64,25 @@ def read_refs(run_dir: Path) -> dict[str, Any]:
     return json.loads(refs_path.read_text(encoding="utf-8"))
 
 
-def model_card(run_name: str, step: int, info: dict[str, Any]) -> str:
+def load_snippet(run_name: str, step: int, hub_dir: str | os.PathLike[str] = "hub") -> list[str]:
+    """Python that loads the revision from where a user stands: the repository root (``<hub_dir>/<run>/step-N``),
+    the hub dir (``<run>/step-N``), the run dir (``step-N``) or the revision itself; an absolute ``hub_dir`` works
+    from anywhere."""
+    revision = f"{run_name}/{revision_name(step)}"
+    candidates = [f"{Path(hub_dir).as_posix()}/{revision}", revision, revision_name(step), "."]
+    return [
+        "from pathlib import Path",
+        "",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        f"candidates = {candidates!r}  # from the repository root, the hub dir, the run dir, the revision",
+        'path = next(c for c in candidates if (Path(c) / "config.json").is_file())',
+        "model = AutoModelForCausalLM.from_pretrained(path)",
+        "tokenizer = AutoTokenizer.from_pretrained(path)",
+    ]
+
+
+def model_card(run_name: str, step: int, info: dict[str, Any], hub_dir: str | os.PathLike[str] = "hub") -> str:
     """A short README.md for a revision: what it is, how it was trained, the last logged metrics."""
     lines = [
         "---",
@@ -84,8 +102,7 @@ def model_card(run_name: str, step: int, info: dict[str, Any]) -> str:
         lines += ["", "## Last logged metrics", "", "| metric | value |", "|---|---|"]
         for key, value in sorted(metrics.items()):
             lines.append(f"| {key} | {value:.4g} |" if isinstance(value, int | float) else f"| {key} | {value} |")
-    load = f'model = AutoModelForCausalLM.from_pretrained("{run_name}/{revision_name(step)}")'
-    lines += ["", "Load offline:", "", "```python", "from transformers import AutoModelForCausalLM", load, "```", ""]
+    lines += ["", "Load offline:", "", "```python", *load_snippet(run_name, step, hub_dir), "```", ""]
     return "\n".join(lines)
 
 
@@ -100,7 +117,7 @@ def export_revision(trainer: Any, hub_dir: str | os.PathLike[str], run_name: str
     trainer.accelerator.wait_for_everyone()
     trainer.save_model(str(tmp))  # handles ZeRO-3 / FSDP gathering; writes on the main process
     if trainer.is_world_process_zero():
-        (tmp / "README.md").write_text(model_card(run_name, step, info), encoding="utf-8")
+        (tmp / "README.md").write_text(model_card(run_name, step, info, hub_dir), encoding="utf-8")
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

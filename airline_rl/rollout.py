@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from airline_rl.envs.episode import Episode
 from airline_rl.envs.runner import AgentTurn
 from airline_rl.render import environment_suffix_ids, prompt_text
+from airline_rl.sampling import turn_seed
 
 
 class GenerationBackend(Protocol):
@@ -52,8 +53,12 @@ class TokenPolicyAgent:
         max_completion_length: int,
         max_turn_tokens: int,
         max_context: int = 10**9,
+        per_episode_seeds: bool = False,
     ) -> None:
+        """``per_episode_seeds``: turn t of an episode samples with ``turn_seed(episode.seed, t)`` (the evaluator:
+        its episodes must not depend on the batch they run in; the backend's ``generate`` takes ``seeds``)."""
         self.backend = backend
+        self.per_episode_seeds = per_episode_seeds
         self.tokenizer = tokenizer
         self.tools = tools
         self.eos_ids = set(eos_token_ids)
@@ -133,6 +138,9 @@ class TokenPolicyAgent:
     ) -> tuple[list[list[int]], list[list[float]] | None]:
         # Called every wave, even with nothing to generate: a distributed backend must join every wave's collective.
         prompts = [ep.agent_state["prompt_ids"] + ep.agent_state["completion_ids"] for ep in episodes]
+        if self.per_episode_seeds:
+            seeds = [turn_seed(ep.seed, len(ep.record.turns)) for ep in episodes]
+            return self.backend.generate(prompts, max(budgets, default=1), seeds=seeds)  # type: ignore[call-arg]
         return self.backend.generate(prompts, max(budgets, default=1))
 
 

@@ -20,8 +20,11 @@ def setup_run(training_args: Any, script_logger: logging.Logger) -> None:
         handlers=[logging.StreamHandler(sys.stdout)],
     )
     log_level = training_args.get_process_log_level()
-    script_logger.setLevel(log_level)
-    logging.getLogger("airline_rl").setLevel(log_level)
+    # Our own INFO lines ("resuming from ...", "local hub revision ...") are what a user needs to see: at the default
+    # ("passive") level the main process shows them; libraries stay at their warning level.
+    ours = logging.INFO if training_args.log_level == "passive" and training_args.should_log else log_level
+    script_logger.setLevel(ours)
+    logging.getLogger("airline_rl").setLevel(ours)
     datasets.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.set_verbosity(log_level)
     if training_args.bf16 and not torch.cuda.is_available():

@@ -526,6 +526,19 @@ def _write_dataset(
 # ------------------------------------------------------------------------------------------------ loading
 
 
+def _readable(path: str | os.PathLike[str], load: Any, *args: Any, **kwargs: Any) -> datasets.Dataset:
+    """``load(...)``; a corrupt or truncated .arrow / .parquet file becomes one ``CollectError`` naming the dataset."""
+    import pyarrow
+
+    try:
+        dataset = load(*args, **kwargs)
+        dataset.data.validate(full=True)  # damage inside the record batches, not only in their headers
+    except (pyarrow.ArrowException, OSError, ValueError) as err:
+        message = " ".join(str(err).split()) or type(err).__name__
+        raise CollectError(f"--dataset_path {path}: the dataset files are corrupt or unreadable ({message})") from None
+    return dataset
+
+
 def load_trajectories(path: str | os.PathLike[str], hub_dir: str | os.PathLike[str] = "hub") -> datasets.Dataset:
     """A trajectory dataset from a collection directory, a ``save_to_disk`` directory, a local-hub dataset directory
     (``data/*.parquet``) or a dataset name in ``<hub_dir>/datasets``."""
@@ -536,10 +549,11 @@ def load_trajectories(path: str | os.PathLike[str], hub_dir: str | os.PathLike[s
         if (candidate / DATASET_DIR / "state.json").is_file():
             candidate = candidate / DATASET_DIR
         if (candidate / "state.json").is_file():
-            return datasets.load_from_disk(str(candidate))
+            return _readable(path, datasets.load_from_disk, str(candidate))
         shards = sorted((candidate / "data").glob("*.parquet"))
         if shards:
-            return datasets.load_dataset("parquet", data_files=[str(s) for s in shards], split="train")
+            files = [str(s) for s in shards]
+            return _readable(path, datasets.load_dataset, "parquet", data_files=files, split="train")
     raise CollectError(
         f"--dataset_path {path}: no trajectory dataset there (expected a collection directory, a save_to_disk "
         f"directory, a directory with data/*.parquet, or a name in {Path(hub_dir) / HUB_DATASETS_DIR})"

@@ -14,6 +14,7 @@ from typing import Any
 
 from airline_rl.envs.data import Domain, Task, load_domain
 from airline_rl.envs.state import AirlineState, CanonicalBase
+from airline_rl.envs.text import clean_text, clean_value
 from airline_rl.envs.tool_calls import parse_assistant_text
 from airline_rl.envs.tools import TOOL_SCHEMAS, WRITE_TOOLS, execute_tool
 
@@ -157,6 +158,7 @@ class Episode:
         if num_policy_tokens == 0:
             self.finish(TOKEN_BUDGET)
             return []
+        text = clean_text(text) if isinstance(text, str) else text
         turn = TurnRecord(
             index=len(self.record.turns),
             raw_text=text,
@@ -171,6 +173,8 @@ class Episode:
             self.finish(TOKEN_BUDGET)
             return []
         parsed = parse_assistant_text(text)
+        for call in parsed.tool_calls:  # JSON escapes such as "\ud800" decode to lone surrogates: never let them in
+            call.name, call.arguments = clean_text(call.name), clean_value(call.arguments)
         turn.message = parsed.text.replace(AGENT_STOP_TOKEN, "").strip()
         if parsed.tool_calls and all(call.parse_error is None for call in parsed.tool_calls):
             assistant: dict[str, Any] = {
@@ -191,6 +195,7 @@ class Episode:
             else:
                 outcome = execute_tool(self.state, call.name, call.arguments)
                 result, error, kind, arguments = outcome.content, outcome.error, outcome.error_kind, call.arguments
+            result = clean_text(result)
             self.record.tool_calls.append(
                 ToolCallRecord(
                     turn=turn.index,
@@ -218,9 +223,10 @@ class Episode:
     def user_response(self, content: str, termination: str | None = None, error: str | None = None) -> None:
         """Applies the user's reply (``termination`` from a stop token; ``error`` when the simulator failed)."""
         if error is not None:
-            self.record.user_error = error
+            self.record.user_error = clean_text(str(error))
             self.finish(USER_ERROR)
             return
+        content = clean_text(content) if isinstance(content, str) else content
         self.messages.append({"role": "user", "content": content})
         if termination is not None:
             self.finish(termination)

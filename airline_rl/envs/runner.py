@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -70,10 +70,12 @@ def run_episodes(
     progress: bool = False,
     timings: RunTimings | None = None,
     episodes: list[Episode] | None = None,
+    on_finished: Callable[[int], Any] | None = None,
 ) -> list[EpisodeRecord]:
     """Plays one episode per ``(task_id, seed)`` in ``specs`` and scores it; returns the records in order.
 
-    ``episodes`` may hold pre-made episodes (``env.reset``) for callers that keep references to them.
+    ``episodes`` may hold pre-made episodes (``env.reset``) for callers that keep references to them;
+    ``on_finished(n)`` is called whenever n more episodes finished (a caller's progress bar moves per episode).
     """
     timings = timings if timings is not None else RunTimings()
     episodes = episodes if episodes is not None else [env.reset(task_id, seed) for task_id, seed in specs]
@@ -81,6 +83,8 @@ def run_episodes(
     _user_wave(user, episodes, timings)  # the user answers the greeting
     done = sum(e.is_completed for e in episodes)
     bar.update(done)
+    if on_finished is not None and done:
+        on_finished(done)
     while active := [e for e in episodes if not e.is_completed]:
         timings.waves += 1
         start = time.perf_counter()
@@ -99,6 +103,8 @@ def run_episodes(
         _user_wave(user, waiting, timings)
         now_done = sum(e.is_completed for e in episodes)
         bar.update(now_done - done)
+        if on_finished is not None and now_done > done:
+            on_finished(now_done - done)
         done = now_done
     bar.close()
     start = time.perf_counter()

@@ -390,6 +390,7 @@ def build_policy(args: EvalArguments, target: EvalTarget, env: AirlineEnv) -> tu
         max_completion_length=args.max_new_tokens,
         max_turn_tokens=args.max_turn_tokens,
         max_context=int(max_context or 10**9),
+        per_episode_seeds=True,  # an episode's samples depend on (seed, task, sample) only: resumes equal runs
     )
 
     def release() -> None:
@@ -489,12 +490,12 @@ def evaluate_target(
     try:
         for chunk in chunked(todo, args.batch_size):
             specs = [(task_id, episode_seed(args.seed, task_id, sample)) for task_id, sample in chunk]
-            records = run_episodes(plan_.env, agent, user, specs, progress=args.progress, timings=timings)
+            # the bar moves as each episode finishes, not once per chunk of --batch_size episodes
+            records = run_episodes(plan_.env, agent, user, specs, timings=timings, on_finished=bar.update)
             for (task_id, sample), record in zip(chunk, records, strict=True):
                 results.add(task_id, sample_entry(record, sample, args.save_messages))
             played += len(chunk)
             results.save()
-            bar.update(len(chunk))
     finally:
         bar.close()
         release()

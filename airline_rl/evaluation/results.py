@@ -34,6 +34,7 @@ from airline_rl.envs.episode import EpisodeRecord
 from airline_rl.hub import write_json_atomic
 
 from .metrics import GROUPS, compute_metrics, refusal_passes
+from .schema import SchemaError, check_results_types
 
 FORMAT_VERSION = 1
 RESULTS_FILE = "results.json"
@@ -105,6 +106,10 @@ def read_results(path: str | Path) -> dict[str, Any]:
         raise ResultsError(f"results file {path} has no 'config' and 'tasks' sections; it is not an evaluation result")
     if data.get("format") != FORMAT_VERSION:
         raise ResultsError(f"results file {path} has format {data.get('format')!r}; this code reads {FORMAT_VERSION}")
+    try:
+        check_results_types(path, data)
+    except SchemaError as err:
+        raise ResultsError(str(err)) from None
     return data
 
 

@@ -233,13 +233,9 @@ class SharedPrefixTransformersBackend(TransformersBackend):
                 return super()._generate_batch(prompts, max_new_tokens, prefix_length)
         device = self.model.device
         input_ids, attention, positions = self._inputs_after_prefix(prompts, prefix_length)
-        sampling = self.temperature > 0
         kwargs = {
             "max_new_tokens": max_new_tokens,
-            "do_sample": sampling,
-            "temperature": self.temperature if sampling else None,
-            "top_p": self.top_p if sampling else None,
-            "top_k": 0 if sampling else None,
+            **self._sampling_kwargs(),
             "eos_token_id": self.eos_token_ids,
             "pad_token_id": self.pad_token_id,
             **self.generation_kwargs,

@@ -29,7 +29,7 @@ import torch
 from airline_rl.data.collect import REQUIRED_COLUMNS, decode_rows, task_sort_key
 from airline_rl.envs.splits import Split
 from airline_rl.envs.tool_calls import TOOL_CALL_OPEN
-from airline_rl.hub import REFS_FILE, read_refs, revision_name, write_json_atomic
+from airline_rl.hub import REFS_FILE, load_snippet, read_refs, revision_name, write_json_atomic
 from airline_rl.render import TemplateNotPrefixPreserving, UnmaskableTurn, assistant_mask_rows, trained_turns
 
 logger = logging.getLogger(__name__)
@@ -330,7 +330,7 @@ def teacher_forced_accuracy(model: Any, dataset: datasets.Dataset, max_examples:
 # ------------------------------------------------------------------------------------------------ export
 
 
-def model_card(run_name: str, step: int, info: dict[str, Any]) -> str:
+def model_card(run_name: str, step: int, info: dict[str, Any], hub_dir: str | os.PathLike[str] = "hub") -> str:
     lines = [
         "---",
         "library_name: transformers",
@@ -352,7 +352,7 @@ def model_card(run_name: str, step: int, info: dict[str, Any]) -> str:
         lines += ["", "## Last logged metrics", "", "| metric | value |", "|---|---|"]
         for key, value in sorted(metrics.items()):
             lines.append(f"| {key} | {value:.4g} |" if isinstance(value, int | float) else f"| {key} | {value} |")
-    lines.append("")
+    lines += ["", "Load offline:", "", "```python", *load_snippet(run_name, step, hub_dir), "```", ""]
     return "\n".join(lines)
 
 
@@ -369,7 +369,7 @@ def export_model_dir(
         for path in Path(model_dir).iterdir():
             if path.is_file():
                 shutil.copy2(path, tmp / path.name)
-        (tmp / "README.md").write_text(model_card(run_name, step, info), encoding="utf-8")
+        (tmp / "README.md").write_text(model_card(run_name, step, info, hub_dir), encoding="utf-8")
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import openai
 
+from airline_rl.envs.text import clean_text
 from airline_rl.envs.users.base import UserReply, UserSimulator
 
 if TYPE_CHECKING:
@@ -525,7 +526,7 @@ def _reply_text(response: Any) -> str | None:
     content = getattr(choices[0].message, "content", None)
     if not isinstance(content, str) or not content.strip():
         return None
-    return content.strip()
+    return clean_text(content.strip())  # a server may send "\ud800": the cache file and the episode need valid text
 
 
 def check_openai_endpoint(

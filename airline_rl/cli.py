@@ -1,0 +1,130 @@
+"""How the entry scripts fail on bad input: one line naming the flag, file or field, exit status 2, no traceback.
+
+- argparse errors (``--variant foo``) print ``<prog>: error: ...`` without the ~200-line usage block first;
+- ``--config missing.yaml`` and an unparsable recipe are one line, not a ``FileNotFoundError`` traceback;
+- ``run_main`` turns the scripts' own ``SystemExit("error: ...")`` and their input-error classes into that line.
+
+Under ``accelerate launch`` the launcher answers a child's non-zero exit with its own traceback
+(``subprocess.CalledProcessError`` from the simple launcher, a ``ChildFailedError`` summary from torchrun), printed
+*after* our line. So, when the parent process is an ``accelerate`` launcher, the main process also leaves a tiny
+forked watcher that repeats the line once the launcher has exited: what the user sees last is what went wrong.
+(``accelerate launch --quiet`` suppresses the launcher's traceback for single-process configs, but exits 1.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+T = TypeVar("T")
+
+EXIT_USAGE = 2
+"""Bad input (argparse's convention): the run never started."""
+
+_REPEAT_TIMEOUT_S = 60.0
+
+
+def error_line(message: str) -> str:
+    text = " ".join(str(message).split())  # one line, whatever the message held
+    return text if text.startswith("error:") or ": error:" in text else f"error: {text}"
+
+
+def _parent_is_accelerate_launcher() -> bool:
+    """Whether this process was started by ``accelerate launch`` (the launcher prints a traceback after us)."""
+    try:
+        cmdline = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    words = [Path(w.decode(errors="replace")).name for w in cmdline if w]
+    # `accelerate launch ...` or `python -m accelerate.commands.launch ...`
+    return ("launch" in words and any(w.startswith("accelerate") for w in words)) or (
+        "accelerate.commands.launch" in words
+    )
+
+
+def _process_gone(pid: int) -> bool:
+    """True once ``pid`` exited (a zombie counts: it has written everything it will write)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+
+
+def _repeat_after_launcher(line: str) -> None:
+    """Forks a watcher that writes ``line`` to stderr after the launcher (our parent) has exited."""
+    launcher = os.getppid()
+    try:
+        pid = os.fork()
+    except OSError:
+        return
+    if pid:
+        return
+    try:  # the watcher: no Python cleanup, no inherited handlers, only a wait and one write
+        deadline = time.monotonic() + _REPEAT_TIMEOUT_S
+        try:  # a pidfd turns readable the moment the launcher exits: the line lands before the shell's prompt
+            import select
+
+            select.select([os.pidfd_open(launcher)], [], [], _REPEAT_TIMEOUT_S)
+        except (AttributeError, OSError):
+            pass
+        while not _process_gone(launcher) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if _process_gone(launcher):
+            os.write(2, f"{line}\n".encode(errors="replace"))
+    finally:
+        os._exit(0)
+
+
+def exit_with_error(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    """Prints the one-line error and exits with ``code`` (2: bad input)."""
+    line = error_line(message)
+    print(line, file=sys.stderr, flush=True)
+    if os.environ.get("LOCAL_RANK", "0") == "0" and _parent_is_accelerate_launcher():
+        sys.stdout.flush()
+        _repeat_after_launcher(line)
+    sys.exit(code)
+
+
+def one_line_argparse_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """argparse errors without the usage block (hundreds of lines for TRL's configs); ``--help`` still shows it."""
+
+    def error(message: str) -> NoReturn:
+        exit_with_error(f"{parser.prog}: error: {message} (see --help)")
+
+    parser.error = error  # type: ignore[method-assign]
+    return parser
+
+
+def parse_or_exit(parser: Any, argv: list[str] | None = None) -> Any:
+    """``parser.parse_args_and_config(argv)`` (TrlParser); a bad ``--config`` or field value is one line."""
+    import yaml
+
+    one_line_argparse_errors(parser)
+    try:
+        return parser.parse_args_and_config(args=argv)
+    except FileNotFoundError as err:
+        exit_with_error(f"--config {err.filename}: no such file")
+    except IsADirectoryError as err:
+        exit_with_error(f"--config {err.filename}: is a directory, not a YAML recipe")
+    except yaml.YAMLError as err:
+        exit_with_error(f"--config: not a valid YAML recipe ({err})")
+    except (TypeError, ValueError) as err:  # a recipe key of the wrong type, or a config's __post_init__ check
+        exit_with_error(str(err))
+
+
+def run_main(main: Callable[[], T], input_errors: tuple[type[BaseException], ...] = ()) -> T:
+    """Runs an entry point; its ``SystemExit("error: ...")`` and ``input_errors`` become the one line, status 2."""
+    try:
+        return main()
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            exit_with_error(exc.code)
+        raise
+    except input_errors as err:
+        exit_with_error(str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err))

@@ -1,0 +1,85 @@
+"""A stop signal ends training cleanly: finish the current step, save a checkpoint, exit; a rerun resumes it.
+
+``kill <accelerate pid>`` used to leave the training process running: the simple launcher dies at once and its
+child is orphaned. So the training process asks the kernel for SIGTERM when its launcher dies
+(``PR_SET_PDEATHSIG``, Linux), and on SIGTERM (or SIGUSR1) this callback makes the Trainer save and stop at
+the end of the step. Processes agree on the stop (a max-reduce each step) so no rank waits in a collective alone.
+A second signal falls back to the default action (immediate exit). torchrun (multi-GPU) forwards SIGTERM to its
+workers itself but kills them after its own grace period (30 s by default), which a long step may exceed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import signal
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from airline_rl.cli import _parent_is_accelerate_launcher
+
+logger = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+PR_SET_PDEATHSIG = 1
+EXIT_STOPPED = 128 + signal.SIGTERM  # the shell's convention for "terminated by SIGTERM"
+
+
+def die_with_launcher(sig: int = signal.SIGTERM) -> bool:
+    """Asks for ``sig`` when the parent (an ``accelerate launch`` process) dies; True when set up."""
+    if not _parent_is_accelerate_launcher():
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class GracefulStop(TrainerCallback):
+    """Turns a stop signal into ``should_save`` + ``should_training_stop`` at the end of the current step."""
+
+    def __init__(self, accelerator: Any = None) -> None:
+        self.accelerator = accelerator
+        self.signal_name: str | None = None
+        self.stopped_at: int | None = None
+
+    def install(self) -> GracefulStop:
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        die_with_launcher()
+        return self
+
+    def uninstall(self) -> None:
+        """Restores the handlers that were there before (training is over: a signal acts as it did before)."""
+        for sig, handler in getattr(self, "_previous", {}).items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.uninstall()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signal_name = signal.Signals(signum).name
+        signal.signal(signum, signal.SIG_DFL)  # a second signal stops at once
+        logger.warning("%s received: saving a checkpoint at the end of this step, then stopping", self.signal_name)
+
+    def _agreed(self) -> bool:
+        requested = self.signal_name is not None
+        accelerator = self.accelerator
+        if accelerator is None or accelerator.num_processes <= 1:
+            return requested
+        flag = torch.tensor([1.0 if requested else 0.0], device=accelerator.device)
+        return bool(accelerator.reduce(flag, reduction="max").item() > 0)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._agreed():
+            self.signal_name = self.signal_name or "a stop signal on another process"
+            self.stopped_at = state.global_step
+            control.should_save = True
+            control.should_training_stop = True
+
+    @property
+    def stopped(self) -> bool:
+        return self.stopped_at is not None

@@ -1,0 +1,157 @@
+"""Resume only the same run: a small run-config fingerprint next to the checkpoints of ``output_dir``.
+
+The HF Trainer convention is that a rerun into the same ``output_dir`` resumes its last checkpoint. That silently
+resumed the *wrong* run when the directory held a checkpoint of another configuration (GRPO from an SFT model into
+the quick start's ``output_dir`` restored the random model and threw the SFT weights away), and a rerun of a finished
+run trained past ``max_steps`` and moved the hub's ``main``. So every training run writes ``run_config.json`` into
+``output_dir``: the fields that make it *this* run (model, variant, tasks, data), the training length, and, once it
+finished, ``completed``. A rerun then
+
+- resumes the last checkpoint when the fingerprint matches (the HF convention),
+- refuses with one line naming the differing fields when it does not (``--overwrite_output_dir true`` starts over,
+  ``--resume_from_checkpoint <dir>`` resumes a checkpoint regardless, or pick another ``--output_dir``),
+- is a no-op that says so when the same run already completed the same length (a larger ``--max_steps`` continues).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers.trainer_utils import get_last_checkpoint
+
+from airline_rl.hub import write_json_atomic
+
+logger = logging.getLogger(__name__)
+
+RUN_CONFIG_FILE = "run_config.json"
+FORMAT = 1
+
+
+class RunGuardError(ValueError):
+    """``output_dir`` holds a checkpoint of another run (the message is the one line a user sees)."""
+
+
+@dataclass
+class ResumeDecision:
+    """What to do: resume ``checkpoint`` (None: start fresh), or nothing at all when the run is ``complete``."""
+
+    checkpoint: str | None
+    complete: bool = False
+    message: str = ""
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def differing_fields(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``field: stored → current`` for every field that differs (a field missing on one side counts)."""
+    return [
+        f"{key}: {_short(stored.get(key))} → {_short(current.get(key))}"
+        for key in sorted(set(stored) | set(current))
+        if stored.get(key) != current.get(key)
+    ]
+
+
+def read_run_config(output_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    path = Path(output_dir) / RUN_CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise RunGuardError(f"{path} is unreadable ({err}); delete it or pass --overwrite_output_dir true") from None
+    if not isinstance(stored, dict) or not isinstance(stored.get("fingerprint"), dict):
+        raise RunGuardError(f"{path} is not a run configuration; delete it or pass --overwrite_output_dir true")
+    return stored
+
+
+def decide_resume(
+    output_dir: str | os.PathLike[str],
+    fingerprint: dict[str, Any],
+    length: dict[str, Any],
+    *,
+    resume_from_checkpoint: str | None = None,
+    overwrite_output_dir: bool = False,
+) -> ResumeDecision:
+    """Whether this run resumes a checkpoint of ``output_dir``, starts fresh, or is already complete.
+
+    ``fingerprint`` must match the stored one for a resume; ``length`` (``max_steps``, ``num_train_epochs``) may grow.
+    An explicit ``resume_from_checkpoint`` is trusted, as in the HF Trainer.
+    """
+    if resume_from_checkpoint:
+        if not Path(resume_from_checkpoint).is_dir():
+            raise RunGuardError(f"--resume_from_checkpoint {resume_from_checkpoint} is not a checkpoint directory")
+        return ResumeDecision(checkpoint=resume_from_checkpoint)
+    if overwrite_output_dir or not Path(output_dir).is_dir():
+        return ResumeDecision(checkpoint=None)
+    checkpoint = get_last_checkpoint(str(output_dir))
+    stored = read_run_config(output_dir)
+    if checkpoint is None and (stored is None or not stored.get("completed")):
+        return ResumeDecision(checkpoint=None)  # nothing to resume: a fresh run (it rewrites the fingerprint)
+    flags = "pass --overwrite_output_dir true to start over, or another --output_dir"
+    if stored is None:
+        raise RunGuardError(
+            f"--output_dir {output_dir} holds {Path(checkpoint).name} of a run with no {RUN_CONFIG_FILE}, so it may "
+            f"be another configuration; {flags} (--resume_from_checkpoint {checkpoint} resumes it anyway)"
+        )
+    differences = differing_fields(stored["fingerprint"], fingerprint)
+    if differences:
+        where = f" ({Path(checkpoint).name})" if checkpoint else ""
+        resume = f" (--resume_from_checkpoint {checkpoint} resumes it anyway)" if checkpoint else ""
+        raise RunGuardError(
+            f"--output_dir {output_dir} holds another run{where}: {'; '.join(differences)}; {flags}{resume}"
+        )
+    if stored.get("completed") and not _longer(length, stored.get("length", {})):
+        step = stored.get("global_step")
+        return ResumeDecision(
+            checkpoint=checkpoint,
+            complete=True,
+            message=f"{output_dir} is complete (step {step}, {_describe(stored.get('length', {}))}): nothing to do; "
+            "pass --overwrite_output_dir true to train it again, or a larger --max_steps to continue",
+        )
+    return ResumeDecision(checkpoint=checkpoint)
+
+
+def _longer(current: dict[str, Any], stored: dict[str, Any]) -> bool:
+    """Whether the requested training length goes past the completed one (``max_steps`` ≤ 0 means epochs)."""
+    for key, value in current.items():
+        before = stored.get(key)
+        if isinstance(value, int | float) and isinstance(before, int | float) and value > before:
+            if key == "max_steps" or current.get("max_steps", -1) <= 0:
+                return True
+    return False
+
+
+def _describe(length: dict[str, Any]) -> str:
+    if isinstance(length.get("max_steps"), int) and length["max_steps"] > 0:
+        return f"max_steps {length['max_steps']}"
+    return ", ".join(f"{k} {v}" for k, v in sorted(length.items())) or "its configured length"
+
+
+def write_run_config(
+    output_dir: str | os.PathLike[str],
+    fingerprint: dict[str, Any],
+    length: dict[str, Any],
+    *,
+    completed: bool = False,
+    global_step: int | None = None,
+) -> Path:
+    """Records the run's fingerprint (at the start) and, with ``completed``, that it finished (at the end)."""
+    path = Path(output_dir) / RUN_CONFIG_FILE
+    payload = {"format": FORMAT, "fingerprint": fingerprint, "length": length, "completed": completed}
+    if global_step is not None:
+        payload["global_step"] = global_step
+    write_json_atomic(path, payload)
+    return path
+
+
+def model_identity(path: str) -> str:
+    """A model path as the fingerprint stores it: absolute for a local directory, so ``./x`` and ``x`` match."""
+    return str(Path(path).resolve()) if Path(path).exists() else path

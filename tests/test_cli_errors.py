@@ -1,0 +1,136 @@
+"""Bad input is one line, exit status 2, no traceback and no usage block (``airline_rl/cli.py``); evaluate.py exits
+non-zero when its results are not a finished evaluation."""
+
+from __future__ import annotations
+
+import glob
+import json
+import shutil
+from pathlib import Path
+
+import datasets
+import pytest
+
+import evaluate
+import train_grpo
+import train_sft
+from airline_rl.envs.users.base import UserReply, UserSimulator
+from airline_rl.evaluation import evaluator as evaluator_module
+
+CPU = ["--use_cpu", "true", "--bf16", "false", "--report_to", "none"]
+
+
+def one_line_exit(capsys: pytest.CaptureFixture[str], run, *args) -> str:
+    with pytest.raises(SystemExit) as info:
+        run(*args)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err and "usage:" not in err, err
+    return err
+
+
+def test_train_sft_missing_data_dir(tmp_path: Path, capsys) -> None:
+    err = one_line_exit(capsys, train_sft.cli, ["--data_dir", "/nope", "--output_dir", str(tmp_path / "o"), *CPU])
+    assert err.startswith("error: Domain file /nope/db.json is missing")
+
+
+def test_train_sft_corrupt_arrow_dataset(tmp_path: Path, capsys) -> None:
+    datasets.Dataset.from_dict({"task_id": ["1"] * 20, "messages": ["x" * 50] * 20}).save_to_disk(tmp_path / "d")
+    (arrow,) = glob.glob(str(tmp_path / "d" / "*.arrow"))
+    data = bytearray(Path(arrow).read_bytes())
+    data[300:340] = b"\xff" * 40
+    Path(arrow).write_bytes(bytes(data))
+    capsys.readouterr()  # the progress bar of save_to_disk
+    argv = ["--dataset_path", str(tmp_path / "d"), "--output_dir", str(tmp_path / "o"), "--hub_dir",
+            str(tmp_path / "hub"), *CPU]  # fmt: skip
+    err = one_line_exit(capsys, train_sft.cli, argv)
+    assert err.startswith(f"error: --dataset_path {tmp_path / 'd'}: the dataset files are corrupt or unreadable")
+
+
+def test_train_grpo_llm_user_without_url(tmp_path: Path, capsys) -> None:
+    argv = ["--user_simulator", "llm", "--output_dir", str(tmp_path / "o"), "--hub_dir", str(tmp_path / "h"), *CPU]
+    err = one_line_exit(capsys, train_grpo.cli, argv)
+    assert err.startswith("error: The LLM user simulator needs an endpoint: set --user_base_url")
+
+
+@pytest.mark.parametrize("script", [train_grpo.cli, train_sft.cli])
+def test_missing_config_file(script, capsys) -> None:
+    assert one_line_exit(capsys, script, ["--config", "missing.yaml"]) == "error: --config missing.yaml: no such file"
+
+
+def test_evaluate_missing_config_file(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        evaluate.cli(["--config", "missing.yaml"])
+    assert info.value.code == 2 and capsys.readouterr().err.strip() == "error: --config missing.yaml: no such file"
+
+
+def test_unknown_variant_is_one_line_without_the_usage_block(capsys) -> None:
+    err = one_line_exit(capsys, train_grpo.cli, ["--variant", "foo"])
+    assert ": error: argument --variant: invalid choice: 'foo'" in err  # "<prog>: error: ..." (prog: argv[0])
+
+
+def test_results_file_with_wrong_types_is_one_line(tmp_path: Path, capsys) -> None:
+    argv = ["--model", "oracle", "--tasks", "0,1", "--num_samples", "1", "--output_dir", str(tmp_path),
+            "--progress", "false"]  # fmt: skip
+    assert evaluate.cli(argv) == 0
+    path = tmp_path / "oracle" / "results.json"
+    data = json.loads(path.read_text())
+    data["tasks"]["0"]["samples"][0]["success"] = "yes"
+    path.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert evaluate.cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err == f"evaluate.py: error: results file {path}: tasks['0'].samples[0].success must be bool, got 'yes'; "
+        "fix or move the file away"
+    )
+    shutil.rmtree(tmp_path / "oracle")
+    assert evaluate.cli(["--compare", str(tmp_path / "nope"), "--output_dir", str(tmp_path / "c")]) == 2
+
+
+class DeadUser(UserSimulator):
+    """An LLM user whose endpoint died mid-run: every reply is a simulator failure."""
+
+    name = "dead"
+
+    def reply(self, episode) -> UserReply:
+        return UserReply(error="endpoint down")
+
+
+def test_evaluate_exits_non_zero_when_no_episode_could_be_scored(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(evaluator_module, "get_user_simulator", lambda *a, **k: DeadUser())
+    argv = ["--model", "oracle", "--tasks", "0,1", "--num_samples", "1", "--output_dir", str(tmp_path),
+            "--progress", "false"]  # fmt: skip
+    assert evaluate.cli(argv) == 1
+    err = capsys.readouterr().err
+    assert "no episode could be scored (2 of 2 failed with user_error)" in err
+
+
+def test_evaluate_exits_non_zero_when_results_are_incomplete(tmp_path: Path, capsys) -> None:
+    argv = ["--model", "oracle", "--tasks", "0,1", "--num_samples", "1", "--output_dir", str(tmp_path),
+            "--progress", "false"]  # fmt: skip
+    assert evaluate.cli(argv) == 0
+    path = tmp_path / "oracle" / "results.json"
+    data = json.loads(path.read_text())
+    data["metrics"].update(valid_episodes=1, user_errors=1, complete=False)
+    path.write_text(json.dumps(data))
+    assert "incomplete (1 of 2 episodes scored, 1 user errors)" in evaluate.unfinished(path)
+
+
+@pytest.mark.slow
+def test_under_accelerate_launch_our_line_is_the_last_thing_printed(tmp_path: Path) -> None:
+    """accelerate's simple launcher answers the child's exit status 2 with a CalledProcessError traceback; the line
+    is repeated after it, so it is what the user reads last."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    argv = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml",
+            "train_grpo.py", "--variant", "foo"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(repo)}
+    done = subprocess.run(argv, cwd=repo, capture_output=True, text=True, env=env, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and "returned non-zero exit status 2" in done.stderr
+    assert ": error: argument --variant: invalid choice: 'foo'" in lines[-1]
+    assert "usage:" not in done.stderr
