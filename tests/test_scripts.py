@@ -348,7 +348,9 @@ def test_gpu_smoke_dry_run_prints_every_command_and_the_table_header() -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     commands = [line for line in lines if line and not line.startswith(("#", "check", "---", "(dry run"))]
-    assert len(commands) == 1 + 5 + 1 + 1 + 1  # tiny model, GRPO per variant, collect, SFT, evaluation
+    # tiny model, GRPO per variant, collect, SFT, evaluation; served user: server, evaluation, GRPO; trl vllm-serve:
+    # server, completion
+    assert len(commands) == 1 + 5 + 1 + 1 + 1 + 3 + 2
     for variant in ("vanilla", "turn_discount", "prm_lite", "lata", "joint"):
         assert any(
             "train_grpo.py --config recipes/ablation/grpo_gpu_smoke.yaml" in c and f"--variant {variant} " in c
@@ -365,8 +367,9 @@ def test_gpu_smoke_dry_run_prints_every_command_and_the_table_header() -> None:
     same = smoke(env={"GPU_SMOKE_DRY_RUN": "1"})
     assert same.returncode == 0 and same.stdout == done.stdout
     narrow = smoke("--dry-run", "--variants", "lata joint", "--gpu", "3")
-    assert narrow.stdout.count("train_grpo.py") == 2 and "CUDA_VISIBLE_DEVICES=3" in narrow.stdout
-    assert narrow.stdout.count("single_gpu.yaml --gpu_ids 3 train_") == 3  # 2 x GRPO, SFT
+    assert narrow.stdout.count("train_grpo.py") == 2 + 1 and "CUDA_VISIBLE_DEVICES=3" in narrow.stdout
+    assert narrow.stdout.count("single_gpu.yaml --gpu_ids 3 train_") == 4  # 2 x GRPO, SFT, GRPO with the LLM user
+    assert "--model gpu-smoke-joint --steps 1,2" in narrow.stdout  # the last variant's two checkpoints
 
 
 def test_gpu_smoke_recipes_are_what_the_check_promises() -> None:
@@ -397,13 +400,18 @@ def test_gpu_smoke_commands_parse_with_the_real_entry_points() -> None:
                 [*argv, *cpu, "--use_vllm", "false"]
             )
             assert training_args.max_steps == 2 and script_args.hub_dir == "outputs/gpu-smoke/hub"
+            assert training_args.save_steps == 1
         elif "train_sft.py" in words:
             argv = words[words.index("train_sft.py") + 1 :]
             script_args, training_args, model_args = train_sft.make_parser().parse_args_and_config([*argv, *cpu])
             assert training_args.max_steps == 5 and script_args.dataset_path == "outputs/gpu-smoke/trajectories"
         elif "evaluate.py" in words:
             (args,) = evaluate.make_parser().parse_args_and_config(words[words.index("evaluate.py") + 1 :])
-            assert args.backend == "vllm" and args.tasks == "0,2,5"
+            assert args.tasks == "0,2,5"
+            assert (args.backend, args.steps) == ("vllm", "1,2") or (args.backend, args.user_simulator) == (
+                "transformers",
+                "llm",
+            )
 
 
 def test_gpu_smoke_rejects_bad_input_and_needs_a_gpu_outside_dry_run() -> None:
