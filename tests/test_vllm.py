@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -37,7 +38,6 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-ACCELERATE = [PY, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml"]
 # What the GPU recipes set and CPU cannot do (no bf16 kernels worth it for a tiny model, no sleep mode).
 GRPO_CPU_FLAGS = ["--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--vllm_enable_sleep_mode", "false",
                   "--gradient_checkpointing", "false", "--vllm_gpu_memory_utilization", str(GPU_MEMORY_UTILIZATION),
@@ -47,9 +47,40 @@ GRPO_SMALL = ["--tasks", "0,1", "--task_repeats", "1", "--num_generations", "2",
               "--gradient_accumulation_steps", "1", "--max_turns", "2", "--max_turn_tokens", "16",
               "--max_completion_length", "512", "--mask_truncated_completions", "false", "--max_steps", "2",
               "--save_steps", "1"]  # fmt: skip
+EVAL_SMALL = ["--tasks", "0,2", "--num_samples", "1", "--max_turns", "2", "--max_new_tokens", "256",
+              "--max_turn_tokens", "16"]  # fmt: skip
 EVAL_CPU_FLAGS = ["--vllm_gpu_memory_utilization", str(GPU_MEMORY_UTILIZATION), "--vllm_max_model_len",
                   str(MAX_MODEL_LEN)]  # fmt: skip
 TIMEOUT = 1200  # seconds per command: vLLM's first compile on 2 busy cores takes minutes
+
+
+def smoke_commands(out: Path) -> dict[str, list[str]]:
+    """scripts/gpu_smoke.sh's commands (``--dry-run``, joint variant only), by check name, for CPU: CPU accelerate
+    config instead of the single-GPU one, and GRPO through the probe driver (it runs ``train_grpo.main`` as is)."""
+    done = subprocess.run(
+        ["bash", "scripts/gpu_smoke.sh", "--dry-run", "--variants", "joint", "--out", str(out)],
+        cwd=ROOT, env={**os.environ, "PYTHON": PY}, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    commands, name = {}, None
+    for line in done.stdout.splitlines():
+        found = re.match(r"# \[([^\]]+)\] (timeout|background)", line)
+        if found:
+            name = found.group(1)
+        elif name is not None and line.strip():
+            commands[name], name = shlex.split(line), None
+    for command in commands.values():
+        if "accelerate.commands.launch" in command:
+            at = command.index("--config_file")
+            assert command[at + 1 : at + 4] == ["accelerate_configs/single_gpu.yaml", "--gpu_ids", "0"], command
+            command[at + 1 : at + 4] = ["accelerate_configs/cpu.yaml"]
+        if "train_grpo.py" in command:
+            command[command.index("train_grpo.py")] = "tests/grpo_probe.py"
+    return commands
+
+
+def with_port(command: list[str], old: str, new: str) -> list[str]:
+    """``command`` with the smoke check's fixed port replaced (CI picks a free one)."""
+    return [word.replace(f":{old}/", f":{new}/") if word != old else new for word in command]
 
 
 def run(command: list[str], env: dict[str, str], log: Path, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
@@ -93,14 +124,18 @@ def plugin(work: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def vllm_model(work: Path, plugin: Path) -> Path:
-    """The tiny model with heads of 64 (vLLM's CPU attention needs ≥ 32), built as scripts/gpu_smoke.sh builds it."""
-    out = work / "tiny-qwen2-h256"
-    sizes = [f"--{key}={value}" for key, value in TINY_VLLM_MODEL.items()]
-    run(
-        [PY, "-m", "scripts.build_tiny_model", "--output_dir", str(out), *sizes], cpu_env(plugin, ROOT), work / "b.log"
-    )
-    return out
+def smoke(work: Path) -> dict[str, list[str]]:
+    return smoke_commands(work)
+
+
+@pytest.fixture(scope="module")
+def vllm_model(work: Path, plugin: Path, smoke: dict[str, list[str]]) -> Path:
+    """The tiny model with heads of 64 (vLLM's CPU attention needs ≥ 32): scripts/gpu_smoke.sh's build."""
+    command = smoke["build_tiny_model"]
+    for key, value in TINY_VLLM_MODEL.items():
+        assert command[command.index(f"--{key}") + 1] == str(value)
+    run(command, cpu_env(plugin, ROOT), work / "build-model.log")
+    return Path(command[command.index("--output_dir") + 1])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -108,15 +143,13 @@ def vllm_model(work: Path, plugin: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def colocate_run(work: Path, plugin: Path, vllm_model: Path) -> dict[str, Any]:
-    """scripts/gpu_smoke.sh's GRPO command (recipes/ablation/grpo_gpu_smoke.yaml) with CPU flags, through the probe
-    driver, which records vLLM's and the trainer's log-probabilities of a fixed prompt after each weight sync."""
-    out, probe = work / "grpo-colocate", work / "probe-colocate"
+def colocate_run(work: Path, plugin: Path, vllm_model: Path, smoke: dict[str, list[str]]) -> dict[str, Any]:
+    """scripts/gpu_smoke.sh's GRPO check (recipes/ablation/grpo_gpu_smoke.yaml, vLLM colocated) with CPU flags,
+    through the probe driver, which records vLLM's and the trainer's log-probabilities of a fixed prompt after each
+    weight sync."""
+    out, probe = work / "grpo-joint", work / "probe-colocate"
     env = cpu_env(plugin, ROOT) | {"GRPO_PROBE_DIR": str(probe), "GRPO_PROBE_REWARD": "length"}
-    command = [*ACCELERATE, "tests/grpo_probe.py", "--config", "recipes/ablation/grpo_gpu_smoke.yaml",
-               "--variant", "joint", "--model_name_or_path", str(vllm_model), "--output_dir", str(out),
-               "--run_name", "colocate", "--hub_dir", str(work / "hub"), "--learning_rate", "5e-3",
-               *GRPO_CPU_FLAGS, *GRPO_SMALL]  # fmt: skip
+    command = [*smoke["grpo:joint"], "--learning_rate", "5e-3", *GRPO_CPU_FLAGS, *GRPO_SMALL]
     start = time.monotonic()
     run(command, env, work / "grpo-colocate.log")
     return {"out": out, "records": read_jsonl(probe / "rank0.jsonl"), "seconds": time.monotonic() - start}
@@ -142,19 +175,16 @@ def test_grpo_colocate_generates_with_the_synced_weights(colocate_run: dict[str,
     logs = [r["logs"] for r in records if r["kind"] == "log" and "loss" in r["logs"]]
     assert len(logs) == 2
     assert all(log["sampling/sampling_logp_difference/mean"] < 0.05 for log in logs)  # TRL's own check, per step
-    hub = colocate_run["out"].parent / "hub" / "colocate"
+    hub = colocate_run["out"].parent / "hub" / "gpu-smoke-joint"
     assert sorted(json.loads((hub / "refs.json").read_text())["revisions"].values()) == [1, 2]
 
 
 def test_evaluate_two_checkpoints_in_one_command_releases_each_engine(
-    work: Path, plugin: Path, colocate_run: dict[str, Any]
+    work: Path, plugin: Path, colocate_run: dict[str, Any], smoke: dict[str, list[str]]
 ) -> None:
     """evaluate.py --steps 1,2 --backend vllm: the first engine is shut down before the second starts."""
-    out = work / "eval-steps"
-    command = [PY, "evaluate.py", "--config", "recipes/ablation/eval_gpu_smoke.yaml", "--model", "colocate",
-               "--steps", "1,2", "--hub_dir", str(work / "hub"), "--output_dir", str(out), "--tasks", "0,2",
-               "--num_samples", "1", "--max_turns", "2", "--max_new_tokens", "256", "--max_turn_tokens", "16",
-               *EVAL_CPU_FLAGS]  # fmt: skip
+    out = work / "eval"
+    command = [*smoke["eval:vllm-two-steps"], *EVAL_SMALL, *EVAL_CPU_FLAGS]
     log = work / "eval-steps.log"
     with open(log, "w", encoding="utf-8") as handle:
         process = subprocess.Popen(command, cwd=ROOT, env=cpu_env(plugin, ROOT), stdout=handle, stderr=handle)
@@ -177,7 +207,7 @@ def test_evaluate_two_checkpoints_in_one_command_releases_each_engine(
     assert text.count("Initializing a V1 LLM engine") == 2
     assert most == 1  # never two engines alive at once: the first was shut down (its memory went with it)
     for step in (1, 2):
-        results = json.loads((out / "colocate" / f"step-{step}" / "results.json").read_text())
+        results = json.loads((out / "gpu-smoke-joint" / f"step-{step}" / "results.json").read_text())
         assert results["config"]["backend"] == "vllm" and results["config"]["step"] == step
         assert len(samples(results)) == 2
 
@@ -198,14 +228,13 @@ def _is_engine(process: Any) -> bool:
 
 
 @pytest.fixture(scope="module")
-def user_server(work: Path, plugin: Path, vllm_model: Path) -> Iterator[dict[str, Any]]:
-    """``python -m scripts.serve_user_llm`` in the foreground (as a user runs it), bound to its own core."""
+def user_server(work: Path, plugin: Path, vllm_model: Path, smoke: dict[str, list[str]]) -> Iterator[dict[str, Any]]:
+    """gpu_smoke.sh's ``python -m scripts.serve_user_llm`` in the foreground (as a user runs it), on its own core."""
     port = free_port()
-    log = work / "user-server.log"
-    command = [PY, "-m", "scripts.serve_user_llm", "--model", str(vllm_model), "--port", str(port),
-               "--served-model-name", "user-sim", "--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION),
-               "--max-model-len", str(MAX_MODEL_LEN), "--health-timeout", str(TIMEOUT), "--log-file", str(log),
-               "--", "--max-num-batched-tokens", str(MAX_MODEL_LEN)]  # fmt: skip
+    command = with_port(smoke["serve:user-llm"], "8011", str(port))
+    log = Path(command[command.index("--log-file") + 1])
+    command += ["--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION), "--health-timeout", str(TIMEOUT),
+                "--", "--max-num-batched-tokens", command[command.index("--max-model-len") + 1]]  # fmt: skip
     launcher_err = work / "user-launcher.err"
     with open(launcher_err, "w", encoding="utf-8") as err:
         launcher = subprocess.Popen(
@@ -230,19 +259,18 @@ def user_server(work: Path, plugin: Path, vllm_model: Path) -> Iterator[dict[str
         launcher.wait(timeout=120)
 
 
+USER_FLAGS = ["--user_timeout", "60", "--user_max_retries", "1"]
+
+
 def user_flags(server: dict[str, Any]) -> list[str]:
-    return ["--user_simulator", "llm", "--user_base_url", server["url"], "--user_model", "user-sim",
-            "--user_timeout", "60", "--user_max_retries", "1"]  # fmt: skip
+    return ["--user_simulator", "llm", "--user_base_url", server["url"], "--user_model", "user-sim", *USER_FLAGS]
 
 
-def test_evaluation_with_the_served_user_simulator(work: Path, plugin: Path, vllm_model: Path, user_server) -> None:
-    out = work / "eval-user"
-    command = [PY, "evaluate.py", "--config", "recipes/eval/cpu_tiny.yaml", "--model", str(vllm_model),
-               "--eval_name", "served-user", "--output_dir", str(out), "--tasks", "0,2", "--num_samples", "1",
-               "--max_turns", "2", "--max_new_tokens", "256", "--max_turn_tokens", "16",
-               *user_flags(user_server)]  # fmt: skip
-    run(command, cpu_env(plugin, ROOT), work / "eval-user.log")
-    results = json.loads((out / "served-user" / "results.json").read_text())
+def test_evaluation_with_the_served_user_simulator(work: Path, plugin: Path, user_server, smoke) -> None:
+    command = with_port(smoke["eval:llm-user"], "8011", str(user_server["port"]))
+    assert command[command.index("--user_base_url") + 1] == user_server["url"]
+    run([*command, *EVAL_SMALL, *USER_FLAGS], cpu_env(plugin, ROOT), work / "eval-llm-user.log")
+    results = json.loads((work / "eval" / "llm-user" / "results.json").read_text())
     assert results["config"]["user"]["simulator"] == "llm"
     played = samples(results)
     assert len(played) == 2 and not any(s["user_error"] for s in played)
@@ -250,16 +278,15 @@ def test_evaluation_with_the_served_user_simulator(work: Path, plugin: Path, vll
     assert stats["replies"] >= 2 and stats["failures"] == 0  # the served model answered every user turn
 
 
-def test_grpo_with_the_served_user_simulator(work: Path, plugin: Path, vllm_model: Path, user_server) -> None:
-    out, probe = work / "grpo-user", work / "probe-user"
-    command = [*ACCELERATE, "tests/grpo_probe.py", "--config", "recipes/grpo/cpu_smoke.yaml",
-               "--model_name_or_path", str(vllm_model), "--output_dir", str(out), "--run_name", "grpo-user",
-               "--hub_dir", str(work / "hub"), *GRPO_SMALL, *user_flags(user_server)]  # fmt: skip
-    run(command, cpu_env(plugin, ROOT) | {"GRPO_PROBE_DIR": str(probe)}, work / "grpo-user.log")
+def test_grpo_with_the_served_user_simulator(work: Path, plugin: Path, user_server, smoke) -> None:
+    probe = work / "probe-user"
+    command = with_port(smoke["grpo:llm-user"], "8011", str(user_server["port"]))
+    command += [*GRPO_CPU_FLAGS, *GRPO_SMALL, *USER_FLAGS]
+    run(command, cpu_env(plugin, ROOT) | {"GRPO_PROBE_DIR": str(probe)}, work / "grpo-llm-user.log")
     logs = [r["logs"] for r in read_jsonl(probe / "rank0.jsonl") if r["kind"] == "log" and "loss" in r["logs"]]
     assert len(logs) == 2
     assert all(log["episode/user_sim_errors"] == 0 for log in logs)
-    assert (work / "hub" / "grpo-user" / "step-000002" / "config.json").is_file()
+    assert (work / "hub" / "gpu-smoke-llm-user" / "step-000002" / "config.json").is_file()
 
 
 def test_a_user_server_that_dies_mid_run_ends_episodes_as_user_errors(
@@ -298,16 +325,17 @@ def test_a_user_server_that_dies_mid_run_ends_episodes_as_user_errors(
 # trl vllm-serve through the project's launcher
 
 
-def test_trl_vllm_serve_launcher_serves_a_generation_and_stops(work: Path, plugin: Path, vllm_model: Path) -> None:
-    """scripts/serve_policy_vllm.py: healthy, answers a generation, and stops its server on SIGTERM.
+def test_trl_vllm_serve_launcher_serves_a_generation_and_stops(
+    work: Path, plugin: Path, vllm_model: Path, smoke: dict[str, list[str]]
+) -> None:
+    """gpu_smoke.sh's scripts/serve_policy_vllm.py: healthy, answers a completion, stops its server on SIGTERM.
 
     Server-mode training pushes weights over NCCL (TRL's VLLMClient): CUDA only, not run here."""
     port = free_port()
-    log = work / "policy-server.log"
-    command = [PY, "-m", "scripts.serve_policy_vllm", "--model", str(vllm_model), "--port", str(port),
-               "--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION), "--max-model-len", str(MAX_MODEL_LEN),
-               "--health-timeout", str(TIMEOUT), "--log-file", str(log), "--", "--max-num-batched-tokens",
-               str(MAX_MODEL_LEN)]  # fmt: skip
+    command = with_port(smoke["serve:trl-vllm-serve"], "8010", str(port))
+    log = Path(command[command.index("--log-file") + 1])
+    command += ["--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION), "--health-timeout", str(TIMEOUT),
+                "--", "--max-num-batched-tokens", command[command.index("--max-model-len") + 1]]  # fmt: skip
     err_path = work / "policy-launcher.err"
     with open(err_path, "w", encoding="utf-8") as err:
         launcher = subprocess.Popen(
