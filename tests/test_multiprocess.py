@@ -42,6 +42,12 @@ def grpo_command(model: Path, out: Path, user_url: str, extra: list[str]) -> lis
             "stub-model", "--user_timeout", "30", "--user_max_retries", "1", *extra]  # fmt: skip
 
 
+def end_of_turn_id(model: Path) -> int:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model).convert_tokens_to_ids("<|im_end|>")
+
+
 def run_two_ranks(tmp_path: Path, model: Path, env: dict[str, str], extra: list[str]) -> dict[int, list[dict]]:
     probe = tmp_path / "probe"
     with StubServer("stop", stop_after_by_text=STOP_AFTER) as stub:
@@ -88,10 +94,14 @@ def check_two_ranks(tmp_path: Path, ranks: dict[int, list[dict[str, Any]]]) -> N
 
 
 @pytest.mark.slow
-def test_two_process_grpo_with_ranks_on_different_turn_counts(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_two_process_grpo_with_ranks_on_different_turn_counts(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(ROOT)}  # fmt: skip
-    check_two_ranks(tmp_path, run_two_ranks(tmp_path, tiny_model_dir, env, []))
+    model = tmp_path / "tiny-qwen2"  # train_grpo.py's default tiny model (4k vocabulary: the real prompt fits)
+    subprocess.run([sys.executable, "-m", "scripts.build_tiny_model", "--output_dir", str(model)], cwd=ROOT, env=env,
+                   check=True, capture_output=True, timeout=600)  # fmt: skip
+    bias = json.dumps({"sequence_bias": [[[end_of_turn_id(model)], 10.0]]})
+    check_two_ranks(tmp_path, run_two_ranks(tmp_path, model, env, ["--generation_kwargs", bias]))
 
 
 @pytest.mark.vllm
@@ -107,5 +117,6 @@ def test_two_process_grpo_with_vllm_colocated(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "scripts.build_tiny_model", "--output_dir", str(model), *sizes], cwd=ROOT,
                    env=env, check=True, capture_output=True, timeout=600)  # fmt: skip
     extra = ["--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_gpu_memory_utilization",
-             str(GPU_MEMORY_UTILIZATION / 2), "--vllm_max_model_length", str(MAX_MODEL_LEN)]  # fmt: skip
+             str(GPU_MEMORY_UTILIZATION / 2), "--vllm_max_model_length", str(MAX_MODEL_LEN), "--generation_kwargs",
+             json.dumps({"logit_bias": {str(end_of_turn_id(model)): 10.0}})]  # fmt: skip
     check_two_ranks(tmp_path, run_two_ranks(tmp_path, model, env, extra))
