@@ -260,7 +260,9 @@ def user_server(work: Path, plugin: Path, vllm_model: Path, smoke: dict[str, lis
         launcher.wait(timeout=120)
 
 
-USER_FLAGS = ["--user_timeout", "60", "--user_max_retries", "1"]
+# Sampled replies: at temperature 0 (the default) the random tiny model's first token can be its end token, an empty
+# reply, which the LLM user (rightly) counts as a failure.
+USER_FLAGS = ["--user_timeout", "60", "--user_max_retries", "1", "--user_temperature", "1.0"]
 
 
 def user_flags(server: dict[str, Any]) -> list[str]:
