@@ -47,6 +47,12 @@ class ProbedTrainer(MultiTurnGRPOTrainer):
             kwargs["args"].reward_weights = [1.0]
         super().__init__(*args, **kwargs)
         self.add_callback(_RankLog(self))
+        # --generation_kwargs is JSON, whose object keys are strings; vLLM's SamplingParams(...) takes logit_bias
+        # token ids as ints (only SamplingParams.from_optional converts), and TRL passes the dict on as is.
+        generation = getattr(self, "vllm_generation", None)
+        bias = (getattr(generation, "generation_kwargs", None) or {}).get("logit_bias")
+        if bias:
+            generation.generation_kwargs["logit_bias"] = {int(token): value for token, value in bias.items()}
 
     def _probe_write(self, record: dict[str, Any]) -> None:
         directory = Path(os.environ["GRPO_PROBE_DIR"])
