@@ -119,4 +119,11 @@ def test_two_process_grpo_with_vllm_colocated(tmp_path: Path) -> None:
     extra = ["--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_gpu_memory_utilization",
              str(GPU_MEMORY_UTILIZATION / 2), "--vllm_max_model_length", str(MAX_MODEL_LEN), "--generation_kwargs",
              json.dumps({"logit_bias": {str(end_of_turn_id(model)): 10.0}})]  # fmt: skip
-    check_two_ranks(tmp_path, run_two_ranks(tmp_path, model, env, extra))
+    ranks = run_two_ranks(tmp_path, model, env, extra)
+    check_two_ranks(tmp_path, ranks)
+    for records in ranks.values():  # each rank's engine scores a fixed prompt as its trainer does, at every step
+        probes = [r for r in records if r["kind"] == "probe"]
+        assert [r["step"] for r in probes] == [0, 1]
+        for probe in probes:
+            gap = sum(abs(a - b) for a, b in zip(probe["vllm"], probe["trainer"], strict=True)) / len(probe["vllm"])
+            assert gap < 0.02, (probe["rank"], probe["step"], gap)
