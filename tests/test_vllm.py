@@ -209,7 +209,7 @@ def test_evaluate_two_checkpoints_in_one_command_releases_each_engine(
     assert len(seen) == 2  # one engine (vLLM's engine-core process) per checkpoint ...
     assert most == 1  # ... never two alive at once: the first was shut down (its memory went with it)
     for step in (1, 2):
-        results = json.loads((out / "gpu-smoke-joint" / f"step-{step}" / "results.json").read_text())
+        results = json.loads((out / "gpu-smoke-joint" / f"step-{step:06d}" / "results.json").read_text())
         assert results["config"]["backend"] == "vllm" and results["config"]["step"] == step
         assert len(samples(results)) == 2
 
