@@ -5,7 +5,7 @@
     python run_ablation.py --profile gpu-reference              # 2 x 80 GB GPUs; rerun the same command to resume
 
 Each stage is skipped when its outputs are complete, so an interrupted run resumes where it stopped. See
-airline_rl/experiment.py for the stages and docs/reproducing.md for the reference hardware.
+airline_rl/experiment/ for the stages and docs/reproducing.md for the reference hardware.
 """
 
 from __future__ import annotations

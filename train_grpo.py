@@ -3,7 +3,7 @@
     # the embedded default: tiny random-weight Qwen2 + scripted user, on CPU, a few minutes
     accelerate launch --config_file accelerate_configs/cpu.yaml train_grpo.py --config recipes/grpo/cpu_smoke.yaml
     # a real run (see README "Reproducing the ablation")
-    accelerate launch --config_file accelerate_configs/single_gpu.yaml train_grpo.py \
+    accelerate launch --config_file accelerate_configs/zero2_offload.yaml train_grpo.py \
         --config recipes/grpo/joint.yaml --model_name_or_path /models/Qwen2.5-7B-Instruct
 
 Any recipe field can be overridden on the command line (``--variant lata``, ``--max_steps 10``...).
@@ -26,9 +26,12 @@ from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.splits import get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.envs.users import get_user_simulator
+from airline_rl.evaluation.heldout import build_heldout
 from airline_rl.hub import HubError, LocalHubCallback, ensure_writable
+from airline_rl.precision import check_update_precision
 from airline_rl.script_setup import setup_run
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+from airline_rl.update_monitor import add_update_monitor
 
 logger = logging.getLogger(__name__)
 
@@ -66,22 +69,6 @@ def task_dataset(script_args: GRPOScriptArguments, env: AirlineEnv, system_promp
     return datasets.Dataset.from_list(rows)
 
 
-def warn_if_updates_round_away(model: torch.nn.Module, model_args: ModelConfig, args: MultiTurnGRPOConfig) -> None:
-    """Full fine-tuning of bf16 weights without fp32 master weights (no DeepSpeed / FSDP) rounds small AdamW updates
-    away: a 1e-6 step is below bf16's resolution for most weights. Say so instead of training silently on nothing."""
-    launched_sharded = any(
-        os.environ.get(k, "").lower() == "true" for k in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP")
-    )
-    if model_args.use_peft or args.deepspeed or args.fsdp or launched_sharded:
-        return
-    if next(model.parameters()).dtype == torch.bfloat16 and args.learning_rate < 1e-5:
-        logger.warning(
-            "bf16 weights with learning_rate=%g and no fp32 master copy: most updates round to zero. Use "
-            "accelerate_configs/zero2_offload.yaml (fp32 master weights), --use_peft true, or --dtype float32.",
-            args.learning_rate,
-        )
-
-
 def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, model_args: ModelConfig) -> None:
     setup_run(training_args, logger)
     # Everything the user can get wrong is checked before any model is built or loaded; each message names its flag.
@@ -94,6 +81,11 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     run_name = training_args.run_name or Path(training_args.output_dir).name
 
     user = get_user_simulator(script_args.user_simulator, **script_args.user_kwargs())
+    try:  # held-out pass^k at eval steps (eval_strategy: steps); None when evaluation is off
+        split = get_split(script_args.split, script_args.split_file, frozenset(env.domain.tasks))
+        heldout = build_heldout(script_args, training_args, env, user, split, run_name)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
     model_path = resolve_model_path(model_args, script_args, training_args.output_dir, env)
     logger.info("policy model: %s; variant: %s; user simulator: %s", model_path, training_args.variant, user.name)
 
@@ -107,7 +99,6 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         dtype=dtype,
         attn_implementation=model_args.attn_implementation,
     )
-    warn_if_updates_round_away(model, model_args, training_args)
     trainer = MultiTurnGRPOTrainer(
         model=model,
         args=training_args,
@@ -116,7 +107,13 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         train_dataset=train_dataset,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
+        heldout=heldout,
     )
+    if heldout is not None:
+        try:
+            heldout.check_existing(trainer)
+        except ValueError as err:
+            raise SystemExit(f"error: {err}") from None
     hub_config = {
         "variant": training_args.variant,
         "base_model": model_path,
@@ -130,6 +127,8 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     }  # fmt: skip
     hub = LocalHubCallback(trainer, script_args.hub_dir, run_name, hub_config)
     trainer.add_callback(hub)
+    check_update_precision(trainer, script_args.allow_rounded_updates)  # refuses bf16 weights that would not move
+    add_update_monitor(trainer)
 
     checkpoint = training_args.resume_from_checkpoint
     if checkpoint is None and os.path.isdir(training_args.output_dir):

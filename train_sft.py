@@ -3,7 +3,7 @@
     # the embedded default: tiny random-weight Qwen2 + oracle trajectories of the covered tasks, CPU, a few minutes
     accelerate launch --config_file accelerate_configs/cpu.yaml train_sft.py --config recipes/sft/cpu_smoke.yaml
     # a real run on trajectories collected with collect_trajectories.py
-    accelerate launch --config_file accelerate_configs/single_gpu.yaml train_sft.py \
+    accelerate launch --config_file accelerate_configs/zero2_offload.yaml train_sft.py \
         --config recipes/sft/qwen2_5_7b.yaml --model_name_or_path /models/Qwen2.5-7B-Instruct \
         --dataset_path outputs/trajectories/openai-seed
     # then GRPO from the SFT model
@@ -31,8 +31,10 @@ from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.splits import SplitError, get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.hub import HubError, ensure_writable, write_json_atomic
+from airline_rl.precision import check_update_precision
 from airline_rl.script_setup import setup_run
 from airline_rl.trainers.sft import REPORT_FILE, SFTDataError, export_model_dir, prepare_sft_dataset, trainer_columns
+from airline_rl.update_monitor import add_update_monitor
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +138,8 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         processing_class=tokenizer,
         peft_config=peft_config,
     )
+    check_update_precision(trainer, script_args.allow_rounded_updates)  # refuses bf16 weights that would not move
+    add_update_monitor(trainer)
     checkpoint = training_args.resume_from_checkpoint
     if checkpoint is None and os.path.isdir(training_args.output_dir):
         checkpoint = get_last_checkpoint(training_args.output_dir)

@@ -15,7 +15,13 @@ import trl
 
 from airline_rl.trainers.variants import VARIANT_FIELDS, VARIANTS
 
-VARIANT_DEFAULTS = {"turn_discount_alpha": 1.05, "prm_coef": 0.3, "prm_clip": 0.5, "turn_credit_coef": 0.3}
+VARIANT_DEFAULTS = {
+    "turn_discount_alpha": 1.05,
+    "prm_coef": 0.3,
+    "prm_clip": 0.5,
+    "turn_credit_coef": 0.3,
+    "length_reference": 256.0,
+}
 
 
 @dataclass
@@ -81,6 +87,11 @@ class GRPOScriptArguments(EnvArguments):
         metadata={"help": "Where the embedded tiny model is built when no --model_name_or_path is given "
                   "(default: <outputs>/tiny-qwen2)."},
     )  # fmt: skip
+    allow_rounded_updates: bool = field(
+        default=False,
+        metadata={"help": "Train even when most learning-rate-sized updates round away in the weights' dtype "
+                  "(airline_rl/precision.py); refused by default."},
+    )  # fmt: skip
 
 
 @dataclass
@@ -112,6 +123,24 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
         default=None,
         metadata={"help": "joint only: a token's advantage gets this × its turn's PRM-Lite score (default 0.3)."},
     )
+    length_reference: float | None = field(
+        default=None,
+        metadata={"help": "lata/joint: L_ref in the weight 1/√(L·L_ref), so that a trajectory of L_ref policy tokens "
+                  "weighs what it weighs under vanilla (default 256; docs/variants.md)."},
+    )  # fmt: skip
+    # -- held-out pass^k at eval steps (eval_strategy: steps, eval_steps: N; airline_rl/evaluation/heldout.py) --
+    heldout_num_samples: int = field(
+        default=4, metadata={"help": "Held-out eval: episodes per task at each eval step (pass^k for k up to it)."}
+    )
+    heldout_uncovered_tasks: int = field(
+        default=0,
+        metadata={"help": "Held-out eval: also play a fixed sample of this many uncovered train tasks (drawn with "
+                  "--seed), which defines the generalization metric; 0: the split's test tasks only."},
+    )  # fmt: skip
+    heldout_output_dir: str | None = field(
+        default=None,
+        metadata={"help": "Held-out eval: results go to <this>/step-<N>/ (default: <output_dir>/heldout)."},
+    )
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -126,6 +155,8 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
                 setattr(self, name, VARIANT_DEFAULTS[name])
         if self.turn_discount_alpha is not None and self.turn_discount_alpha <= 0:
             raise ValueError(f"--turn_discount_alpha must be > 0, got {self.turn_discount_alpha}")
+        if self.length_reference is not None and not self.length_reference > 0:
+            raise ValueError(f"--length_reference must be > 0, got {self.length_reference}")
         if self.prm_clip is not None and self.prm_clip < 0:
             raise ValueError(f"--prm_clip must be >= 0, got {self.prm_clip}")
         if self.beta != 0.0:
@@ -135,6 +166,8 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
             )
         if self.max_turn_tokens < 1:
             raise ValueError(f"--max_turn_tokens must be >= 1, got {self.max_turn_tokens}")
+        if self.heldout_num_samples < 1 or self.heldout_uncovered_tasks < 0:
+            raise ValueError("--heldout_num_samples must be >= 1 and --heldout_uncovered_tasks >= 0")
         if self.use_vllm and importlib.util.find_spec("vllm") is None:
             raise ValueError(
                 "--use_vllm needs vLLM, which is not installed: pip install -r requirements-gpu.txt (vllm==0.31.0)"
@@ -246,6 +279,11 @@ class SFTScriptArguments(EnvArguments):
     )  # fmt: skip
     tiny_hidden_size: int = field(default=64, metadata={"help": "Embedded tiny model: hidden size."})
     tiny_num_layers: int = field(default=2, metadata={"help": "Embedded tiny model: layers."})
+    allow_rounded_updates: bool = field(
+        default=False,
+        metadata={"help": "Train even when most learning-rate-sized updates round away in the weights' dtype "
+                  "(airline_rl/precision.py); refused by default."},
+    )  # fmt: skip
 
 
 @dataclass

@@ -4,7 +4,8 @@ One episode = reset + the task's gold actions run through ``execute_tool`` + the
 
 - fast: ``AirlineState`` over the shared ``CanonicalBase`` (reset copies nothing), reward = ``state.db_hash()`` vs the
   cached ``gold_db_hash``;
-- naive: reset = ``copy.deepcopy`` of the database, the same tool functions on a plain dict (``NaiveState``), reward =
+- naive: reset = validating the whole database into τ²'s pydantic models (as τ² does per environment), the same tool
+  functions on it (``NaiveState``), reward =
   ``naive_db_hash`` of the agent's database vs ``naive_db_hash`` of a freshly replayed gold database (what τ²-bench
   does per evaluation).
 
@@ -15,7 +16,6 @@ the last line.
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import sys
 import time
@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from airline_rl.envs.data import Task, load_domain  # noqa: E402
 from airline_rl.envs.episode import shared_base  # noqa: E402
+from airline_rl.envs.models import FlightDB, dump  # noqa: E402
 from airline_rl.envs.state import AirlineState, CanonicalBase, naive_db_hash  # noqa: E402
 from airline_rl.envs.tools import execute_tool  # noqa: E402
 from airline_rl.rewards.outcome import gold_db_hash  # noqa: E402
@@ -35,32 +36,38 @@ JsonDict = dict[str, Any]
 
 
 class NaiveState:
-    """A full private copy of the database behind ``AirlineState``'s interface (get/get_mut/insert/contains/values)."""
+    """τ²'s way: the whole database as pydantic models, validated afresh per episode, behind ``AirlineState``'s
+    interface (get/model/insert/contains/values)."""
 
     def __init__(self, db: dict[str, dict[str, Any]]) -> None:
-        self.db = copy.deepcopy(db)
+        self.models = FlightDB.model_validate(db)
 
     def get(self, table: str, key: str) -> JsonDict | None:
-        return self.db[table].get(key)
+        record = getattr(self.models, table).get(key)
+        return None if record is None else dump(record)
 
-    def get_mut(self, table: str, key: str) -> JsonDict:
-        return self.db[table][key]
+    def model(self, table: str, key: str) -> Any:
+        return getattr(self.models, table)[key]
 
     def contains(self, table: str, key: str) -> bool:
-        return key in self.db[table]
+        return key in getattr(self.models, table)
 
-    def insert(self, table: str, key: str, record: JsonDict) -> None:
-        if key in self.db[table]:
+    def insert(self, table: str, key: str, record: Any) -> None:
+        if key in getattr(self.models, table):
             raise KeyError(f"{table} already has a record {key!r}")
-        self.db[table][key] = record
+        getattr(self.models, table)[key] = record
 
     def values(self, table: str) -> Iterator[JsonDict]:
-        return iter(self.db[table].values())
+        return (dump(record) for record in getattr(self.models, table).values())
+
+    @property
+    def db(self) -> dict[str, Any]:
+        return dump(self.models)
 
 
 def run_actions(state: AirlineState | NaiveState, task: Task) -> None:
     for action in task.actions:
-        # The tools only use the five methods above, so a NaiveState runs them unchanged.
+        # The tools only use the methods above, so a NaiveState runs them unchanged.
         execute_tool(cast(AirlineState, state), action.name, action.arguments)
 
 

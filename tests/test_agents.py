@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from airline_rl.envs.agents import AGENTS, NoopAgent, OracleAgent, get_agent
-from airline_rl.envs.episode import AGENT_TRANSFER, USER_STOP, USER_TRANSFER, AirlineEnv, Episode
+from airline_rl.envs.episode import USER_STOP, USER_TRANSFER, AirlineEnv, Episode
 from airline_rl.envs.runner import run_episodes
 from airline_rl.envs.state import AirlineState
 from airline_rl.envs.tools import WRITE_TOOLS
@@ -73,7 +73,7 @@ def test_oracle_earns_reward_one_on_every_task(env: AirlineEnv, all_task_ids: li
     for record in records:
         task = env.domain.get_task(record.task_id)
         transfers = any(a.name == "transfer_to_human_agents" for a in task.actions)
-        assert record.termination == (AGENT_TRANSFER if transfers else USER_STOP), record.task_id
+        assert record.termination == (USER_TRANSFER if transfers else USER_STOP), record.task_id
         assert record.num_tool_errors == 0, record.task_id
         assert [c.name for c in record.tool_calls] == sorted(
             (a.name for a in task.actions), key=lambda n: n == "transfer_to_human_agents"

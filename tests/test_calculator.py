@@ -1,12 +1,11 @@
-"""The ``calculate`` tool: τ²'s results and format on arithmetic, and safe, fast refusal of everything else.
+"""The ``calculate`` tool: τ²'s results and error texts on arithmetic, and safe refusal of everything else.
 
-τ² evaluates ``str(round(float(eval(expression)), 2))`` after a character filter; we parse with ``ast`` instead. The
-oracle below is τ²'s formula, applied only to expressions this file builds itself (never to hostile input).
+τ² evaluates ``str(round(float(eval(expression)), 2))`` after a character filter; we walk the ``ast`` with Python's
+own operators instead. The oracle below is τ²'s formula, applied only to expressions this file builds itself (never to
+hostile input). ``tests/test_tau2_reference.py`` checks the same against outputs recorded from τ²'s code.
 """
 
 from __future__ import annotations
-
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -20,7 +19,23 @@ from airline_rl.envs.tools import execute_tool
 
 def tau2_calculate(expression: str) -> str:
     """τ²-bench's implementation, for trusted test expressions only."""
+    if not all(char in "0123456789+-*/(). " for char in expression):
+        raise ValueError("Invalid characters in expression")
     return str(round(float(eval(expression, {"__builtins__": None}, {})), 2))
+
+
+def tau2_outcome(expression: str) -> str:
+    try:
+        return tau2_calculate(expression)
+    except Exception as err:
+        return f"Error: {err}"
+
+
+def our_outcome(expression: str) -> str:
+    try:
+        return calculate(expression)
+    except CalculationError as err:
+        return f"Error: {err}"
 
 
 @pytest.mark.parametrize(
@@ -28,28 +43,36 @@ def tau2_calculate(expression: str) -> str:
     [
         ("2 + 2", "4.0"),
         ("10 / 3", "3.33"),
-        ("2/3", "0.67"),
         ("(1911 - 106) / 2", "902.5"),
         ("0.1 + 0.2", "0.3"),
         ("2 * -3", "-6.0"),
-        ("-(4 - 10)", "6.0"),
         ("+5", "5.0"),
         (".5 * 4", "2.0"),
         ("5.", "5.0"),
         ("((((7))))", "7.0"),
         ("  12  ", "12.0"),
-        ("1.005 * 1000", "1005.0"),
-        ("100 - 0.001", "100.0"),
         ("-0", "0.0"),
-        ("0 * -1", "0.0"),
         ("-0.0", "-0.0"),
-        ("1000000 * 1000000 * 1000", "1000000000000000.0"),
-        ("3 * (196 + 134) - 2 * 169", "652.0"),
+        ("2 ** 10", "1024.0"),
+        ("7 // 2", "3.0"),
+        ("2 ** -2", "0.25"),
+        ("1000000 * 1000000 * 1001", "1001000000000000.0"),
+        ("10 ** 17", "1e+17"),
     ],
 )
 def test_results_in_tau2_format(expression: str, expected: str) -> None:
     assert calculate(expression) == expected
     assert tau2_calculate(expression) == expected
+
+
+# Failures whose text is Python's own; these are safe to eval here, so τ² is the oracle.
+PYTHON_ERRORS = ["1/0", "1 // 0", "1.0 / 0", "1.0 // 0", "0 ** -1", "10 ** 400", "10.0 ** 400", "(-8) ** 0.5",
+                 "()", "...", "1(2)", "()()", "(1)(2)(3)", "1 +", "(1", "1)", "", " ", "1 2", "1..2", "*"]  # fmt: skip
+
+
+@pytest.mark.parametrize("expression", PYTHON_ERRORS)
+def test_error_texts_are_pythons(expression: str) -> None:
+    assert our_outcome(expression) == tau2_outcome(expression)
 
 
 def _expressions(depth: int) -> st.SearchStrategy[str]:
@@ -62,152 +85,87 @@ def _expressions(depth: int) -> st.SearchStrategy[str]:
     sub = _expressions(depth - 1)
     return st.one_of(
         number,
-        st.tuples(sub, st.sampled_from(["+", "-", "*", "/", " + ", " * "]), sub).map("".join),
+        st.tuples(sub, st.sampled_from(["+", "-", "*", "/", "//", " + ", " * "]), sub).map("".join),
+        st.tuples(sub, st.integers(-3, 3)).map(lambda pair: f"({pair[0]}) ** {pair[1]}"),
         sub.map(lambda e: f"({e})"),
         sub.map(lambda e: f"-{e}"),
     )
 
 
-@settings(max_examples=1500, deadline=None)
-@given(_expressions(4))
+@settings(max_examples=1000, deadline=None)
+@given(_expressions(3))
 def test_matches_tau2_on_random_arithmetic(expression: str) -> None:
-    try:
-        expected: str | None = tau2_calculate(expression)
-    except ZeroDivisionError:
-        expected = None
-    try:
-        result = calculate(expression)
-    except CalculationError as err:
-        # refused: a division by zero (τ² raises too) or a value beyond our magnitude bound
-        assert expected is None or "out of range" in str(err), (expression, expected, err)
-        return
-    assert result == expected
+    assert our_outcome(expression) == tau2_outcome(expression)
 
 
 HOSTILE = [
     "__import__('os')",
-    "__import__('os').system('true')",
     "().__class__",
-    "().__class__.__bases__[0].__subclasses__()",
     "lambda: 1",
-    "(lambda x: x)(1)",
     "os.system",
-    "a.b",
-    "2**10000",
-    "2**99999999",
-    "9**9**9**9",
-    "9" * 5000,
-    "9" * 999,
-    "9" * 400 + "*" + "9" * 400,
-    "9" * 300 + "/" + "0." + "0" * 300 + "1",
-    "(" * 500,
-    "(" * 500 + "1" + ")" * 500,
-    "-" * 999 + "1",
-    "1" + "*1" * 499,
-    "1/0",
-    "1 / (3 - 3)",
-    "1/0.0",
     "1e309",
-    "1e3",
     "١٢٣",  # Arabic-Indic digits
     "１２",  # full-width digits
-    "²",
-    "",
-    " ",
-    "   \t\n",
-    "\t1+1",
-    "()",
-    "(,)",
-    "1 2",
-    "1..2",
-    "3 // 2",
-    "7 % 2",
-    "1_000",
-    "0x10",
-    "01",
     "[1]",
-    "{}",
     "'1'",
     "1 if 1 else 2",
     "1 < 2",
-    "1; 2",
-    "*",
-    "/",
-    "1 +",
-    "(1",
-    "1)",
-    ".",
-    "+",
-    "-",
+    "7 % 2",
+    "0x10",
 ]
 
 
 @pytest.mark.parametrize("expression", HOSTILE, ids=range(len(HOSTILE)))
-def test_hostile_inputs_fail_fast_with_calculation_error(expression: str) -> None:
-    start = time.perf_counter()
-    with pytest.raises(CalculationError):
+def test_anything_but_arithmetic_is_refused_by_the_character_filter(expression: str) -> None:
+    with pytest.raises(CalculationError, match="^Invalid characters in expression$"):
         calculate(expression)
-    assert time.perf_counter() - start < 0.5  # generous: each of these takes well under a millisecond
 
 
-def test_specific_refusal_messages() -> None:
-    cases = {
-        "__import__('os')": "Invalid characters in expression",
-        "().__class__": "Invalid characters in expression",
-        "1e309": "Invalid characters in expression",
-        "١٢": "Invalid characters in expression",
-        "2**10000": "only numbers",
-        "1/0": "Division by zero",
-        "9" * 5000: f"longer than {MAX_EXPRESSION_CHARS} characters",
-        "9" * 999: "out of range",
-        "-" * 999 + "1": "nested too deeply",
-        "": "Invalid expression",
-    }
-    for expression, fragment in cases.items():
-        with pytest.raises(CalculationError, match=fragment):
+@pytest.mark.parametrize("expression", ["2**99999999", "9**9**9", "9**9**9**9", "(10**1000)**1000"])
+def test_astronomical_powers_are_refused_not_computed(expression: str) -> None:
+    with pytest.raises(CalculationError, match="^Result too large$"):
+        calculate(expression)
+
+
+def test_long_and_deep_inputs_fail_cleanly() -> None:
+    with pytest.raises(CalculationError, match="too long"):
+        calculate("1+" * MAX_EXPRESSION_CHARS + "1")
+    for expression in ["(" * 500 + "1" + ")" * 500, "-" * 5000 + "1", "9" * 5000]:
+        with pytest.raises(CalculationError):
             calculate(expression)
 
 
-def test_magnitude_is_bounded() -> None:
-    assert calculate("999999999999999") == "999999999999999.0"
-    with pytest.raises(CalculationError, match="out of range"):
-        calculate("1000000 * 1000000 * 1001")
-    with pytest.raises(CalculationError, match="out of range"):
-        calculate("99999999 * 99999999 * 99999999 * 99999999")
-
-
-@pytest.mark.parametrize("value", [None, 12, 1.5, b"1+1", ["1+1"]])
-def test_non_string_expression(value: object) -> None:
-    with pytest.raises(CalculationError, match="must be a string"):
-        calculate(value)  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (None, "'NoneType' object is not iterable"),
+        (12, "'int' object is not iterable"),
+        (["1", "+", "1"], "eval() arg 1 must be a string, bytes or code object"),
+    ],
+)
+def test_non_string_expression_like_tau2(value: object, message: str) -> None:
+    with pytest.raises(CalculationError) as caught:
+        calculate(value)
+    assert str(caught.value) == message
 
 
 @settings(max_examples=1000, deadline=None)
-@given(st.text(alphabet=st.sampled_from(list("0123456789+-*/(). eE_x")), max_size=60) | st.text(max_size=60))
+@given(st.text(alphabet=st.sampled_from(list("0123456789+-*/(). ")), max_size=40) | st.text(max_size=40))
 def test_fuzz_only_calculation_errors(expression: str) -> None:
     try:
         result = calculate(expression)
     except CalculationError:
         return
-    assert float(result) == float(result)  # a finite number in τ²'s format
-    assert abs(float(result)) <= 1e15
+    float(result)  # a number in τ²'s format ("inf" included)
 
 
-@pytest.mark.parametrize("expression", ["__import__('os')", "2**99999999", "9" * 5000, "(" * 500, "1/0", ""])
-def test_through_execute_tool_errors_become_observations(expression: str) -> None:
-    state = AirlineState(shared_base())
-    result = execute_tool(state, "calculate", {"expression": expression})
-    assert result.error and result.error_kind == "execution"
-    assert result.content.startswith("Error: ")
-    assert state.fingerprint() == b""
-
-
-def test_through_execute_tool_success_and_bad_arguments() -> None:
+def test_through_execute_tool() -> None:
     state = AirlineState(shared_base())
     result = execute_tool(state, "calculate", {"expression": "(1911 - 106) / 2"})
     assert (result.content, result.error) == ("902.5", False)
-    result = execute_tool(state, "calculate", {"expression": 5})
-    assert result.error and result.error_kind == "bad_arguments"
-    assert result.content == "Error: Argument 'expression' must be a string, got int"
+    result = execute_tool(state, "calculate", {"expression": "1/0"})
+    assert (result.content, result.error, result.error_kind) == ("Error: division by zero", True, "execution")
     result = execute_tool(state, "calculate", {})
-    assert result.error and "'expression'" in result.content
+    assert result.content == "Error: AirlineTools.calculate() missing 1 required positional argument: 'expression'"
+    assert result.error_kind == "bad_arguments"
+    assert state.fingerprint() == b""

@@ -55,11 +55,16 @@ def _db() -> dict[str, Any]:
         },
         "users": {
             "ann_lee_1": {"user_id": "ann_lee_1", "name": {"first_name": "Ann", "last_name": "Lee"},
-                          "payment_methods": {}, "reservations": ["ABC123"], "membership": "gold"},
+                          "address": {"address1": "1 Main St", "city": "Austin", "country": "USA", "state": "TX",
+                                      "zip": "78701"},
+                          "email": "ann@example.com", "dob": "1990-01-01", "payment_methods": {},
+                          "saved_passengers": [], "membership": "gold", "reservations": ["ABC123"]},
         },
         "reservations": {
-            "ABC123": {"reservation_id": "ABC123", "user_id": "ann_lee_1", "flights": [], "passengers": [],
-                       "payment_history": [], "cabin": "economy"},
+            "ABC123": {"reservation_id": "ABC123", "user_id": "ann_lee_1", "origin": "JFK", "destination": "LAX",
+                       "flight_type": "one_way", "cabin": "economy", "flights": [], "passengers": [],
+                       "payment_history": [], "created_at": "2024-05-01T00:00:00", "total_baggages": 0,
+                       "nonfree_baggages": 0, "insurance": "no"},
         },
     }  # fmt: skip
 
@@ -152,6 +157,20 @@ def test_db_record_missing_required_field(tmp_path: Path, table: str, key: str, 
     del db[table][key][field]
     message = _error(tmp_path, db=db)
     assert "db.json" in message and f"'{table}.{key}.{field}'" in message and "required" in message
+
+
+def test_db_record_checked_against_tau2_data_model(tmp_path: Path) -> None:
+    db = _db()
+    db["users"]["ann_lee_1"]["membership"] = "platinum"
+    message = _error(tmp_path, db=db)
+    assert "db.json" in message and "'users.ann_lee_1.membership'" in message and "'gold'" in message
+
+
+def test_db_is_stored_as_tau2_dumps_it(tmp_path: Path) -> None:
+    reservation = load_domain(write_domain(tmp_path)).db["reservations"]["ABC123"]
+    assert reservation["status"] is None and list(reservation)[-1] == "status"  # τ²'s field order, explicit null
+    user = load_domain(write_domain(tmp_path)).db["users"]["ann_lee_1"]
+    assert user["address"]["address2"] is None
 
 
 def test_db_record_not_an_object(tmp_path: Path) -> None:

@@ -175,6 +175,32 @@ def test_interrupted_evaluation_resumes_from_finished_samples(tmp_path: Path, mo
     assert [r["episodes"] for r in data["runs"]] == [2, 4]  # only the missing four were played
 
 
+def test_a_complete_results_file_is_never_rewritten_and_its_metrics_ignore_task_order(tmp_path: Path) -> None:
+    """The noop agent on 12 tasks (mixed outcomes, so the CIs have width): a rerun leaves results.json and
+    summary.md byte-identical, and the metrics recomputed from the file (in JSON's sorted order, or shuffled) equal
+    the ones the run computed."""
+    import random
+
+    from airline_rl.evaluation.results import metrics_of
+
+    args = make_args(tmp_path, model="noop", tasks=",".join(str(i) for i in range(12)), num_samples=2)
+    (path,) = run_evaluation(args)
+    summary = path.with_name("summary.md")
+    before, summary_before = path.read_bytes(), summary.read_bytes()
+    data = load(path)
+    low, high = data["metrics"]["pass1"]["overall"]["ci_low"], data["metrics"]["pass1"]["overall"]["ci_high"]
+    assert low < data["metrics"]["pass1"]["overall"]["value"] < high
+    assert list(data["tasks"])[:4] == ["0", "1", "10", "11"]  # stored order differs from the run's
+    assert data["config"]["group_sizes"] == {"covered_seen": 16, "uncovered_seen": 24, "unseen": 10}
+    run_evaluation(args)
+    assert path.read_bytes() == before and summary.read_bytes() == summary_before
+    for seed in range(3):
+        ids = list(data["tasks"])
+        random.Random(seed).shuffle(ids)
+        shuffled = {**data, "tasks": {t: data["tasks"][t] for t in ids}}
+        assert metrics_of(shuffled) == data["metrics"]
+
+
 def test_a_user_simulator_failure_is_retried_on_resume(tmp_path: Path) -> None:
     args = make_args(tmp_path, model="oracle", tasks="0,1", num_samples=1)
     (path,) = run_evaluation(args)

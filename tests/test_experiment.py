@@ -1,4 +1,4 @@
-"""The ablation driver (airline_rl/experiment.py, run_ablation.py): dry runs, completeness checks, skip and resume.
+"""The ablation driver (airline_rl/experiment/, run_ablation.py): dry runs, completeness checks, skip and resume.
 
 The fast tests fake each stage's outputs or run tiny ``python -c`` stages; the slow test runs the whole driver end to
 end on CPU with the embedded default (tiny model, scripted user, oracle teacher) and then reruns it (all skipped).
@@ -171,7 +171,8 @@ def test_gpu_reference_dry_run_uses_the_reference_recipes_and_gpus(tmp_path: Pat
         assert f"--config recipes/grpo/{variant}_2gpu.yaml --variant {variant}" in text
         assert f"--model grpo-{variant} --steps 200,250,300 --eval_name {variant}" in text
     assert text.count("--max_steps 300 --save_steps 50") == 5
-    assert "CUDA_VISIBLE_DEVICES=0" in text and "accelerate_configs/single_gpu.yaml --gpu_ids 0 train_grpo.py" in text
+    assert "CUDA_VISIBLE_DEVICES=0" in text
+    assert "accelerate_configs/zero2_offload.yaml --gpu_ids 0 train_grpo.py" in text  # fp32 master weights
     assert "--model_name_or_path /models/Qwen2.5-7B-Instruct" in text
     assert f"--teacher_base_url {url} --teacher_model Qwen2.5-72B-Instruct-AWQ" in text
     assert text.count(f"--user_base_url {url} --user_model Qwen2.5-72B-Instruct-AWQ") == 1 + 5 + 6  # collect/grpo/eval
@@ -392,7 +393,7 @@ def test_keep_going_runs_independent_stages_and_blocks_dependent_ones(tmp_path: 
 def test_run_returns_1_and_records_a_failed_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "ablation"
     fake_collect(out)
-    monkeypatch.setattr(experiment, "_execute", lambda stage, cwd: 1)
+    monkeypatch.setattr(experiment.driver, "_execute", lambda stage, cwd: 1)
     lines: list[str] = []
     assert run(AblationArguments(output_dir=str(out)), print_fn=lines.append) == 1
     state = json.loads((out / experiment.STATE_FILE).read_text())
@@ -402,7 +403,7 @@ def test_run_returns_1_and_records_a_failed_stage(tmp_path: Path, monkeypatch: p
 def test_selected_stages_only_and_dependencies_are_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "ablation"
     ran: list[str] = []
-    monkeypatch.setattr(experiment, "_execute", lambda stage, cwd: ran.append(stage.name) or 0)
+    monkeypatch.setattr(experiment.driver, "_execute", lambda stage, cwd: ran.append(stage.name) or 0)
     lines: list[str] = []
     assert run(AblationArguments(output_dir=str(out), stages="grpo"), print_fn=lines.append) == 1
     assert ran == []  # sft is incomplete and not selected: GRPO cannot start

@@ -62,7 +62,7 @@ def test_pass_hat_k_estimator_matches_brute_force_enumeration() -> None:
             assert pass_hat_k_task(n, sum(outcomes), k) == pytest.approx(expected, abs=1e-12)
 
 
-def test_pass_hat_k_is_the_mean_over_tasks_and_skips_tasks_with_too_few_samples() -> None:
+def test_pass_hat_k_is_the_mean_over_tasks_up_to_the_smallest_sample_count() -> None:
     tasks = [[True, True, False, True], [False, False, False, False], [True, True, True, True]]
     counts = [(len(o), sum(o)) for o in tasks]
     for k in range(1, 5):
@@ -70,10 +70,26 @@ def test_pass_hat_k_is_the_mean_over_tasks_and_skips_tasks_with_too_few_samples(
         assert pass_hat_k(counts, k) == pytest.approx(expected)
     assert pass_hat_k(counts, 1) == pytest.approx((3 / 4 + 0 + 1) / 3)
     assert pass_hat_k(counts, 4) == pytest.approx((0 + 0 + 1) / 3)
-    # a task with only 2 valid samples counts for k <= 2 only
-    assert pass_hat_k([(4, 4), (2, 0)], 3) == 1.0
+    # τ²'s convention: pass^k only for k up to the smallest number of valid samples (here 2), over every task
     assert pass_hat_k([(4, 4), (2, 0)], 2) == 0.5
+    assert pass_hat_k([(4, 4), (2, 0)], 3) is None
+    assert pass_hat_k([(4, 4), (2, 0), (0, 0)], 2) == 0.5  # a task without a valid sample is left out
     assert pass_hat_k([(2, 1)], 3) is None
+    # the other convention, by name only: for each k, the tasks with at least k valid samples
+    assert pass_hat_k([(4, 4), (2, 0)], 3, "available") == 1.0
+    with pytest.raises(ValueError, match="convention"):
+        pass_hat_k([(4, 4)], 1, "tasks_with_k")
+
+
+def test_pass_hat_k_never_rises_with_k_under_the_tau2_convention() -> None:
+    """Tasks that lost samples to user-simulator failures: the 'available' convention can rise with k (the hard
+    tasks drop out), τ²'s stops at the smallest sample count."""
+    counts = [(12, 12), (12, 9), (10, 1), (10, 0), (11, 2), (11, 3)]
+    available = [pass_hat_k(counts, k, "available") for k in range(1, 13)]
+    assert available[11] > available[10] > available[9]  # k = 10, 11, 12: rises
+    tau2 = [pass_hat_k(counts, k) for k in range(1, 13)]
+    assert all(v is not None for v in tau2[:10]) and tau2[10:] == [None, None]
+    assert all(a >= b for a, b in itertools.pairwise(tau2[:10]))
 
 
 def test_pass_hat_k_task_rejects_impossible_arguments() -> None:
@@ -97,8 +113,29 @@ def test_pass_hat_k_decreases_with_k() -> None:
 def test_generalization_formula_on_the_seed_split_sizes() -> None:
     value = generalization_pass1({"uncovered_seen": 0.5, "unseen": 0.2}, {"uncovered_seen": 24, "unseen": 10})
     assert value == pytest.approx((0.5 * 24 + 0.2 * 10) / 34)
-    assert generalization_pass1({"uncovered_seen": None, "unseen": 0.3}, {"uncovered_seen": 0, "unseen": 10}) == 0.3
+    # a group without any task with a valid sample: the formula is undefined, not narrowed to the other group
+    assert generalization_pass1({"uncovered_seen": None, "unseen": 0.3}, {"uncovered_seen": 24, "unseen": 10}) is None
+    assert generalization_pass1({"uncovered_seen": 0.5, "unseen": 0.3}, {"uncovered_seen": 0, "unseen": 10}) is None
     assert generalization_pass1({}, {}) is None
+
+
+def test_generalization_weights_are_the_split_group_sizes() -> None:
+    """A sample of 3 of the 24 uncovered tasks (as the in-training evaluation may use) and 2 of 10 unseen ones with
+    one task lacking a valid sample: group pass^1 over the tasks with samples, weights 24 and 10."""
+    tasks = {f"u{i}": task("uncovered_seen", o) for i, o in enumerate([[True, True], [True, False], [False, False]])}
+    tasks["s0"] = task("unseen", [True, False])
+    tasks["s1"] = {"group": "unseen", "writes": True, "samples": [sample(False, user_error="down")]}
+    metrics = compute_metrics(tasks, 2, bootstrap_samples=200, group_sizes={"uncovered_seen": 24, "unseen": 10})
+    general = metrics["pass1"]["generalization"]
+    assert general["value"] == pytest.approx((0.5 * 24 + 0.5 * 10) / 34)
+    assert general["tasks"] == 4 and general["ci_low"] <= general["value"] <= general["ci_high"]
+    unweighted = compute_metrics(tasks, 2, bootstrap_samples=200)["pass1"]["generalization"]
+    assert unweighted["value"] == pytest.approx((0.5 * 3 + 0.5 * 2) / 5)  # default sizes: the groups' tasks here
+    del tasks["s0"]  # unseen has no task with a valid sample left
+    assert (
+        compute_metrics(tasks, 2, group_sizes={"uncovered_seen": 24, "unseen": 10})["pass1"]["generalization"]["value"]
+        is None
+    )
 
 
 def test_compute_metrics_groups_strata_generalization_and_floor() -> None:
@@ -139,7 +176,8 @@ def test_user_simulator_failures_are_left_out_and_counted() -> None:
     metrics = compute_metrics(tasks, 2, bootstrap_samples=100)
     assert metrics["user_errors"] == 1 and metrics["valid_episodes"] == 3
     assert metrics["pass1"]["overall"]["value"] == pytest.approx((1.0 + 0.0) / 2)  # task a: 1 of 1 valid sample
-    assert metrics["pass_hat_k"]["2"] == 0.0  # only task b has 2 valid samples
+    assert metrics["pass_hat_k"]["2"] is None  # task a has 1 valid sample: τ² reports pass^k for k <= 1 only
+    assert metrics["pass_hat_k_max"] == 1 and metrics["pass_hat_k_convention"] == "tau2"
     assert metrics["complete"] is False  # task a still lacks a valid second sample
 
 
@@ -160,6 +198,13 @@ def test_error_rate_is_the_share_of_episodes_with_a_tool_error() -> None:
     assert metrics["tool_calls"] == 10 and metrics["tool_errors"] == 3
     assert metrics["reasoning_depth_p50"] == pytest.approx(30.0)  # median of 5, 10, 20, 30, 40, 50, 60
     assert metrics["turns_per_episode"] == pytest.approx((2 + 1 + 3 + 1) / 4)
+
+
+def test_turns_without_sampled_tokens_do_not_enter_reasoning_depth() -> None:
+    """Files written before 0-token turns stopped being recorded hold 0 entries: they are no turns."""
+    tasks = {"a": {"group": "unseen", "samples": [sample(False, tokens=[10, 20, 30, 0], termination="token_budget")]}}
+    metrics = compute_metrics(tasks, 1, bootstrap_samples=10)
+    assert metrics["reasoning_depth_p50"] == 20.0 and metrics["policy_tokens_per_turn_mean"] == 20.0
 
 
 def test_scripted_agents_have_no_reasoning_depth_and_no_calls_give_no_call_error_rate() -> None:
@@ -230,3 +275,30 @@ def test_stratified_bootstrap_keeps_group_sizes() -> None:
     assert bootstrap_pass1(outcomes, strata=strata) == (pytest.approx(24 / 34), pytest.approx(24 / 34))
     low, high = bootstrap_pass1(outcomes)
     assert low < 24 / 34 < high  # unstratified: the group mix varies
+
+
+def test_no_metric_depends_on_the_order_of_the_tasks() -> None:
+    """The bootstrap draws tasks by position: metrics must be computed over a canonical task order, so a results
+    file (stored with keys sorted as strings: "0", "1", "10", ...) gives the numbers the run computed."""
+    rng = random.Random(5)
+    groups = ["covered_seen"] * 16 + ["uncovered_seen"] * 24 + ["unseen"] * 10
+    tasks = {}
+    for i, group in enumerate(groups):
+        p = rng.random()
+        tasks[str(i)] = task(group, [rng.random() < p for _ in range(4)], writes=i % 2 == 0, tokens=[i + 1, 7])
+    reference = compute_metrics(tasks, 4, bootstrap_samples=500)
+    for seed in range(3):
+        ids = list(tasks)
+        random.Random(seed).shuffle(ids)
+        assert compute_metrics({t: tasks[t] for t in ids}, 4, bootstrap_samples=500) == reference
+    assert compute_metrics(dict(sorted(tasks.items())), 4, bootstrap_samples=500) == reference  # JSON's order
+
+
+def test_weighted_stratified_bootstrap_matches_the_weighted_estimate() -> None:
+    outcomes = [[True] * 4] * 3 + [[False] * 4] * 2
+    strata = ["uncovered_seen"] * 3 + ["unseen"] * 2
+    weights = {"uncovered_seen": 24, "unseen": 10}
+    assert bootstrap_pass1(outcomes, strata=strata, weights=weights) == (
+        pytest.approx(24 / 34),
+        pytest.approx(24 / 34),
+    )

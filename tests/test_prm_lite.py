@@ -24,7 +24,9 @@ from airline_rl.rewards.prm_lite import (
     DOCS_START,
     ID_ARGUMENT_NAMES,
     RULES,
+    TRUNCATED_TURN_COST,
     PRMResult,
+    declines_request,
     episode_rule_stats,
     get_rule,
     is_confirmation,
@@ -54,7 +56,9 @@ def play(env: AirlineEnv, steps: list[str | tuple[str, str]], task_id: str = "1"
     """Plays ``steps`` (assistant texts, or ``user(...)`` replies) on a fresh episode and returns its record."""
     episode = env.reset(task_id)
     for step in steps:
-        if isinstance(step, tuple):
+        if isinstance(step, tuple) and step[0] == "cut":
+            episode.env_response(step[1], truncated=True)  # the turn ran out of token budget
+        elif isinstance(step, tuple):
             episode.user_response(step[1])
         else:
             episode.env_response(step)
@@ -86,7 +90,17 @@ def calcs(n: int, start: int = 0) -> str:
     )
 
 
+YES = user("Yes, please go ahead.")
+CONFIRMED_CANCEL = [HELLO, GUD, GRD, ASK, YES, CANCEL]  # the honest way to cancel: look up, ask, get a yes, act
+BARE_CANCEL_CALL = call("cancel_reservation", reservation_id="NO6JO3")
+PASSENGERS = "Updating the passenger. " + call(
+    "update_reservation_passengers",
+    reservation_id="NO6JO3",
+    passengers=[{"first_name": "Mia", "last_name": "Li", "dob": "1990-04-06"}],
+)  # fmt: skip  (a dob one day off the record's 1990-04-05: a value nobody ever said)
+
 # (rule, steps, turn index, expected count in that turn); expected 0 = the rule must not fire in that turn.
+# Every rule has a firing case and its anti-hacking (silent) cases.
 CASES: dict[str, tuple[str, list[Any], int, int]] = {
     # P1 placeholder_arguments
     "P1-template": ("P1", [HELLO, "Looking you up. " + call("get_user_details", user_id="<user_id>")], 0, 1),
@@ -116,21 +130,33 @@ CASES: dict[str, tuple[str, list[Any], int, int]] = {
     "P2-same-turn": ("P2", [HELLO, "Looking twice. " + GUD_CALL + GUD_CALL], 0, 1),
     # P3 repeat_failed_call
     "P3-repeat-failure": ("P3", [HELLO, BAD_GRD, "Trying again. " + BAD_GRD_CALL], 1, 1),
+    "P3-earlier-failure": ("P3", [HELLO, BAD_GRD, GUD, "Trying again. " + BAD_GRD_CALL], 2, 1),
     "P3-repeat-success": ("P3", [HELLO, GUD, "Checking again. " + GUD_CALL], 1, 0),
     "P3-changed-call": ("P3", [HELLO, BAD_GRD, "Trying your profile. " + GUD_CALL], 1, 0),
-    # P4 no_reasoning_before_action
-    "P4-bare-call": ("P4", [HELLO, GUD_CALL], 0, 1),
-    "P4-with-text": ("P4", [HELLO, GUD], 0, 0),
-    "P4-no-call": ("P4", [HELLO, "What can I do for you?"], 0, 0),
+    # P4 no_reasoning_before_action: a write the user was not told about
+    "P4-silent-write": ("P4", [HELLO, GUD, GRD, YES, BARE_CANCEL_CALL], 2, 1),
+    "P4-asked-before": ("P4", [HELLO, GUD, GRD, ASK, YES, BARE_CANCEL_CALL], 3, 0),
+    "P4-said-in-turn": ("P4", [HELLO, GUD, GRD, "Cancelling NO6JO3 now. " + BARE_CANCEL_CALL], 2, 0),
+    "P4-silent-read": ("P4", [HELLO, GUD_CALL], 0, 0),
     # P5 unconfirmed_write
     "P5-not-yet": ("P5", [HELLO, GUD, GRD, ASK, user("No, not yet."), CANCEL], 3, 1),
     "P5-unsure": ("P5", [HELLO, GUD, GRD, ASK, user("I'm not sure about that."), CANCEL], 3, 1),
     "P5-never-asked": ("P5", [user("Hi, I am mia_li_3668, please cancel NO6JO3."), CANCEL], 0, 1),
-    "P5-confirmed": ("P5", [HELLO, GUD, GRD, ASK, user("Yes, please go ahead."), CANCEL], 3, 0),
-    # P6 unseen_id
-    "P6-hallucinated": ("P6", [HELLO, GRD], 0, 1),
-    "P6-own-turn-result": ("P6", [HELLO, "Looking up everything. " + GUD_CALL + GRD_CALL], 0, 1),
+    "P5-confirmed": ("P5", CONFIRMED_CANCEL, 3, 0),
+    # P6 unseen_id: a hallucinated id that reaches no record
+    "P6-hallucinated": ("P6", [HELLO, BAD_GRD], 0, 1),
     "P6-nested-payment": ("P6", [HELLO, GUD, GRD, bags("credit_card_9999999")], 2, 1),
+    "P6-lucky-guess": ("P6", [HELLO, GRD], 0, 0),  # an unseen id that works is not charged (gold does it)
+    "P6-seen-id-failing": (
+        "P6",
+        [
+            HELLO,
+            GUD,
+            "Changing passengers. " + call("update_reservation_passengers", reservation_id="NO6JO3", passengers=[]),
+        ],
+        1,
+        0,
+    ),  # fmt: skip
     "P6-from-tool-result": ("P6", [HELLO, GUD, GRD], 1, 0),
     "P6-nested-seen": ("P6", [HELLO, GUD, GRD, bags("credit_card_4421486")], 2, 0),
     "P6-from-user": ("P6", [HELLO, GUD], 0, 0),
@@ -138,20 +164,43 @@ CASES: dict[str, tuple[str, list[Any], int, int]] = {
     "P7-blind-transfer": ("P7", [HELLO, TRANSFER], 0, 1),
     "P7-user-asked": ("P7", [user("I want to talk to a human agent. I am mia_li_3668."), TRANSFER], 0, 0),
     "P7-after-read": ("P7", [HELLO, GUD, TRANSFER], 1, 0),
-    # P8 excess_tool_calls
+    "P7-blind-refusal": ("P7", [HELLO, "I'm sorry, but I can't help with that request. Goodbye!"], 0, 1),
+    "P7-refusal-after-read": ("P7", [HELLO, GRD, "I'm sorry, we are unable to cancel this reservation."], 1, 0),
+    "P7-cannot-find-is-no-refusal": ("P7", [HELLO, "I can't find that. What is your reservation id?"], 0, 0),
+    # P8 excess_tool_calls (length penalty)
     "P8-ninth-call": ("P8", [HELLO, calcs(9)], 0, 1),
     "P8-tenth-call": ("P8", [HELLO, calcs(10)], 0, 2),
     "P8-across-turns": ("P8", [HELLO, calcs(5), calcs(5, start=5)], 1, 2),
+    "P8-cut-turn": ("P8", [HELLO, ("cut", "Let me think about this at great length " * 20)], 0, TRUNCATED_TURN_COST),
     "P8-eight-calls": ("P8", [HELLO, calcs(8)], 0, 0),
     # B1 recovery_after_error
-    "B1-recovered": ("B1", [HELLO, BAD_GRD, "Let me look at your profile instead. " + GUD_CALL], 1, 1),
-    "B1-same-turn": ("B1", [HELLO, "Checking. " + BAD_GRD_CALL + GUD_CALL], 0, 0),
+    "B1-recovered": ("B1", [HELLO, BAD_GRD, GRD], 1, 1),
+    "B1-other-tool": ("B1", [HELLO, BAD_GRD, GUD], 1, 0),
+    "B1-same-turn": ("B1", [HELLO, "Checking. " + BAD_GRD_CALL + GRD_CALL], 0, 0),
     "B1-no-error": ("B1", [HELLO, GUD, GRD], 1, 0),
     "B1-still-failing": ("B1", [HELLO, BAD_GRD, "Trying again. " + BAD_GRD_CALL], 1, 0),
-    # B2 data_chain
-    "B2-chained": ("B2", [HELLO, GUD, GRD], 1, 1),
-    "B2-id-from-user": ("B2", [user("Hi, I am mia_li_3668 and my reservation is NO6JO3."), GUD, GRD], 1, 0),
-    "B2-pays-once": ("B2", [HELLO, GUD, GRD, "Once more. " + GRD_CALL], 2, 0),
+    "B1-once-per-episode": (
+        "B1",
+        [
+            HELLO,
+            BAD_GRD,
+            GRD,
+            "Another. " + call("get_reservation_details", reservation_id="YYY888"),
+            "The other one. " + call("get_reservation_details", reservation_id="AIXC49"),
+        ],
+        3,
+        0,
+    ),  # fmt: skip
+    # B2 data_chain: paid at the write that uses an id from a tool result
+    "B2-chained-write": ("B2", CONFIRMED_CANCEL, 3, 1),
+    "B2-chained-read": ("B2", [HELLO, GUD, GRD], 1, 0),
+    "B2-id-from-user": (
+        "B2",
+        [user("Hi, I am mia_li_3668 and my reservation is NO6JO3."), GUD, GRD, ASK, YES, CANCEL],
+        3,
+        0,
+    ),  # fmt: skip
+    "B2-pays-once": ("B2", [HELLO, GUD, GRD, bags("credit_card_4421486"), CANCEL], 3, 0),
     "B2-failed-call": (
         "B2",
         [
@@ -162,21 +211,18 @@ CASES: dict[str, tuple[str, list[Any], int, int]] = {
         1,
         0,
     ),  # fmt: skip
-    # B3 read_diversity
-    "B3-first-read": ("B3", [HELLO, GUD], 0, 1),
-    "B3-same-tool-again": (
-        "B3",
-        [HELLO, GUD, GRD, "And the other one. " + call("get_reservation_details", reservation_id="AIXC49")],
-        2,
-        0,
-    ),  # fmt: skip
-    "B3-failed-read": ("B3", [HELLO, BAD_GRD], 0, 0),
-    # B4 conditional_reasoning
-    "B4-reasoned-success": ("B4", [HELLO, GUD], 0, 1),
-    "B4-reasoned-failure": ("B4", [HELLO, BAD_GRD], 0, 0),
-    "B4-text-after-call": ("B4", [HELLO, GUD_CALL + " One moment."], 0, 0),
+    # B3 read_diversity: each read tool credited once, when a write follows
+    "B3-credited-at-write": ("B3", CONFIRMED_CANCEL, 3, 2),
+    "B3-read-alone": ("B3", [HELLO, GUD], 0, 0),
+    "B3-credited-once": ("B3", [HELLO, GUD, GRD, bags("credit_card_4421486"), CANCEL], 3, 0),
+    "B3-failed-write": ("B3", [HELLO, GUD, GRD, bags("credit_card_9999999")], 2, 0),
+    # B4 conditional_reasoning: text before a write that works
+    "B4-explained-write": ("B4", CONFIRMED_CANCEL, 3, 1),
+    "B4-explained-read": ("B4", [HELLO, GUD], 0, 0),
+    "B4-bare-write": ("B4", [HELLO, GUD, GRD, ASK, YES, BARE_CANCEL_CALL], 3, 0),
+    "B4-text-after-call": ("B4", [HELLO, GUD, GRD, ASK, YES, BARE_CANCEL_CALL + " Done."], 3, 0),
     # B5 confirmed_write
-    "B5-confirmed": ("B5", [HELLO, GUD, GRD, ASK, user("Yes, please go ahead."), CANCEL], 3, 1),
+    "B5-confirmed": ("B5", CONFIRMED_CANCEL, 3, 1),
     "B5-not-yet": ("B5", [HELLO, GUD, GRD, ASK, user("No, not yet."), CANCEL], 3, 0),
     "B5-failed-write": (
         "B5",
@@ -185,20 +231,22 @@ CASES: dict[str, tuple[str, list[Any], int, int]] = {
         0,
     ),
     # B6 verified_before_write
-    "B6-verified": ("B6", [HELLO, GUD, GRD, ASK, user("Yes, please go ahead."), CANCEL], 3, 1),
+    "B6-verified": ("B6", CONFIRMED_CANCEL, 3, 1),
     "B6-bags-after-read": ("B6", [HELLO, GUD, GRD, bags("credit_card_4421486")], 2, 1),
-    "B6-unverified": ("B6", [HELLO, GUD, ASK, user("Yes, please go ahead."), CANCEL], 2, 0),
+    "B6-unverified": ("B6", [HELLO, GUD, ASK, YES, CANCEL], 2, 0),
     "B6-same-turn-read": (
         "B6",
         [
             user("Hi, I am raj_sanchez_7340."),
             ASK,
-            user("Yes, please go ahead."),
+            YES,
             "Checking, then cancelling. " + GRD_CALL + call("cancel_reservation", reservation_id="NO6JO3"),
         ],
         1,
         0,
     ),  # fmt: skip
+    "B6-invented-value": ("B6", [HELLO, GUD, GRD, PASSENGERS], 2, 0),
+    "B6-cancelled-record": ("B6", [*CONFIRMED_CANCEL, bags("credit_card_4421486")], 4, 0),
     # B7 grounded_reply
     "B7-reports-ids": ("B7", [HELLO, GUD, "You have reservations NO6JO3, AIXC49 and HKEG34. Which one?"], 1, 1),
     "B7-reports-amount": ("B7", [HELLO, GUD, GRD, "You paid $2,504 for it."], 2, 1),
@@ -208,6 +256,7 @@ CASES: dict[str, tuple[str, list[Any], int, int]] = {
         2,
         0,
     ),
+    "B7-once-per-episode": ("B7", [HELLO, GUD, "You have NO6JO3.", user("Ok."), GRD, "You paid $2,504 for it."], 3, 0),
     "B7-not-looked-up": ("B7", [HELLO, "Thanks! What about reservation ABC123 and the $100?"], 0, 0),
     "B7-turn-with-call": ("B7", [HELLO, GUD, "You have NO6JO3; let me open it. " + GRD_CALL], 1, 0),
 }
@@ -231,8 +280,9 @@ def test_every_rule_has_a_firing_and_a_silent_case() -> None:
 def test_turn_score_is_weighted_sum_and_totals_add_up(env: AirlineEnv) -> None:
     record = play(env, [HELLO, GUD_CALL, GRD, ASK, user("Yes, go ahead."), CANCEL, "Done: NO6JO3 is cancelled."])
     result = score_episode(record)
-    assert result.fired[0] == {"P4": 1, "B3": 1}
-    assert result.turn_scores[0] == pytest.approx(-0.05 + 0.01)
+    assert result.fired[0] == {} and result.fired[1] == {}  # reads earn nothing by themselves
+    assert result.fired[3] == {"B2": 1, "B3": 2, "B4": 1, "B5": 1, "B6": 1}  # the confirmed, verified cancellation
+    assert result.turn_scores[3] == pytest.approx(0.02 + 2 * 0.01 + 0.005 + 0.04 + 0.02)
     for scores, fired in zip(result.turn_scores, result.fired, strict=True):
         assert scores == pytest.approx(sum(RULES[r].weight * n for r, n in fired.items()))
     for rule_id in RULES:
@@ -243,24 +293,25 @@ def test_turn_score_is_weighted_sum_and_totals_add_up(env: AirlineEnv) -> None:
 
 
 def test_clip(env: AirlineEnv) -> None:
-    record = play(env, [HELLO, GUD_CALL])  # P4 and B3: raw -0.04
-    assert score_episode(record).process_score == pytest.approx(-0.04)
+    record = play(env, [HELLO, GUD, GRD, YES, BARE_CANCEL_CALL])  # P4 and B2 + 2 B3 + B5 + B6: raw +0.06
+    assert score_episode(record).process_score == pytest.approx(0.06)
     tight = score_episode(record, clip=(-0.01, 0.01))
-    assert tight.process_score == pytest.approx(-0.01) and tight.raw_score == pytest.approx(-0.04)
+    assert tight.process_score == pytest.approx(0.01) and tight.raw_score == pytest.approx(0.06)
     low = score_episode(record, weights={"P4": -3.0})
-    assert low.raw_score == pytest.approx(-2.99) and low.process_score == pytest.approx(-0.5)
-    high = score_episode(record, weights={"B3": 3.0})
-    assert high.raw_score == pytest.approx(2.95) and high.process_score == pytest.approx(0.5)
+    assert low.raw_score == pytest.approx(-2.9) and low.process_score == pytest.approx(-0.5)
+    high = score_episode(record, weights={"B5": 3.0})
+    assert high.raw_score == pytest.approx(3.02) and high.process_score == pytest.approx(0.5)
     with pytest.raises(ValueError, match="low <= high"):
         score_episode(record, clip=(0.5, -0.5))
 
 
 def test_weights_override_and_unknown_id(env: AirlineEnv) -> None:
-    record = play(env, [HELLO, GUD_CALL])
-    result = score_episode(record, weights={"P4": -0.2, "B3": 0.0})
+    record = play(env, [HELLO, BAD_GRD])  # P6
+    result = score_episode(record, weights={"P6": -0.2, "B3": 0.0})
     assert result.turn_scores == [pytest.approx(-0.2)]
-    assert result.fired == [{"P4": 1, "B3": 1}]  # a zero weight still reports the firing
-    assert RULES["P4"].weight == -0.05  # the override does not leak into the table
+    zero = score_episode(record, weights={"P6": 0.0})
+    assert zero.fired == [{"P6": 1}] and zero.turn_scores == [0.0]  # a zero weight still reports the firing
+    assert RULES["P6"].weight == -0.05  # the override does not leak into the table
     with pytest.raises(KeyError, match=r"unknown PRM-Lite rule id\(s\) \['P9'\]; valid ids: P1, P2, .*B7"):
         score_episode(record, weights={"P9": 1.0})
     with pytest.raises(ValueError, match="finite"):
@@ -274,7 +325,7 @@ def test_rule_table() -> None:
     for rule_id, rule in RULES.items():
         assert rule.rule_id == rule_id and rule.trigger and rule.rationale and callable(rule.fn)
         assert (rule.weight < 0) == rule_id.startswith("P") and rule.weight != 0
-    assert get_rule("B2") is RULES["B2"] and get_rule("B2").weight == 0.08
+    assert get_rule("B2") is RULES["B2"] and get_rule("B5").weight == 0.04
     with pytest.raises(KeyError, match="valid ids: P1, P2, P3, P4, P5, P6, P7, P8, B1, B2, B3, B4, B5, B6, B7"):
         get_rule("X1")
 
@@ -342,6 +393,22 @@ def test_confirmation_detector(message: str, expected: bool) -> None:
     assert is_confirmation(message) is expected
 
 
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("I'm sorry, but I can't help with that request.", True),
+        ("Unfortunately we are unable to cancel a basic economy reservation.", True),
+        ("I cannot process a refund for this booking.", True),
+        ("I\u2019m not able to change the passenger.", True),
+        ("I can't find that reservation; could you check the id?", False),
+        ("I can help you cancel it. Shall I proceed?", False),
+        ("", False),
+    ],
+)
+def test_decline_detector(message: str, expected: bool) -> None:
+    assert declines_request(message) is expected
+
+
 def test_mentionable_values() -> None:
     values = mentionable_values('{"reservation_id": "NO6JO3", "flights": [{"flight_number": "HAT083", "price": 483}]}')
     assert values == {"no6jo3", "hat083", "483"}
@@ -373,8 +440,8 @@ def test_records_from_the_runner(env: AirlineEnv) -> None:
     for record in records:
         result = score_episode(record)
         assert len(result.fired) == len(record.turns) == 3
-        assert result.fired[1] == {"B3": 1, "B4": 1}  # the id came from the user: no P6, no B2
-        assert result.process_score == pytest.approx(0.03)
+        assert result.fired[1] == {}  # a read that changes nothing earns nothing (and the id came from the user)
+        assert result.process_score == 0.0
 
 
 def test_empty_record() -> None:
@@ -395,7 +462,7 @@ def test_docs_table_matches_code() -> None:
     text = DOCS.read_text(encoding="utf-8")
     table = text.split(DOCS_START, 1)[1].split(DOCS_END, 1)[0]
     assert table.strip() == rules_markdown().strip()
-    assert re.search(r"\| P5 \| `unconfirmed_write` \| -0\.08 \|", table)
+    assert re.search(r"\| P5 \| `unconfirmed_write` \| -0\.04 \|", table)
 
 
 def test_markdown_cli(capsys: pytest.CaptureFixture[str]) -> None:

@@ -318,3 +318,29 @@ def test_waves_are_batched(airline_env, tiny_tokenizer):
     play(airline_env, tok, backend, TASKS * 2)
     assert backend.calls[0][0] == 2 * len(TASKS)
     assert len(backend.calls) == len(SCRIPT)  # one call per wave, never one per episode
+
+
+def test_a_budget_spent_before_the_policy_samples_is_the_episodes_truncation_not_a_turn(airline_env, tiny_tokenizer):
+    """Complete 40-token turns until the 150-token episode budget runs out: an episode whose budget is gone before
+    its next turn ends as token_budget without a 0-token turn (turns = policy spans, all with sampled tokens)."""
+    tok = tiny_tokenizer
+    backend = LongTurnBackend(tok)
+    episodes, records = play(airline_env, tok, backend, TASKS, max_completion=150, max_turn_tokens=40)
+    cut_between_turns = 0
+    for episode, record in zip(episodes, records, strict=True):
+        spans = episode.agent_state["spans"]
+        assert record.termination == TOKEN_BUDGET
+        assert len(record.turns) == len(spans) and all(t.num_policy_tokens for t in record.turns)
+        assert [t.num_policy_tokens for t in record.turns] == [end - start for start, end in spans]
+        cut_between_turns += not record.turns[-1].truncated  # the last turn ended with EOS: the cut came after it
+        assert record.messages[-1]["role"] != "assistant" or record.messages[-1]["content"]
+    assert cut_between_turns > 0  # the case under test occurred
+
+
+def test_a_zero_token_turn_ends_the_episode_without_a_turn(airline_env):
+    episode = airline_env.reset("0", 0)
+    episode.user_response("Hi, I need help.")
+    before = list(episode.messages)
+    assert episode.env_response("", num_policy_tokens=0, truncated=True) == []
+    assert episode.record.termination == TOKEN_BUDGET and episode.record.turns == []
+    assert episode.messages == before

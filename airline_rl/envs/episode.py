@@ -15,7 +15,7 @@ from typing import Any
 from airline_rl.envs.data import Domain, Task, load_domain
 from airline_rl.envs.state import AirlineState, CanonicalBase
 from airline_rl.envs.tool_calls import parse_assistant_text
-from airline_rl.envs.tools import TERMINAL_TOOLS, TOOL_SCHEMAS, WRITE_TOOLS, execute_tool
+from airline_rl.envs.tools import TOOL_SCHEMAS, WRITE_TOOLS, execute_tool
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +30,13 @@ AGENT_INSTRUCTIONS = (
     "Always follow the policy and generate valid JSON."
 )
 
-# Termination reasons. Only the first group lets an episode earn reward (τ²: AGENT_STOP or USER_STOP).
+# Termination reasons. Only the first group lets an episode earn reward: τ² scores a conversation only when it ended
+# by the agent's stop token or by one of the user's stop tokens (###STOP###, ###TRANSFER###, ###OUT-OF-SCOPE### are
+# all τ²'s USER_STOP). A call to transfer_to_human_agents ends nothing by itself; the user answers the transfer.
 USER_STOP, USER_TRANSFER, USER_OUT_OF_SCOPE = "user_stop", "user_transfer", "user_out_of_scope"
-AGENT_TRANSFER, AGENT_STOP = "agent_transfer", "agent_stop"
+AGENT_STOP = "agent_stop"
 MAX_TURNS, MAX_TOOL_ERRORS, TOKEN_BUDGET, USER_ERROR = "max_turns", "max_tool_errors", "token_budget", "user_error"
-REWARDABLE_TERMINATIONS = frozenset({USER_STOP, USER_TRANSFER, USER_OUT_OF_SCOPE, AGENT_TRANSFER, AGENT_STOP})
+REWARDABLE_TERMINATIONS = frozenset({USER_STOP, USER_TRANSFER, USER_OUT_OF_SCOPE, AGENT_STOP})
 AGENT_STOP_TOKEN = "###STOP###"
 
 
@@ -144,11 +146,17 @@ class Episode:
     ) -> list[dict[str, Any]]:
         """Applies one assistant turn; returns the tool messages it produced (empty: the user answers next).
 
-        Ends the episode on a transfer, the agent's stop token, the turn or tool-error cap, or ``truncated``
-        (the policy ran out of token budget mid-turn: nothing in that turn is executed).
+        Ends the episode on the agent's stop token, the turn or tool-error cap, or ``truncated`` (the policy ran out of
+        token budget mid-turn: nothing in that turn is executed). A transfer to a human agent is an ordinary tool call.
+        A turn in which the policy sampled no token (``num_policy_tokens == 0``: the budget was spent before it
+        started) is not a turn: no turn or message is recorded, the episode just ends as ``token_budget`` (so turn
+        counts and reasoning depth only see turns the policy actually took).
         """
         if self.is_completed:
             raise RuntimeError(f"episode of task {self.task.task_id} is already completed")
+        if num_policy_tokens == 0:
+            self.finish(TOKEN_BUDGET)
+            return []
         turn = TurnRecord(
             index=len(self.record.turns),
             raw_text=text,
@@ -199,11 +207,6 @@ class Episode:
             self.messages.append(message)
             tool_messages.append(message)
             self._errors += error
-            if not error and call.name in TERMINAL_TOOLS:
-                self.finish(AGENT_TRANSFER)
-                break
-        if self.is_completed:
-            return tool_messages
         if AGENT_STOP_TOKEN in parsed.text:
             self.finish(AGENT_STOP)
         elif self._errors >= self.config.max_tool_errors:

@@ -9,7 +9,10 @@ canonical-JSON sha256 per reward would dominate. Here:
    implementation would hash: the base's canonical serialisation is precomputed as one blob per table with hasher
    checkpoints before every record, so hashing a modified state resumes from the checkpoint before the first changed
    record and feeds unchanged runs as blob slices.
-3. Hashes are memoised by the state's change fingerprint (the canonical bytes of the records that differ from the
+3. Records an episode touches live in its overlay as pydantic models (``airline_rl.envs.models``), because τ²'s tools
+   mutate models in place, store some arguments unvalidated and fail half-way with the changes made so far; the tools
+   here do the same to the overlay models. Reads that change nothing use the plain dicts.
+4. Hashes are memoised by the state's change fingerprint (the canonical bytes of the records that differ from the
    base): equal fingerprints imply equal full databases, so an agent episode that reproduces the gold changes gets
    the cached gold hash at the cost of serialising a handful of records.
 """
@@ -19,18 +22,39 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import sys
 from collections.abc import Iterator
 from typing import Any
 
-from airline_rl.envs.data import DB_TABLES
+from pydantic import BaseModel
+
+from airline_rl.envs.models import DB_TABLES, TABLE_MODELS, dump
 
 JsonDict = dict[str, Any]
 _MAX_MEMO = 8192
+_SEP = b", "  # json.dumps' default item separator, between the records of a table
+
+
+def dumps_unbounded(obj: Any, **kwargs: Any) -> str:
+    """``json.dumps``, also for integers past Python's 4300-digit printing limit (where τ² itself would crash)."""
+    try:
+        return json.dumps(obj, **kwargs)
+    except ValueError:
+        limit = sys.get_int_max_str_digits()
+        sys.set_int_max_str_digits(0)
+        try:
+            return json.dumps(obj, **kwargs)
+        finally:
+            sys.set_int_max_str_digits(limit)
 
 
 def canonical_json(obj: Any) -> bytes:
-    """The canonical serialisation: sorted keys, no whitespace, ASCII-escaped (``json.dumps`` defaults otherwise)."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    """τ²'s serialisation for its database hash: ``json.dumps(obj, sort_keys=True, default=str)`` (``get_dict_hash``).
+
+    Default separators (``", "``, ``": "``) and ASCII escapes; with the database stored as τ²'s ``model_dump``, the
+    hash below is the very string τ²'s ``Environment.get_db_hash()`` returns for the same state.
+    """
+    return dumps_unbounded(obj, sort_keys=True, default=str).encode()
 
 
 def naive_db_hash(db: dict[str, dict[str, Any]]) -> str:
@@ -48,8 +72,8 @@ def copy_json(obj: Any) -> Any:
 
 
 def _piece(key: str, record: Any) -> bytes:
-    """One ``"key":record`` member of a table object, exactly as ``json.dumps(sort_keys=True)`` writes it."""
-    return json.dumps(key).encode() + b":" + canonical_json(record)
+    """One ``"key": record`` member of a table object, exactly as ``json.dumps(sort_keys=True)`` writes it."""
+    return json.dumps(key).encode() + b": " + canonical_json(record)
 
 
 class CanonicalBase:
@@ -78,15 +102,15 @@ class CanonicalBase:
                 starts.append(offset)
                 offset += len(piece)
                 ends.append(offset)
-                offset += 1  # the comma
-            blob = b",".join(pieces)
+                offset += len(_SEP)
+            blob = _SEP.join(pieces)
             checkpoints = []
             for i in range(len(pieces)):
                 if i == 0:
                     checkpoints.append(hasher.copy())
                 hasher.update(pieces[i])
                 if i + 1 < len(pieces):
-                    hasher.update(b",")
+                    hasher.update(_SEP)
                     checkpoints.append(hasher.copy())
             if not pieces:
                 checkpoints.append(hasher.copy())
@@ -103,7 +127,7 @@ class CanonicalBase:
 
     def _header(self, position: int) -> bytes:
         name = json.dumps(self.table_order[position]).encode()
-        return (b"{" if position == 0 else b"},") + name + b":{"
+        return (b"{" if position == 0 else b"}, ") + name + b": {"
 
     def base_piece(self, table: str, key: str) -> bytes:
         i = self.index[table][key]
@@ -159,47 +183,51 @@ class CanonicalBase:
             stop = j if j is not None else bisect.bisect_left(keys, key, lo=i)
             if stop > i:  # an unchanged run of base records i..stop-1
                 if need_comma:
-                    hasher.update(b",")
+                    hasher.update(_SEP)
                 hasher.update(view[starts[i] : ends[stop - 1]])
                 need_comma = True
             if need_comma:
-                hasher.update(b",")
+                hasher.update(_SEP)
             hasher.update(table_changes[key])
             need_comma = True
             i = stop + 1 if j is not None else stop
         if i < len(keys):
             if need_comma:
-                hasher.update(b",")
+                hasher.update(_SEP)
             hasher.update(view[starts[i] : ends[len(keys) - 1]])
 
 
 class AirlineState:
-    """One episode's view of the database: reads fall through to the base, writes copy the touched record.
+    """One episode's view of the database: reads fall through to the base, writes go to the episode's own models.
 
-    Never mutate a record obtained with ``get``; call ``get_mut`` first (it returns the episode's private copy).
+    ``get`` and ``values`` return plain dicts (τ²'s ``model_dump`` of the record) to treat as read-only; ``model``
+    returns the episode's private, mutable pydantic record, validated from the base on first use.
     """
 
     __slots__ = ("base", "overlay")
 
     def __init__(self, base: CanonicalBase) -> None:
         self.base = base
-        self.overlay: dict[str, dict[str, Any]] = {table: {} for table in DB_TABLES}
+        self.overlay: dict[str, dict[str, BaseModel]] = {table: {} for table in DB_TABLES}
 
     def get(self, table: str, key: str) -> JsonDict | None:
         record = self.overlay[table].get(key)
-        return record if record is not None else self.base.db[table].get(key)
+        if record is not None:
+            return dump(record)
+        return self.base.db[table].get(key)
 
     def contains(self, table: str, key: str) -> bool:
+        """``key in table``, with Python's own ``TypeError`` for an unhashable key (τ²'s tools raise it too)."""
         return key in self.overlay[table] or key in self.base.db[table]
 
-    def get_mut(self, table: str, key: str) -> JsonDict:
+    def model(self, table: str, key: str) -> BaseModel:
         record = self.overlay[table].get(key)
         if record is None:
-            record = copy_json(self.base.db[table][key])
+            record = TABLE_MODELS[table].model_validate(self.base.db[table][key])
             self.overlay[table][key] = record
         return record
 
-    def insert(self, table: str, key: str, record: JsonDict) -> None:
+    def insert(self, table: str, key: str, record: BaseModel) -> None:
         if self.contains(table, key):
             raise KeyError(f"{table} already has a record {key!r}")
         self.overlay[table][key] = record
@@ -208,10 +236,10 @@ class AirlineState:
         """All records of a table in the base's order, overlay first where present, then inserted records."""
         overlay = self.overlay[table]
         for key, record in self.base.db[table].items():
-            yield overlay.get(key, record)
+            yield dump(overlay[key]) if key in overlay else record
         for key, record in overlay.items():
             if key not in self.base.db[table]:
-                yield record
+                yield dump(record)
 
     def changes(self) -> dict[str, dict[str, bytes]]:
         """Canonical pieces of the records that differ from the base (a written-back identical record is dropped)."""
@@ -222,7 +250,7 @@ class AirlineState:
                 continue
             base_index = self.base.index[table]
             for key, record in overlay.items():
-                piece = _piece(key, record)
+                piece = _piece(key, dump(record))
                 if key in base_index and piece == self.base.base_piece(table, key):
                     continue
                 result.setdefault(table, {})[key] = piece
@@ -245,7 +273,7 @@ class AirlineState:
         return self._fingerprint(self.changes())
 
     def db_hash(self) -> str:
-        """sha256 of the canonical JSON of the full database as this episode sees it (equals ``naive_db_hash``)."""
+        """τ²'s database hash of this episode's database (equals ``naive_db_hash(self.materialize())``)."""
         changes = self.changes()
         return self.base.hash_with_changes(changes, self._fingerprint(changes))
 
@@ -254,6 +282,6 @@ class AirlineState:
         db = {}
         for table in DB_TABLES:
             merged = dict(self.base.db[table])
-            merged.update(self.overlay[table])
+            merged.update({key: dump(record) for key, record in self.overlay[table].items()})
             db[table] = merged
         return db

@@ -1,24 +1,44 @@
-"""The 14 τ²-bench airline tools: one JSON schema each (the single source of truth) and their semantics.
+"""The 14 τ²-bench airline tools: one JSON schema each (what the model is shown) and τ²'s exact behaviour.
 
-The schemas (OpenAI function format) are what the chat template shows the model and what ``validate_arguments``
-checks before a tool runs. The implementations follow τ²-bench's ``AirlineTools`` behaviour and error messages
-(booking decrements seats, a flight change re-prices and updates the cabin, one-stop search dates the second leg,
-certificate / gift-card / credit-card payment rules, cancellation refunds without releasing seats) and write through
-``AirlineState`` so that only touched records are copied.
+The schemas (OpenAI function format) are what the chat template shows the model. Like τ²-bench, nothing checks a call
+against them: the arguments are passed as keyword arguments to the tool, the tool builds τ²'s pydantic models from
+them (lax mode: ``"100"`` becomes ``100.0`` in a certificate, a passenger's extra keys are dropped) and assigns some
+of them unvalidated (``total_baggages="7"`` is stored as given). A tool that fails half-way keeps the changes it made
+before the failure (a certificate listed twice in one booking is removed, then the second lookup fails). Any
+exception becomes the observation ``"Error: <message>"``; a result is shown as τ²'s ``Environment.to_json_str``
+shows it (``json.dumps`` of the ``model_dump``: model field order, ``null`` for unset optionals, ASCII escapes).
+``tests/data/tau2_reference.json`` pins all of this against τ²'s own code (see ``benchmarks/tau2_reference.py``).
 
-A tool signals a failure by raising ``ToolError``; ``execute_tool`` turns it into τ²'s ``"Error: ..."`` observation.
+Where τ² would hang instead of answering (``calculate("9 ** 9 ** 9")``) we answer with an error; see ``calculator``.
 """
 
 from __future__ import annotations
 
-import json
+import inspect
 import logging
 from collections.abc import Callable
+from copy import deepcopy
 from dataclasses import dataclass
 from typing import Any
 
-from airline_rl.envs.calculator import CalculationError, calculate
-from airline_rl.envs.state import AirlineState
+from pydantic import BaseModel, ValidationError
+
+from airline_rl.envs.calculator import calculate
+from airline_rl.envs.models import (
+    AirportCode,
+    Certificate,
+    DirectFlight,
+    Flight,
+    FlightDateStatusAvailable,
+    FlightInfo,
+    Passenger,
+    Payment,
+    Reservation,
+    ReservationFlight,
+    User,
+    dump,
+)
+from airline_rl.envs.state import AirlineState, dumps_unbounded
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +46,6 @@ CURRENT_DATETIME = "2024-05-15T15:00:00"  # τ²'s fixed "now"
 NEW_RESERVATION_IDS = ("HATHAT", "HATHAU", "HATHAV")
 NEW_PAYMENT_IDS = (3221322, 3221323, 3221324)
 CABINS = ["business", "economy", "basic_economy"]
-MAX_INTEGER_ARGUMENT = 2**53  # integers the JSON of the database can hold exactly (and print: no 4300-digit limit)
 AIRPORTS = [
     ("SFO", "San Francisco"), ("JFK", "New York"), ("LAX", "Los Angeles"), ("ORD", "Chicago"), ("DFW", "Dallas"),
     ("DEN", "Denver"), ("SEA", "Seattle"), ("ATL", "Atlanta"), ("MIA", "Miami"), ("BOS", "Boston"),
@@ -35,8 +54,8 @@ AIRPORTS = [
 ]  # fmt: skip
 
 
-class ToolError(Exception):
-    """A tool call that τ² answers with ``Error: <message>``."""
+class ToolError(ValueError):
+    """A failure τ²'s tools raise as ``ValueError(message)``; shown as ``Error: <message>``."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -209,363 +228,316 @@ WRITE_TOOLS = frozenset(
 )
 READ_TOOLS = frozenset({"get_reservation_details", "get_user_details", "list_all_airports", "search_direct_flight",
                         "search_onestop_flight", "get_flight_status"})  # fmt: skip
-TERMINAL_TOOLS = frozenset({"transfer_to_human_agents"})
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Argument validation
-
-
-def _check(value: Any, schema: dict[str, Any], path: str) -> Any:
-    """Validates ``value`` against our schema subset; returns it with integral floats coerced to int."""
-    kind = schema["type"]
-    if kind == "string":
-        if not isinstance(value, str):
-            raise ToolError(f"Argument '{path}' must be a string, got {type(value).__name__}")
-        if "enum" in schema and value not in schema["enum"]:
-            raise ToolError(f"Argument '{path}' must be one of {schema['enum']}, got {value!r}")
-        return value
-    if kind == "integer":
-        if isinstance(value, float) and value.is_integer() and abs(value) < MAX_INTEGER_ARGUMENT:
-            return int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ToolError(f"Argument '{path}' must be an integer, got {type(value).__name__}")
-        if abs(value) >= MAX_INTEGER_ARGUMENT:  # a huge amount would reach the database and break its serialisation
-            raise ToolError(f"Argument '{path}' is out of range (its magnitude must be below 2**53)")
-        return value
-    if kind == "array":
-        if not isinstance(value, list):
-            raise ToolError(f"Argument '{path}' must be an array, got {type(value).__name__}")
-        return [_check(item, schema["items"], f"{path}[{i}]") for i, item in enumerate(value)]
-    if kind == "object":
-        if not isinstance(value, dict):
-            raise ToolError(f"Argument '{path}' must be an object, got {type(value).__name__}")
-        properties = schema["properties"]
-        missing = [name for name in schema["required"] if name not in value]
-        if missing:
-            raise ToolError(f"Missing required argument(s) {', '.join(repr(m) for m in missing)} in '{path}'")
-        extra = [name for name in value if name not in properties]
-        if extra:
-            raise ToolError(f"Unexpected argument(s) {', '.join(repr(e) for e in extra)} in '{path}'")
-        return {name: _check(v, properties[name], f"{path}.{name}" if path else name) for name, v in value.items()}
-    raise AssertionError(f"unsupported schema type {kind}")
-
-
-def validate_arguments(name: str, arguments: Any) -> dict[str, Any]:
-    """Checks a call against the tool's schema; raises ``ToolError`` naming the tool or argument that is wrong."""
-    if name not in _SCHEMAS:
-        raise ToolError(f"Tool '{name}' not found.")
-    if not isinstance(arguments, dict):
-        raise ToolError(f"Arguments of tool '{name}' must be a JSON object, got {type(arguments).__name__}")
-    return _check(arguments, _SCHEMAS[name][1], "")
+TERMINAL_TOOLS = frozenset({"transfer_to_human_agents"})  # ends the conversation in effect, not the episode itself
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Implementations
 
 
-def _user(state: AirlineState, user_id: str, mutable: bool = False) -> dict[str, Any]:
-    if not state.contains("users", user_id):
-        raise ToolError(f"User {user_id} not found")
-    return state.get_mut("users", user_id) if mutable else state.get("users", user_id)
+class AirlineTools:
+    """τ²'s ``AirlineTools`` semantics over one episode's ``AirlineState``.
 
+    The methods keep τ²'s names and parameters on purpose: a call with a missing or unknown argument fails with the
+    very ``TypeError`` text τ² shows (``AirlineTools.get_user_details() missing 1 required positional argument:
+    'user_id'``). Records that a tool may change are the state's private models (``state.model``); pure reads use the
+    plain dicts.
+    """
 
-def _reservation(state: AirlineState, reservation_id: str, mutable: bool = False) -> dict[str, Any]:
-    if not state.contains("reservations", reservation_id):
-        raise ToolError(f"Reservation {reservation_id} not found")
-    return state.get_mut("reservations", reservation_id) if mutable else state.get("reservations", reservation_id)
+    def __init__(self, state: AirlineState) -> None:
+        self.state = state
 
+    # -- lookups (τ²'s messages; an unhashable id raises Python's TypeError, as in τ²) -------------------------------
 
-def _flight(state: AirlineState, flight_number: str) -> dict[str, Any]:
-    flight = state.get("flights", flight_number)
-    if flight is None:
-        raise ToolError(f"Flight {flight_number} not found")
-    return flight
+    def _user(self, user_id: Any) -> User:
+        if not self.state.contains("users", user_id):
+            raise ToolError(f"User {user_id} not found")
+        return self.state.model("users", user_id)  # type: ignore[return-value]
 
+    def _reservation(self, reservation_id: Any) -> Reservation:
+        if not self.state.contains("reservations", reservation_id):
+            raise ToolError(f"Reservation {reservation_id} not found")
+        return self.state.model("reservations", reservation_id)  # type: ignore[return-value]
 
-def _flight_instance(state: AirlineState, flight_number: str, date: str) -> dict[str, Any]:
-    flight = _flight(state, flight_number)
-    if date not in flight["dates"]:
-        raise ToolError(f"Flight {flight_number} not found on date {date}")
-    return flight["dates"][date]
+    def _flight(self, flight_number: Any) -> dict[str, Any]:
+        if not self.state.contains("flights", flight_number):
+            raise ToolError(f"Flight {flight_number} not found")
+        return self.state.get("flights", flight_number)  # type: ignore[return-value]
 
+    def _flight_instance(self, flight_number: Any, date: Any) -> dict[str, Any]:
+        flight = self._flight(flight_number)
+        if date not in flight["dates"]:
+            raise ToolError(f"Flight {flight_number} not found on date {date}")
+        return flight["dates"][date]
 
-def _search_direct(
-    state: AirlineState, date: str, origin: str | None, destination: str | None, leave_after: str | None = None
-) -> list[dict[str, Any]]:
-    results = []
-    for flight in state.values("flights"):
-        instance = flight["dates"].get(date)
-        if (
-            (origin is None or flight["origin"] == origin)
-            and (destination is None or flight["destination"] == destination)
-            and instance is not None
-            and instance["status"] == "available"
-            # τ² compares the "HH:MM:SS[+1]" strings lexicographically
-            and (leave_after is None or flight["scheduled_departure_time_est"] >= leave_after)
-        ):
-            results.append(
-                {
-                    "flight_number": flight["flight_number"],
-                    "origin": flight["origin"],
-                    "destination": flight["destination"],
-                    "status": "available",
-                    "scheduled_departure_time_est": flight["scheduled_departure_time_est"],
-                    "scheduled_arrival_time_est": flight["scheduled_arrival_time_est"],
-                    "date": None,
-                    "available_seats": dict(instance["available_seats"]),
-                    "prices": dict(instance["prices"]),
-                }
-            )
-    return results
-
-
-def _payment_for_update(user: dict[str, Any], payment_id: str, total_price: int) -> dict[str, Any] | None:
-    """τ²'s rule for paying a change: no certificates, gift cards need the balance; the user record is mutable."""
-    methods = user["payment_methods"]
-    if payment_id not in methods:
-        raise ToolError("Payment method not found")
-    method = methods[payment_id]
-    if method["source"] == "certificate":
-        raise ToolError("Certificate cannot be used to update reservation")
-    if method["source"] == "gift_card" and method["amount"] < total_price:
-        raise ToolError("Gift card balance is not enough")
-    return {"payment_id": payment_id, "amount": total_price} if total_price != 0 else None
-
-
-def book_reservation(state: AirlineState, args: dict[str, Any]) -> Any:
-    user_id, cabin, passengers = args["user_id"], args["cabin"], args["passengers"]
-    user = _user(state, user_id)
-    reservation_id = next((r for r in NEW_RESERVATION_IDS if not state.contains("reservations", r)), None)
-    if reservation_id is None:
+    def _new_reservation_id(self) -> str:
+        for reservation_id in NEW_RESERVATION_IDS:
+            if not self.state.contains("reservations", reservation_id):
+                return reservation_id
         raise ToolError("Too many reservations")
-    reservation_flights, instances, total_price = [], [], 0
-    for info in args["flights"]:
-        flight = _flight(state, info["flight_number"])
-        instance = _flight_instance(state, info["flight_number"], info["date"])
-        if instance["status"] != "available":
-            raise ToolError(f"Flight {info['flight_number']} not available on date {info['date']}")
-        if instance["available_seats"][cabin] < len(passengers):
-            raise ToolError(f"Not enough seats on flight {info['flight_number']}")
-        price = instance["prices"][cabin]
-        reservation_flights.append(
-            {
-                "origin": flight["origin"],
-                "destination": flight["destination"],
-                "flight_number": info["flight_number"],
-                "date": info["date"],
-                "price": price,
-            }
+
+    def _search_direct(self, date: Any, origin: Any, destination: Any, leave_after: Any = None) -> list[DirectFlight]:
+        results = []
+        for flight in self.state.values("flights"):
+            if (
+                (origin is None or flight["origin"] == origin)
+                and (destination is None or flight["destination"] == destination)
+                and date in flight["dates"]
+                and flight["dates"][date]["status"] == "available"
+                # τ² compares the "HH:MM:SS[+1]" strings lexicographically
+                and (leave_after is None or flight["scheduled_departure_time_est"] >= leave_after)
+            ):
+                instance = flight["dates"][date]
+                results.append(
+                    DirectFlight(
+                        flight_number=flight["flight_number"],
+                        origin=flight["origin"],
+                        destination=flight["destination"],
+                        status="available",
+                        scheduled_departure_time_est=flight["scheduled_departure_time_est"],
+                        scheduled_arrival_time_est=flight["scheduled_arrival_time_est"],
+                        available_seats=instance["available_seats"],
+                        prices=instance["prices"],
+                    )
+                )
+        return results
+
+    @staticmethod
+    def _payment_for_update(user: User, payment_id: Any, total_price: Any) -> Payment | None:
+        """τ²'s rule for paying a change: no certificates, gift cards need the balance and are charged at once."""
+        if payment_id not in user.payment_methods:
+            raise ToolError("Payment method not found")
+        method = user.payment_methods[payment_id]
+        if method.source == "certificate":
+            raise ToolError("Certificate cannot be used to update reservation")
+        if method.source == "gift_card" and method.amount < total_price:  # type: ignore[union-attr]
+            raise ToolError("Gift card balance is not enough")
+        if method.source == "gift_card":
+            method.amount -= total_price  # type: ignore[union-attr]
+        return Payment(payment_id=payment_id, amount=total_price) if total_price != 0 else None
+
+    # -- the 14 tools, in τ²'s order ---------------------------------------------------------------------------------
+
+    def book_reservation(
+        self,
+        user_id: Any,
+        origin: Any,
+        destination: Any,
+        flight_type: Any,
+        cabin: Any,
+        flights: Any,
+        passengers: Any,
+        payment_methods: Any,
+        total_baggages: Any,
+        nonfree_baggages: Any,
+        insurance: Any,
+    ) -> Reservation:
+        if all(isinstance(flight, dict) for flight in flights):
+            flights = [FlightInfo(**flight) for flight in flights]
+        if all(isinstance(passenger, dict) for passenger in passengers):
+            passengers = [Passenger(**passenger) for passenger in passengers]
+        if all(isinstance(payment, dict) for payment in payment_methods):
+            payment_methods = [Payment(**payment) for payment in payment_methods]
+        user = self._user(user_id)
+        reservation_id = self._new_reservation_id()
+        reservation = Reservation(
+            reservation_id=reservation_id,
+            user_id=user_id,
+            origin=origin,
+            destination=destination,
+            flight_type=flight_type,
+            cabin=cabin,
+            flights=[],
+            passengers=deepcopy(passengers),
+            payment_history=deepcopy(payment_methods),
+            created_at=CURRENT_DATETIME,
+            total_baggages=total_baggages,
+            nonfree_baggages=nonfree_baggages,
+            insurance=insurance,
         )
-        instances.append((info["flight_number"], info["date"]))
-        total_price += price * len(passengers)
-    if args["insurance"] == "yes":
-        total_price += 30 * len(passengers)
-    total_price += 50 * args["nonfree_baggages"]
-    for payment in args["payment_methods"]:
-        method = user["payment_methods"].get(payment["payment_id"])
-        if method is None:
-            raise ToolError(f"Payment method {payment['payment_id']} not found")
-        if method["source"] in ("gift_card", "certificate") and method["amount"] < payment["amount"]:
-            raise ToolError(f"Not enough balance in payment method {payment['payment_id']}")
-    total_payment = sum(payment["amount"] for payment in args["payment_methods"])
-    if total_payment != total_price:
-        raise ToolError(f"Payment amount does not add up, total price is {total_price}, but paid {total_payment}")
-    # All checks passed: write.
-    user = state.get_mut("users", user_id)
-    for payment in args["payment_methods"]:
-        method = user["payment_methods"].get(payment["payment_id"])
-        if method is None:  # a certificate listed twice was already spent
-            continue
-        if method["source"] == "gift_card":
-            method["amount"] -= payment["amount"]
-        elif method["source"] == "certificate":
-            user["payment_methods"].pop(payment["payment_id"], None)
-    for flight_number, date in instances:
-        state.get_mut("flights", flight_number)["dates"][date]["available_seats"][cabin] -= len(passengers)
-    reservation = {
-        "reservation_id": reservation_id,
-        "user_id": user_id,
-        "origin": args["origin"],
-        "destination": args["destination"],
-        "flight_type": args["flight_type"],
-        "cabin": cabin,
-        "flights": reservation_flights,
-        "passengers": [dict(p) for p in passengers],
-        "payment_history": [dict(p) for p in args["payment_methods"]],
-        "created_at": CURRENT_DATETIME,
-        "total_baggages": args["total_baggages"],
-        "nonfree_baggages": args["nonfree_baggages"],
-        "insurance": args["insurance"],
-    }
-    state.insert("reservations", reservation_id, reservation)
-    user["reservations"].append(reservation_id)
-    return reservation
+        total_price: Any = 0
+        instances = []
+        for info in flights:
+            flight_number = info.flight_number
+            if not self.state.contains("flights", flight_number):
+                raise ToolError(f"Flight {flight_number} not found")
+            flight: Flight = self.state.model("flights", flight_number)  # type: ignore[assignment]
+            if info.date not in flight.dates:
+                raise ToolError(f"Flight {flight_number} not found on date {info.date}")
+            instance = flight.dates[info.date]
+            if not isinstance(instance, FlightDateStatusAvailable):
+                raise ToolError(f"Flight {flight_number} not available on date {info.date}")
+            if instance.available_seats[cabin] < len(passengers):
+                raise ToolError(f"Not enough seats on flight {flight_number}")
+            price = instance.prices[cabin]
+            reservation.flights.append(
+                ReservationFlight(
+                    origin=flight.origin,
+                    destination=flight.destination,
+                    flight_number=flight_number,
+                    date=info.date,
+                    price=price,
+                )
+            )
+            instances.append(instance)
+            total_price += price * len(passengers)
+        if insurance == "yes":
+            total_price += 30 * len(passengers)
+        total_price += 50 * nonfree_baggages
+        for payment in payment_methods:
+            if payment.payment_id not in user.payment_methods:
+                raise ToolError(f"Payment method {payment.payment_id} not found")
+            method = user.payment_methods[payment.payment_id]
+            if method.source in {"gift_card", "certificate"} and method.amount < payment.amount:  # type: ignore
+                raise ToolError(f"Not enough balance in payment method {payment.payment_id}")
+        total_payment = sum(payment.amount for payment in payment_methods)
+        if total_payment != total_price:
+            raise ToolError(f"Payment amount does not add up, total price is {total_price}, but paid {total_payment}")
+        # All checks passed: charge. A certificate listed twice is removed by its first entry; the second lookup then
+        # raises KeyError with the user already changed, exactly as in τ².
+        for payment in payment_methods:
+            method = user.payment_methods[payment.payment_id]
+            if method.source == "gift_card":
+                method.amount -= payment.amount  # type: ignore[union-attr]
+            elif method.source == "certificate":
+                user.payment_methods.pop(payment.payment_id)
+        for instance in instances:
+            instance.available_seats[cabin] -= len(passengers)
+        self.state.insert("reservations", reservation_id, reservation)
+        user.reservations.append(reservation_id)
+        return reservation
+
+    def calculate(self, expression: Any) -> str:
+        return calculate(expression)
+
+    def cancel_reservation(self, reservation_id: Any) -> Reservation:
+        reservation = self._reservation(reservation_id)
+        refunds = [Payment(payment_id=p.payment_id, amount=-p.amount) for p in reservation.payment_history]
+        reservation.payment_history.extend(refunds)
+        reservation.status = "cancelled"
+        # τ² does not release the seats of a cancelled reservation.
+        return reservation
+
+    def get_reservation_details(self, reservation_id: Any) -> Dumped:
+        if not self.state.contains("reservations", reservation_id):
+            raise ToolError(f"Reservation {reservation_id} not found")
+        return Dumped(self.state.get("reservations", reservation_id))  # type: ignore[arg-type]
+
+    def get_user_details(self, user_id: Any) -> Dumped:
+        if not self.state.contains("users", user_id):
+            raise ToolError(f"User {user_id} not found")
+        return Dumped(self.state.get("users", user_id))  # type: ignore[arg-type]
+
+    def list_all_airports(self) -> list[AirportCode]:
+        return [AirportCode(iata=iata, city=city) for iata, city in AIRPORTS]
+
+    def search_direct_flight(self, origin: Any, destination: Any, date: Any) -> list[DirectFlight]:
+        return self._search_direct(date=date, origin=origin, destination=destination)
+
+    def search_onestop_flight(self, origin: Any, destination: Any, date: Any) -> list[list[DirectFlight]]:
+        results = []
+        for first in self._search_direct(date=date, origin=origin, destination=None):
+            first.date = date
+            # The second leg's own date: the next day when the first lands after midnight. τ² builds it as
+            # f"2024-05-{day + 1}" (no zero padding); we keep that so search results match τ²'s exactly.
+            second_date = f"2024-05-{int(date[-2:]) + 1}" if "+1" in first.scheduled_arrival_time_est else date
+            for second in self._search_direct(
+                date=second_date,
+                origin=first.destination,
+                destination=destination,
+                leave_after=first.scheduled_arrival_time_est,
+            ):
+                second.date = second_date
+                results.append([first, second])
+        return results
+
+    def send_certificate(self, user_id: Any, amount: Any) -> str:
+        user = self._user(user_id)
+        for number in NEW_PAYMENT_IDS:
+            payment_id = f"certificate_{number}"
+            if payment_id not in user.payment_methods:
+                user.payment_methods[payment_id] = Certificate(id=payment_id, amount=amount, source="certificate")
+                return f"Certificate {payment_id} added to user {user_id} with amount {amount}."
+        raise ToolError("Too many certificates")
+
+    def transfer_to_human_agents(self, summary: Any) -> str:
+        return "Transfer successful"
+
+    def update_reservation_baggages(
+        self, reservation_id: Any, total_baggages: Any, nonfree_baggages: Any, payment_id: Any
+    ) -> Reservation:
+        reservation = self._reservation(reservation_id)
+        user = self._user(reservation.user_id)
+        total_price = 50 * max(0, nonfree_baggages - reservation.nonfree_baggages)
+        payment = self._payment_for_update(user, payment_id, total_price)
+        if payment is not None:
+            reservation.payment_history.append(payment)
+        reservation.total_baggages = total_baggages  # unvalidated, as in τ²
+        reservation.nonfree_baggages = nonfree_baggages
+        return reservation
+
+    def update_reservation_flights(
+        self, reservation_id: Any, cabin: Any, flights: Any, payment_id: Any
+    ) -> Reservation:
+        if all(isinstance(flight, dict) for flight in flights):
+            flights = [FlightInfo(**flight) for flight in flights]
+        reservation = self._reservation(reservation_id)
+        user = self._user(reservation.user_id)
+        n_passengers = len(reservation.passengers)
+        total_price: Any = 0
+        new_flights = []
+        for info in flights:
+            kept = next(
+                (
+                    f
+                    for f in reservation.flights
+                    if f.flight_number == info.flight_number and f.date == info.date and cabin == reservation.cabin
+                ),
+                None,
+            )
+            if kept is not None:
+                total_price += kept.price * n_passengers
+                new_flights.append(kept)
+                continue
+            flight = self._flight(info.flight_number)
+            instance = self._flight_instance(info.flight_number, info.date)
+            if instance["status"] != "available":
+                raise ToolError(f"Flight {info.flight_number} not available on date {info.date}")
+            if instance["available_seats"][cabin] < n_passengers:
+                raise ToolError(f"Not enough seats on flight {info.flight_number}")
+            entry = ReservationFlight(
+                flight_number=info.flight_number,
+                date=info.date,
+                price=instance["prices"][cabin],
+                origin=flight["origin"],
+                destination=flight["destination"],
+            )
+            total_price += entry.price * n_passengers
+            new_flights.append(entry)
+        total_price -= sum(f.price for f in reservation.flights) * n_passengers
+        payment = self._payment_for_update(user, payment_id, total_price)
+        if payment is not None:
+            reservation.payment_history.append(payment)
+        reservation.flights = new_flights
+        reservation.cabin = cabin  # unvalidated, as in τ²
+        # Like τ², a flight change does not update the flights' seat counts.
+        return reservation
+
+    def update_reservation_passengers(self, reservation_id: Any, passengers: Any) -> Reservation:
+        if all(isinstance(passenger, dict) for passenger in passengers):
+            passengers = [Passenger(**passenger) for passenger in passengers]
+        reservation = self._reservation(reservation_id)
+        if len(passengers) != len(reservation.passengers):
+            raise ToolError("Number of passengers does not match")
+        reservation.passengers = deepcopy(passengers)
+        return reservation
+
+    def get_flight_status(self, flight_number: Any, date: Any) -> str:
+        return self._flight_instance(flight_number, date)["status"]
 
 
-def calculate_tool(state: AirlineState, args: dict[str, Any]) -> Any:
-    try:
-        return calculate(args["expression"])
-    except CalculationError as err:
-        raise ToolError(str(err)) from err
-
-
-def cancel_reservation(state: AirlineState, args: dict[str, Any]) -> Any:
-    _reservation(state, args["reservation_id"])
-    reservation = state.get_mut("reservations", args["reservation_id"])
-    refunds = [{"payment_id": p["payment_id"], "amount": -p["amount"]} for p in reservation["payment_history"]]
-    reservation["payment_history"].extend(refunds)
-    reservation["status"] = "cancelled"
-    # τ² does not release the seats of a cancelled reservation.
-    return reservation
-
-
-def get_reservation_details(state: AirlineState, args: dict[str, Any]) -> Any:
-    return _reservation(state, args["reservation_id"])
-
-
-def get_user_details(state: AirlineState, args: dict[str, Any]) -> Any:
-    return _user(state, args["user_id"])
-
-
-def list_all_airports(state: AirlineState, args: dict[str, Any]) -> Any:
-    return [{"iata": iata, "city": city} for iata, city in AIRPORTS]
-
-
-def search_direct_flight(state: AirlineState, args: dict[str, Any]) -> Any:
-    return _search_direct(state, args["date"], args["origin"], args["destination"])
-
-
-def search_onestop_flight(state: AirlineState, args: dict[str, Any]) -> Any:
-    date = args["date"]
-    results = []
-    for first in _search_direct(state, date, args["origin"], None):
-        first["date"] = date
-        # The second leg's own date: the next day when the first leg lands after midnight. τ² builds it as
-        # f"2024-05-{day + 1}" (no zero padding); we keep that so search results match τ²'s exactly.
-        second_date = f"2024-05-{int(date[-2:]) + 1}" if "+1" in first["scheduled_arrival_time_est"] else date
-        for second in _search_direct(
-            state, second_date, first["destination"], args["destination"], first["scheduled_arrival_time_est"]
-        ):
-            second["date"] = second_date
-            results.append([first, second])
-    return results
-
-
-def send_certificate(state: AirlineState, args: dict[str, Any]) -> Any:
-    user_id, amount = args["user_id"], args["amount"]
-    user = _user(state, user_id)
-    for number in NEW_PAYMENT_IDS:
-        payment_id = f"certificate_{number}"
-        if payment_id not in user["payment_methods"]:
-            user = state.get_mut("users", user_id)
-            user["payment_methods"][payment_id] = {"source": "certificate", "id": payment_id, "amount": float(amount)}
-            return f"Certificate {payment_id} added to user {user_id} with amount {amount}."
-    raise ToolError("Too many certificates")
-
-
-def transfer_to_human_agents(state: AirlineState, args: dict[str, Any]) -> Any:
-    return "Transfer successful"
-
-
-def update_reservation_baggages(state: AirlineState, args: dict[str, Any]) -> Any:
-    reservation = _reservation(state, args["reservation_id"])
-    user = _user(state, reservation["user_id"])
-    total_price = 50 * max(0, args["nonfree_baggages"] - reservation["nonfree_baggages"])
-    payment = _payment_for_update(user, args["payment_id"], total_price)
-    _deduct_gift_card(state, reservation["user_id"], args["payment_id"], total_price)
-    reservation = state.get_mut("reservations", args["reservation_id"])
-    if payment is not None:
-        reservation["payment_history"].append(payment)
-    reservation["total_baggages"] = args["total_baggages"]
-    reservation["nonfree_baggages"] = args["nonfree_baggages"]
-    return reservation
-
-
-def _deduct_gift_card(state: AirlineState, user_id: str, payment_id: str, amount: int) -> None:
-    """τ² deducts the gift-card balance inside ``_payment_for_update`` (even for 0): a write to the user record."""
-    user = state.get("users", user_id)
-    if user["payment_methods"][payment_id]["source"] == "gift_card":
-        state.get_mut("users", user_id)["payment_methods"][payment_id]["amount"] -= amount
-
-
-def update_reservation_flights(state: AirlineState, args: dict[str, Any]) -> Any:
-    reservation = _reservation(state, args["reservation_id"])
-    user = _user(state, reservation["user_id"])
-    cabin, n_passengers = args["cabin"], len(reservation["passengers"])
-    total_price, new_flights = 0, []
-    for info in args["flights"]:
-        kept = next(
-            (
-                f
-                for f in reservation["flights"]
-                if f["flight_number"] == info["flight_number"]
-                and f["date"] == info["date"]
-                and cabin == reservation["cabin"]
-            ),
-            None,
-        )
-        if kept is not None:
-            total_price += kept["price"] * n_passengers
-            new_flights.append(dict(kept))
-            continue
-        flight = _flight(state, info["flight_number"])
-        instance = _flight_instance(state, info["flight_number"], info["date"])
-        if instance["status"] != "available":
-            raise ToolError(f"Flight {info['flight_number']} not available on date {info['date']}")
-        if instance["available_seats"][cabin] < n_passengers:
-            raise ToolError(f"Not enough seats on flight {info['flight_number']}")
-        entry = {
-            "flight_number": info["flight_number"],
-            "date": info["date"],
-            "price": instance["prices"][cabin],
-            "origin": flight["origin"],
-            "destination": flight["destination"],
-        }
-        total_price += entry["price"] * n_passengers
-        new_flights.append(entry)
-    total_price -= sum(f["price"] for f in reservation["flights"]) * n_passengers
-    payment = _payment_for_update(user, args["payment_id"], total_price)
-    _deduct_gift_card(state, reservation["user_id"], args["payment_id"], total_price)
-    reservation = state.get_mut("reservations", args["reservation_id"])
-    if payment is not None:
-        reservation["payment_history"].append(payment)
-    reservation["flights"] = new_flights
-    reservation["cabin"] = cabin
-    # Like τ², a flight change does not update the flights' seat counts.
-    return reservation
-
-
-def update_reservation_passengers(state: AirlineState, args: dict[str, Any]) -> Any:
-    reservation = _reservation(state, args["reservation_id"])
-    if len(args["passengers"]) != len(reservation["passengers"]):
-        raise ToolError("Number of passengers does not match")
-    reservation = state.get_mut("reservations", args["reservation_id"])
-    reservation["passengers"] = [dict(p) for p in args["passengers"]]
-    return reservation
-
-
-def get_flight_status(state: AirlineState, args: dict[str, Any]) -> Any:
-    return _flight_instance(state, args["flight_number"], args["date"])["status"]
-
-
-TOOL_FUNCTIONS: dict[str, Callable[[AirlineState, dict[str, Any]], Any]] = {
-    "book_reservation": book_reservation,
-    "calculate": calculate_tool,
-    "cancel_reservation": cancel_reservation,
-    "get_reservation_details": get_reservation_details,
-    "get_user_details": get_user_details,
-    "list_all_airports": list_all_airports,
-    "search_direct_flight": search_direct_flight,
-    "search_onestop_flight": search_onestop_flight,
-    "send_certificate": send_certificate,
-    "transfer_to_human_agents": transfer_to_human_agents,
-    "update_reservation_baggages": update_reservation_baggages,
-    "update_reservation_flights": update_reservation_flights,
-    "update_reservation_passengers": update_reservation_passengers,
-    "get_flight_status": get_flight_status,
-}
-assert set(TOOL_FUNCTIONS) == set(TOOL_NAMES)
+TOOL_FUNCTIONS: dict[str, Callable[..., Any]] = {name: getattr(AirlineTools, name) for name in TOOL_NAMES}
+"""The unbound tool methods by name (τ²'s ``use_tool`` calls them with the arguments as keywords)."""
 
 
 @dataclass
@@ -577,23 +549,77 @@ class ToolResult:
     error_kind: str | None = None  # "unknown_tool", "bad_arguments", "execution"
 
 
+class Dumped(dict):
+    """A record already in ``model_dump`` form (a read returns the stored dict instead of a model)."""
+
+
+def _jsonable(value: Any) -> Any:
+    """τ²'s ``Environment.to_json_str`` conversion: models dumped, top-level scalars as strings, containers walked."""
+    if isinstance(value, BaseModel):
+        return dump(value)
+    if isinstance(value, Dumped):  # τ² would dump a model here: the nested values are not walked
+        return dict(value)
+    if isinstance(value, str) or value is None:
+        return value
+    if isinstance(value, (int, float, bool)):
+        return str(value)
+    if isinstance(value, list):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_jsonable(item) for item in value)
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    raise ValueError(f"Unsupported type: {type(value)}")
+
+
 def format_observation(value: Any) -> str:
-    """τ² shows strings as they are and everything else as JSON."""
-    return value if isinstance(value, str) else json.dumps(value)
+    """τ² shows strings as they are and everything else as ``json.dumps(..., default=str)``."""
+    return value if isinstance(value, str) else dumps_unbounded(_jsonable(value), default=str)
+
+
+def _collision(arguments: dict[str, Any]) -> str | None:
+    """The TypeError τ²'s ``self.make_tool_call(name, requestor=..., **arguments)`` raises before any tool runs."""
+    if "requestor" in arguments:  # a repeated keyword at the call site: Python names the function fully
+        return (
+            "tau2.environment.environment.Environment.make_tool_call() got multiple values for keyword argument "
+            "'requestor'"
+        )
+    for key in arguments:
+        if key in ("self", "tool_name"):
+            return f"Environment.make_tool_call() got multiple values for argument '{key}'"
+    return None
+
+
+def _bad_binding(method: Callable[..., Any], arguments: dict[str, Any]) -> bool:
+    try:
+        inspect.signature(method).bind(**arguments)
+    except TypeError:
+        return True
+    return False
 
 
 def execute_tool(state: AirlineState, name: str, arguments: Any) -> ToolResult:
-    """Validates and runs one call. Never raises for bad input: failures become ``Error: ...`` observations."""
+    """Runs one call as τ²'s ``Environment.get_response`` does. Never raises: failures become ``Error: ...``."""
     if name not in TOOL_FUNCTIONS:
         return ToolResult(f"Error: Tool '{name}' not found.", True, "unknown_tool")
+    if not isinstance(arguments, dict):  # τ²'s ToolCall only holds an object; our parser may hand over anything
+        return ToolResult(
+            f"Error: Arguments of tool '{name}' must be a JSON object, got {type(arguments).__name__}",
+            True,
+            "bad_arguments",
+        )
+    collision = _collision(arguments)
+    if collision is not None:
+        return ToolResult(f"Error: {collision}", True, "bad_arguments")
+    method = getattr(AirlineTools(state), name)
     try:
-        clean = validate_arguments(name, arguments)
-    except ToolError as err:
-        return ToolResult(f"Error: {err}", True, "bad_arguments")
-    try:
-        return ToolResult(format_observation(TOOL_FUNCTIONS[name](state, clean)), False)
-    except ToolError as err:
-        return ToolResult(f"Error: {err}", True, "execution")
-    except Exception as err:  # a tool bug must not crash a training step; it is logged and counted as an error
-        logger.exception("tool %s raised on arguments %r", name, arguments)
-        return ToolResult(f"Error: {type(err).__name__}: {err}", True, "execution")
+        return ToolResult(format_observation(method(**arguments)), False)
+    except Exception as err:  # τ²: any exception is the observation "Error: <str(exception)>"
+        kind = (
+            "bad_arguments"
+            if isinstance(err, ValidationError) or (isinstance(err, TypeError) and _bad_binding(method, arguments))
+            else "execution"
+        )
+        if not isinstance(err, (ToolError, ValidationError, TypeError, KeyError, AttributeError, ValueError)):
+            logger.debug("tool %s raised %r on arguments %r", name, err, arguments)
+        return ToolResult(f"Error: {err}", True, kind)

@@ -5,6 +5,7 @@
 - ``results``: the results.json schema, resume and config fingerprint, markdown summary;
 - ``evaluator``: ``run_evaluation`` (``evaluate.py``): every selected task × sample through ``run_episodes``;
 - ``compare``: ``run_compare`` (``evaluate.py --compare``): ablation table and plots from several results files;
+- ``heldout``: ``HeldoutEvaluation``, the GRPO trainer's held-out pass^k at eval steps (same loop, format, metrics);
 - ``shared_prefix``: ``SharedPrefixTransformersBackend``, the transformers backend the evaluator uses by default.
 
 Names are imported lazily, so ``airline_rl.evaluation.metrics`` loads without transformers or TRL.

@@ -41,7 +41,16 @@ from airline_rl.envs.users import get_user_simulator
 from airline_rl.envs.users.base import UserSimulator
 from airline_rl.hub import HubError, read_refs, resolve_model, revision_name
 
-from .results import FORMAT_VERSION, RESULTS_FILE, ResultsFile, check_compatible, now, sample_entry, task_meta
+from .results import (
+    FORMAT_VERSION,
+    RESULTS_FILE,
+    ResultsFile,
+    check_compatible,
+    now,
+    sample_entry,
+    split_group_sizes,
+    task_meta,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -441,6 +450,8 @@ def plan(args: EvalArguments) -> Plan:
     if len(set(paths)) != len(paths):
         raise EvaluationError(f"two evaluations would write the same results file: {paths}")
     configs = [build_config(args, target, task_ids) for target in targets]
+    for config in configs:  # the generalization weights: the split's group sizes (not a fingerprint field)
+        config["group_sizes"] = split_group_sizes(split)
     for target, config in zip(targets, configs, strict=True):
         check_compatible(target.results_path, config)  # refuses a file from another configuration, before any work
     return Plan(env, split, task_ids, targets, configs)
@@ -459,12 +470,13 @@ def evaluate_target(
     results = ResultsFile.open(target.results_path, config, meta)
     todo = results.pending()
     done = args.num_samples * len(plan_.task_ids) - len(todo)
-    if not todo:
+    if not todo:  # a complete file is never rewritten; its metrics are recomputed in memory (as compare mode does)
         logger.info("%s: all %d episodes already in %s", target.description, done, target.results_path)
         stored = json.dumps(results.data.get("metrics"), sort_keys=True)
         results.refresh()
-        if json.dumps(results.data["metrics"], sort_keys=True) != stored:  # only when the metric code changed
-            results.save()
+        if json.dumps(results.data["metrics"], sort_keys=True) != stored:
+            logger.warning("%s: the stored metrics differ from those the current code computes from its samples; "
+                           "the file is left as is (compare mode recomputes them)", target.results_path)  # fmt: skip
         return results
     if done:
         logger.info("%s: resuming %s (%d episodes done, %d to go)", target.description, target.results_path, done,

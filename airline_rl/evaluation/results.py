@@ -156,8 +156,14 @@ def task_meta(task: Any, group: str) -> dict[str, Any]:
     return {"group": group, "writes": writes, "communicate": communicate, "refusal_passes": passes}
 
 
+def split_group_sizes(split: Any) -> dict[str, int]:
+    """Tasks per group of a split: the generalization weights (24 uncovered_seen, 10 unseen on the seed split)."""
+    return {group: len(split.group(group)) for group in GROUPS}
+
+
 def metrics_of(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The metrics of a results dict, recomputed from its samples with the bootstrap settings in its config."""
+    """The metrics of a results dict, recomputed from its samples with the settings in its config (bootstrap, the
+    split's group sizes, the pass^k convention)."""
     config = data["config"]
     return compute_metrics(
         data["tasks"],
@@ -165,6 +171,8 @@ def metrics_of(data: Mapping[str, Any]) -> dict[str, Any]:
         bootstrap_samples=int(config.get("bootstrap_samples") or 2000),
         confidence=float(config.get("confidence") or 0.95),
         seed=int(config.get("seed") or 0),
+        group_sizes=config.get("group_sizes"),
+        pass_k_convention=str(config.get("pass_k_convention") or "tau2"),
     )
 
 
@@ -325,6 +333,9 @@ def summary_markdown(data: Mapping[str, Any]) -> str:
     if pass_k:
         lines += ["", "## pass^k", "", "| k | " + " | ".join(pass_k) + " |", "|---|" + "---:|" * len(pass_k)]
         lines.append("| pass^k | " + " | ".join(fmt(v) for v in pass_k.values()) + " |")
+        if metrics.get("pass_hat_k_convention") == "tau2":
+            lines += ["", f"As τ² reports it: for k up to the smallest number of valid samples of a task "
+                      f"({metrics.get('pass_hat_k_max')}); larger k are left out (—)."]  # fmt: skip
     terminations = ", ".join(f"{k}: {v}" for k, v in (metrics.get("terminations") or {}).items()) or "—"
     lines += [
         "",

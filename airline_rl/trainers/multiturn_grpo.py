@@ -16,11 +16,13 @@ How it departs from textbook GRPO (single-turn, one completion per prompt):
    user simulator failed gets no reward (NaN: TRL excludes it from the group baseline and gives it advantage 0).
 
 Overridden hooks (pinned to trl==1.16.0, checked by tests/test_trl_hooks.py): ``_generate`` (whole episodes),
-``_generate_and_score_completions`` (truncation mask, variant advantages, metrics) and ``training_step`` (timing).
+``_generate_and_score_completions`` (truncation mask, variant advantages, metrics), ``training_step`` (timing),
+transformers' ``_get_grad_norm`` (the pre-clip gradient norm of every step) and
+``evaluate`` (held-out pass^k, ``airline_rl.evaluation.heldout``, instead of the loss on eval prompts).
 
 Launch (see recipes/grpo/*.yaml):
     accelerate launch --config_file accelerate_configs/cpu.yaml train_grpo.py --config recipes/grpo/joint.yaml
-    accelerate launch --config_file accelerate_configs/single_gpu.yaml train_grpo.py \
+    accelerate launch --config_file accelerate_configs/zero2_offload.yaml train_grpo.py \
         --config recipes/grpo/joint.yaml --model_name_or_path /models/Qwen2.5-7B-Instruct --use_vllm true
 """
 
@@ -31,7 +33,7 @@ import logging
 import statistics
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate.utils import gather_object
@@ -44,6 +46,9 @@ from airline_rl.envs.users.base import UserSimulator
 from airline_rl.rewards.prm_lite import PRMResult, episode_rule_stats, score_episode
 from airline_rl.rollout import TokenPolicyAgent
 from airline_rl.trainers.variants import token_advantages
+
+if TYPE_CHECKING:
+    from airline_rl.evaluation.heldout import HeldoutEvaluation
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +121,10 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         peft_config: Any = None,
         callbacks: list | None = None,
         reward_funcs: list | None = None,
+        heldout: HeldoutEvaluation | None = None,
     ) -> None:
+        if heldout is not None and eval_dataset is None:  # Trainer needs an eval_dataset once eval_strategy is set
+            eval_dataset = heldout.dataset(env.system_prompt)
         if reward_funcs is None:  # the variant's rewards: τ²'s outcome, plus prm_coef × PRM-Lite for prm_lite/joint
             reward_funcs = [outcome] + ([process] if args.uses_prm else [])
             args.reward_weights = [1.0] + ([args.prm_coef] if args.uses_prm else [])
@@ -137,6 +145,13 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         self._rollout_seconds = 0.0
         self._env_seconds = 0.0
         self._last_prm: list[PRMResult] = []
+        self.heldout = heldout
+
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval") -> dict:
+        """Held-out pass^k of the current policy (``HeldoutEvaluation.run``) when configured, else TRL's evaluation."""
+        if self.heldout is None or eval_dataset is not None:
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        return self.heldout.run(self, metric_key_prefix)
 
     # -- generation ---------------------------------------------------------------------------------------------
 
@@ -255,9 +270,13 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         policy_mask = output["completion_mask"] * output["tool_mask"]
         turn_index = _turn_index(episodes, policy_mask.shape[1], device)
-        turn_scores = None
+        turn_scores = credit_eligible = None
         if self.args.variant == "joint":
             turn_scores = _pad_turn_scores([ep.record for ep in episodes], self._last_prm, device)
+            # no per-turn credit for an episode the user simulator broke or the token budget cut, whatever the mask
+            credit_eligible = torch.tensor(
+                [ep.record.user_error is None and not ep.record.truncated for ep in episodes], device=device
+            )
         output["advantages"] = token_advantages(
             self.args.variant,
             output["advantages"],
@@ -266,6 +285,9 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             turn_scores=turn_scores,
             alpha=self.args.turn_discount_alpha,
             turn_credit_coef=self.args.turn_credit_coef,
+            length_reference=self.args.length_reference,
+            prm_clip=self.args.prm_clip,
+            credit_eligible=credit_eligible,
         )
         self._rollout_seconds += time.perf_counter() - start
         return output
@@ -282,6 +304,19 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             if self._rollout_seconds > 0:  # this micro-step generated: how much of it went to env + user + reward
                 metrics["timing/env_user_reward_share"].append(self._env_seconds / total if total > 0 else 0.0)
         return loss
+
+    def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
+        """Logs the pre-clip gradient norm of every optimiser step, and whether ``max_grad_norm`` clipped it.
+
+        transformers logs ``grad_norm`` only at logging steps (the last step's value); the variants differ in step
+        size (1/L vs 1/√L), so the ablation needs every step's norm and how often clipping was active."""
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        if grad_norm is not None and self.model.training:
+            norm = float(grad_norm)
+            self._metrics["train"]["grad_norm/pre_clip"].append(norm)
+            limit = self.args.max_grad_norm
+            self._metrics["train"]["grad_norm/clipped"].append(float(bool(limit and limit > 0 and norm > limit)))
+        return grad_norm
 
     # -- metrics -------------------------------------------------------------------------------------------------
 

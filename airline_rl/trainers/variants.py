@@ -10,9 +10,13 @@ So a variant is nothing but the per-token advantage tensor it hands to TRL's unc
 
 - vanilla:        A_i / L_i                                   (= TRL's ``loss_type="grpo"``)
 - turn_discount:  A_i · d_it / L_i, d_it = α^(T_i−1−k) / mean over the trajectory's policy tokens of α^(T_i−1−k)
-- lata:           A_i / √L_i
+- lata:           A_i / √(L_i · L_ref)
 - prm_lite:       A_i / L_i, with A_i computed from outcome + prm_coef · process score (reward side, not here)
-- joint:          (A_i + turn_credit_coef · s_ik) / √L_i, s_ik the PRM-Lite score of the turn k that token t is in
+- joint:          (A_i + turn_credit_coef · c_ik) / √(L_i · L_ref), c_ik the bounded PRM-Lite credit of the turn k
+                  that token t is in (``bound_turn_credit``)
+
+L_ref (``length_reference``) is a constant: lata/joint give a trajectory of L_ref policy tokens the same total weight
+as vanilla, so the ablation compares the shapes of the weightings rather than their step sizes.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ VARIANT_FIELDS: dict[str, tuple[str, ...]] = {
     "prm_coef": ("prm_lite", "joint"),
     "prm_clip": ("prm_lite", "joint"),
     "turn_credit_coef": ("joint",),
+    "length_reference": ("lata", "joint"),
 }
 
 
@@ -71,9 +76,15 @@ def turn_discount_factors(policy_mask: torch.Tensor, turn_index: torch.Tensor, a
 
 
 def token_weights(
-    variant: str, policy_mask: torch.Tensor, turn_index: torch.Tensor, alpha: float | None = None
+    variant: str,
+    policy_mask: torch.Tensor,
+    turn_index: torch.Tensor,
+    alpha: float | None = None,
+    length_reference: float | None = None,
 ) -> torch.Tensor:
-    """w_it for ``variant``, [B, C]; zero outside policy tokens and for trajectories without policy tokens."""
+    """w_it for ``variant``, [B, C]; zero outside policy tokens and for trajectories without policy tokens.
+
+    ``length_reference`` (L_ref, 1 when None) divides the 1/√L weights by √L_ref."""
     kind = get_variant(variant)["weights"]
     lengths = policy_token_counts(policy_mask).unsqueeze(1)
     safe = lengths.clamp(min=1.0)
@@ -81,7 +92,9 @@ def token_weights(
     if kind == "inverse_length":
         weights = mask / safe
     elif kind == "inverse_sqrt_length":
-        weights = mask / safe.sqrt()
+        if length_reference is not None and not length_reference > 0:
+            raise ValueError(f"length_reference must be > 0, got {length_reference}")
+        weights = mask / (safe * (length_reference or 1.0)).sqrt()
     elif kind == "turn_discounted":
         if alpha is None:
             raise ValueError("turn_discount needs alpha (turn_discount_alpha)")
@@ -89,6 +102,30 @@ def token_weights(
     else:  # pragma: no cover - the table only holds the kinds above
         raise AssertionError(kind)
     return torch.where(lengths > 0, weights, torch.zeros_like(weights))
+
+
+def bound_turn_credit(
+    turn_scores: torch.Tensor, clip: float | None = None, eligible: torch.Tensor | None = None
+) -> torch.Tensor:
+    """c_ik = s_ik · min(1, clip / Σ_k |s_ik|), and 0 for every turn of an ineligible trajectory, [B, K].
+
+    The raw turn scores are unbounded (a farmer's sum can reach several times the clip), but the trajectory reward
+    only ever sees the clipped process score. Scaling a trajectory's turn scores down until their absolute sum is at
+    most ``clip`` keeps each turn's sign and relative share, and guarantees |Σ_k c_ik| ≤ Σ_k |c_ik| ≤ clip: the
+    per-turn credit never exceeds what the clipped score allows. ``eligible[i]`` False (the user simulator failed, or
+    the episode was truncated) zeroes its credit whatever its loss mask says: such an episode has advantage 0 or no
+    loss, and must not get a gradient through the credit alone.
+    """
+    scores = turn_scores.to(torch.float32)
+    if clip is not None:
+        if clip < 0:
+            raise ValueError(f"clip must be >= 0, got {clip}")
+        total = scores.abs().sum(dim=1, keepdim=True)
+        scale = torch.where(total > clip, clip / total.clamp(min=1e-12), torch.ones_like(total))
+        scores = scores * scale
+    if eligible is not None:
+        scores = scores * eligible.to(device=scores.device, dtype=scores.dtype).reshape(-1, 1)
+    return scores
 
 
 def token_advantages(
@@ -99,17 +136,22 @@ def token_advantages(
     turn_scores: torch.Tensor | None = None,
     alpha: float | None = None,
     turn_credit_coef: float | None = None,
+    length_reference: float | None = None,
+    prm_clip: float | None = None,
+    credit_eligible: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token advantages [B, C] whose TRL ``luspo`` aggregation is the variant's loss.
 
-    ``turn_scores[i, k]`` is the PRM-Lite score of turn k of trajectory i (needed for per-turn credit).
+    ``turn_scores[i, k]`` is the PRM-Lite score of turn k of trajectory i (needed for per-turn credit); it is bounded
+    by ``prm_clip`` and zeroed where ``credit_eligible`` is False (``bound_turn_credit``).
     """
-    weights = token_weights(variant, policy_mask, turn_index, alpha)
+    weights = token_weights(variant, policy_mask, turn_index, alpha, length_reference)
     advantages = group_advantages.to(torch.float32).unsqueeze(1).expand_as(weights)
     if get_variant(variant)["turn_credit"]:
         if turn_scores is None or turn_credit_coef is None:
             raise ValueError(f"variant {variant!r} needs turn_scores and turn_credit_coef")
-        index = turn_index.clamp(min=0).clamp(max=max(turn_scores.shape[1] - 1, 0))
-        per_token_turn_score = torch.gather(turn_scores.to(torch.float32), 1, index) if turn_scores.numel() else 0.0
-        advantages = advantages + turn_credit_coef * per_token_turn_score * (turn_index >= 0)
+        credit = bound_turn_credit(turn_scores, prm_clip, credit_eligible)
+        index = turn_index.clamp(min=0).clamp(max=max(credit.shape[1] - 1, 0))
+        per_token_credit = torch.gather(credit, 1, index) if credit.numel() else 0.0
+        advantages = advantages + turn_credit_coef * per_token_credit * (turn_index >= 0)
     return advantages * weights

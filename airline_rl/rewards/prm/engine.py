@@ -1,0 +1,211 @@
+"""The PRM-Lite engine: one pass over an episode's messages, every rule on every assistant turn, a clipped total.
+
+Context rule: assistant turn k is judged only on what the agent could have seen when it wrote turn k: user messages
+and results of *successful* tool calls that came before it in ``record.messages`` (an error result only echoes the
+agent's own arguments, so it does not make a value "seen"). The context is built incrementally in one pass.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from airline_rl.envs.episode import EpisodeRecord, ToolCallRecord
+from airline_rl.envs.tools import READ_TOOLS
+from airline_rl.rewards.prm.detectors import (
+    LOOKUP_TOOLS,
+    TOOL,
+    USER,
+    _tokens,
+    asks_for_human,
+    call_signature,
+    id_values,
+    is_confirmation,
+    mentionable_values,
+)
+from airline_rl.rewards.prm.rules import RULES, TurnContext, _unknown
+
+DEFAULT_CLIP = (-0.5, 0.5)
+
+
+@dataclass
+class PRMResult:
+    """PRM-Lite's verdict on an episode: per-turn scores and firings, and the episode's (clipped) process score."""
+
+    turn_scores: list[float]
+    fired: list[dict[str, int]]  # per turn: rule id -> count (rules that fired only)
+    process_score: float
+    raw_score: float
+    rule_counts: dict[str, int]  # episode totals for every rule id
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "turn_scores": list(self.turn_scores),
+            "fired": [dict(f) for f in self.fired],
+            "process_score": self.process_score,
+            "raw_score": self.raw_score,
+            "rule_counts": dict(self.rule_counts),
+        }
+
+
+def _effective_weights(weights: Mapping[str, float] | None) -> dict[str, float]:
+    resolved = {rule_id: rule.weight for rule_id, rule in RULES.items()}
+    if weights:
+        unknown = [rule_id for rule_id in weights if rule_id not in RULES]
+        if unknown:
+            raise _unknown(unknown)
+        for rule_id, weight in weights.items():
+            if not math.isfinite(weight):
+                raise ValueError(f"weight of rule {rule_id} must be finite, got {weight}")
+            resolved[rule_id] = float(weight)
+    return resolved
+
+
+def score_episode(
+    record: EpisodeRecord,
+    *,
+    clip: tuple[float, float] = DEFAULT_CLIP,
+    weights: dict[str, float] | None = None,
+) -> PRMResult:
+    """Scores every assistant turn of ``record`` with all rules, in one pass over ``record.messages``.
+
+    Turn k is judged against the user messages and successful tool results that precede its assistant message; the
+    results of its own calls are folded into the context only after it is scored.
+    """
+    low, high = clip
+    if not low <= high:
+        raise ValueError(f"clip must be (low, high) with low <= high, got {clip}")
+    resolved = _effective_weights(weights)
+    n_assistant = sum(message.get("role") == "assistant" for message in record.messages)
+    skip = n_assistant - len(record.turns)  # the fixed greeting(s) before the first policy turn
+    if skip < 0:
+        raise ValueError(
+            f"record of task {record.task_id} has {len(record.turns)} turns but only {n_assistant} assistant messages"
+        )
+
+    seen_values: dict[str, str] = {}
+    seen_texts: list[str] = []
+    tool_values: set[str] = set()
+    agent_mentioned: set[str] = set()
+    successful_signatures: set[str] = set()
+    read_tools_used: set[str] = set()
+    read_tools_credited: set[str] = set()
+    failed_calls: list[ToolCallRecord] = []
+    last_agent_message = ""
+    verified_ids: set[tuple[str, str]] = set()
+    cancelled_ids: set[str] = set()
+    chained_values: set[str] = set()
+    previous_call: ToolCallRecord | None = None
+    successful_read_before = False
+    user_asked_human = False
+
+    turn_scores: list[float] = []
+    fired_per_turn: list[dict[str, int]] = []
+    rule_counts = dict.fromkeys(RULES, 0)
+    assistant_seen = 0
+    for message in record.messages:
+        role = message.get("role")
+        if role == "user":
+            content = str(message.get("content") or "")
+            seen_texts.append(content.lower())
+            for token in _tokens(content):
+                seen_values.setdefault(token, USER)
+            user_asked_human = user_asked_human or asks_for_human(content)
+            continue
+        if role != "assistant":
+            continue  # tool messages are folded in from the call records right after their turn
+        assistant_seen += 1
+        if assistant_seen <= skip:
+            continue
+        turn = record.turns[assistant_seen - skip - 1]
+        indices = [index for index in turn.tool_call_indices if 0 <= index < len(record.tool_calls)]
+        calls = [record.tool_calls[index] for index in indices]
+        ctx = TurnContext(
+            turn=turn,
+            calls=calls,
+            call_indices=indices,
+            user_confirmed=is_confirmation(str(turn.last_user_message or "")),
+            user_asked_human=user_asked_human,
+            seen_values=seen_values,
+            seen_texts=seen_texts,
+            tool_values=tool_values,
+            agent_mentioned=agent_mentioned,
+            last_agent_message=last_agent_message,
+            successful_signatures=successful_signatures,
+            failed_calls=failed_calls,
+            previous_call=previous_call,
+            successful_read_before=successful_read_before,
+            read_tools_used=read_tools_used,
+            read_tools_credited=read_tools_credited,
+            verified_ids=verified_ids,
+            cancelled_ids=cancelled_ids,
+            chained_values=chained_values,
+            fired_before=rule_counts,
+        )
+        fired: dict[str, int] = {}
+        score = 0.0
+        for rule_id, rule in RULES.items():
+            count = int(rule.fn(ctx))
+            if count:
+                fired[rule_id] = count
+                rule_counts[rule_id] += count
+                score += resolved[rule_id] * count
+        turn_scores.append(score)
+        fired_per_turn.append(fired)
+
+        # Fold this turn into the context of the next ones (rule_counts already is: rules read it as fired_before).
+        message_text = str(turn.message or "")
+        agent_mentioned.update(mentionable_values(message_text))
+        last_agent_message = message_text or last_agent_message
+        if "B3" in fired:
+            read_tools_credited.update(read_tools_used)
+        for call in calls:
+            previous_call = call
+            if call.error:
+                failed_calls.append(call)
+                continue
+            signature = call_signature(call)
+            if signature is not None:
+                successful_signatures.add(signature)
+            if call.is_write:
+                chained_values.update(v for _, v in id_values(call.arguments) if seen_values.get(v) == TOOL)
+            result = str(call.result)
+            seen_texts.append(result.lower())
+            for token in _tokens(result):
+                seen_values.setdefault(token, TOOL)
+            tool_values.update(mentionable_values(result))
+            _track_status(result, cancelled_ids)
+            if call.name in READ_TOOLS:
+                successful_read_before = True
+                read_tools_used.add(call.name)
+            id_name = LOOKUP_TOOLS.get(call.name)
+            if id_name is not None and call.arguments and id_name in call.arguments:
+                verified_ids.add((id_name, str(call.arguments[id_name]).strip().lower()))
+
+    raw = sum(turn_scores)
+    return PRMResult(
+        turn_scores=turn_scores,
+        fired=fired_per_turn,
+        process_score=min(max(raw, low), high),
+        raw_score=raw,
+        rule_counts=rule_counts,
+    )
+
+
+def _track_status(result: str, cancelled_ids: set[str]) -> None:
+    """Keeps ``cancelled_ids`` equal to the reservations whose latest result (a JSON record) says "cancelled"."""
+    if '"reservation_id"' not in result:
+        return
+    try:
+        record = json.loads(result)
+    except ValueError:
+        return
+    if isinstance(record, dict) and isinstance(record.get("reservation_id"), str):
+        reservation_id = record["reservation_id"].strip().lower()
+        if record.get("status") == "cancelled":
+            cancelled_ids.add(reservation_id)
+        else:
+            cancelled_ids.discard(reservation_id)

@@ -1,0 +1,393 @@
+"""The 15 PRM-Lite rules (P1–P8 penalties, B1–B7 bonuses): triggers, weights, rationale, in one table.
+
+A rule is a function of a ``TurnContext`` (the turn and what the agent had seen before it) returning how many times
+it fires in that turn. Rules read only the trajectory: never the task's gold actions, expected outcome or
+``communicate_info``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+
+from airline_rl.envs.episode import ToolCallRecord, TurnRecord
+from airline_rl.envs.tools import READ_TOOLS, TERMINAL_TOOLS
+from airline_rl.rewards.prm.detectors import (
+    ID_ARGUMENT_NAMES,
+    TOOL,
+    VERIFIABLE_ID_NAMES,
+    _iter_strings,
+    _text_before_calls,
+    call_signature,
+    declines_request,
+    id_values,
+    is_placeholder,
+    mentionable_values,
+    value_strings,
+)
+
+MAX_FREE_TOOL_CALLS = 8
+"""P8 charges every tool call of an episode beyond this many (the gold trajectories need few calls)."""
+TRUNCATED_TURN_COST = 4
+"""P8 charges a turn cut off by the token budget as this many excess calls: it executes nothing and the episode can
+no longer earn reward, so it must cost more than any single call."""
+
+
+@dataclass
+class TurnContext:
+    """What a rule may look at for one assistant turn: the turn, its calls, and what came before it.
+
+    The collections are the scorer's running state, shared and updated after the turn is scored: read them inside a
+    rule, do not keep them."""
+
+    turn: TurnRecord
+    calls: list[ToolCallRecord]
+    call_indices: list[int]
+    user_confirmed: bool
+    user_asked_human: bool
+    seen_values: Mapping[str, str]  # token -> USER or TOOL, where it first appeared
+    seen_texts: Sequence[str]  # lower-cased user messages and successful tool results, in order
+    tool_values: AbstractSet[str]  # mentionable values from successful tool results
+    agent_mentioned: AbstractSet[str]  # mentionable values the agent already said to the user
+    last_agent_message: str  # the agent's latest non-empty message to the user before this turn
+    successful_signatures: AbstractSet[str]
+    failed_calls: Sequence[ToolCallRecord]  # every failed call of earlier turns, in order
+    previous_call: ToolCallRecord | None  # the last call of an earlier turn
+    successful_read_before: bool
+    read_tools_used: AbstractSet[str]  # read tools that succeeded in an earlier turn
+    read_tools_credited: AbstractSet[str]  # read tools that already earned B3
+    verified_ids: AbstractSet[tuple[str, str]]  # (id argument name, value) fetched by a lookup tool
+    cancelled_ids: AbstractSet[str]  # reservation ids whose latest tool result says they are cancelled
+    chained_values: AbstractSet[str]  # tool-derived ids that already earned B2
+    fired_before: Mapping[str, int]  # rule id -> firings in earlier turns
+
+
+def _successful_writes(ctx: TurnContext) -> list[ToolCallRecord]:
+    return [call for call in ctx.calls if call.is_write and not call.error]
+
+
+def _is_seen(ctx: TurnContext, value: str) -> bool:
+    return any(value in text for text in ctx.seen_texts)
+
+
+# Penalties -----------------------------------------------------------------------------------------------------------
+
+
+def _p1_placeholder(ctx: TurnContext) -> int:
+    return int(
+        any(
+            is_placeholder(name, value)
+            for call in ctx.calls
+            if call.arguments
+            for name, value in _iter_strings(call.arguments)
+        )
+    )
+
+
+def _p2_redundant(ctx: TurnContext) -> int:
+    succeeded: set[str] = set()
+    for call in ctx.calls:
+        signature = call_signature(call)
+        if signature is not None and (signature in ctx.successful_signatures or signature in succeeded):
+            return 1
+        if signature is not None and not call.error:
+            succeeded.add(signature)
+    return 0
+
+
+def _p3_repeat_failed(ctx: TurnContext) -> int:
+    failed = {call_signature(call) for call in ctx.failed_calls} - {None}
+    for call in ctx.calls:
+        signature = call_signature(call)
+        if signature is not None and signature in failed:
+            return 1
+        if call.error and signature is not None:
+            failed.add(signature)
+    return 0
+
+
+def _p4_no_reasoning(ctx: TurnContext) -> int:
+    told = (ctx.turn.message + " " + ctx.last_agent_message).lower()
+    for call in ctx.calls:
+        if call.is_write:
+            ids = [value for _, value in id_values(call.arguments)]
+            if not any(value in told for value in ids):
+                return 1
+    return 0
+
+
+def _p5_unconfirmed_write(ctx: TurnContext) -> int:
+    return int(not ctx.user_confirmed and any(call.is_write for call in ctx.calls))
+
+
+def _p6_unseen_id(ctx: TurnContext) -> int:
+    return int(
+        any(
+            value not in ctx.seen_values
+            for call in ctx.calls
+            if call.error or call.arguments is None
+            for _, value in id_values(call.arguments)
+        )
+    )
+
+
+def _p7_premature_transfer(ctx: TurnContext) -> int:
+    read_before = ctx.successful_read_before
+    if not read_before and not ctx.calls and declines_request(ctx.turn.message or ""):
+        return 1  # turned the request down without having looked at anything
+    if ctx.user_asked_human:
+        return 0
+    for call in ctx.calls:
+        if call.name in TERMINAL_TOOLS and not read_before:
+            return 1
+        read_before = read_before or (call.name in READ_TOOLS and not call.error)
+    return 0
+
+
+def _p8_excess_calls(ctx: TurnContext) -> int:
+    cut = TRUNCATED_TURN_COST if ctx.turn.truncated else 0
+    return sum(index >= MAX_FREE_TOOL_CALLS for index in ctx.call_indices) + cut
+
+
+# Bonuses: every one of them needs a successful call, and all but B1 and B7 a successful write ------------------------
+
+
+def _b1_recovery(ctx: TurnContext) -> int:
+    if ctx.fired_before.get("B1", 0) or not ctx.failed_calls:
+        return 0
+    failed = ctx.failed_calls[-1]
+    return int(
+        any(
+            not call.error and call.name == failed.name and call_signature(call) != call_signature(failed)
+            for call in ctx.calls
+        )
+    )
+
+
+def _b2_data_chain(ctx: TurnContext) -> int:
+    return int(
+        any(
+            ctx.seen_values.get(value) == TOOL and value not in ctx.chained_values
+            for call in _successful_writes(ctx)
+            for _, value in id_values(call.arguments)
+        )
+    )
+
+
+def _b3_read_diversity(ctx: TurnContext) -> int:
+    if not _successful_writes(ctx):
+        return 0
+    return len(ctx.read_tools_used - ctx.read_tools_credited)
+
+
+def _b4_conditional_reasoning(ctx: TurnContext) -> int:
+    return int(
+        bool(_successful_writes(ctx))
+        and all(not call.error for call in ctx.calls)
+        and bool(_text_before_calls(ctx.turn))
+    )
+
+
+def _b5_confirmed_write(ctx: TurnContext) -> int:
+    return int(ctx.user_confirmed and bool(_successful_writes(ctx)))
+
+
+def _b6_verified_write(ctx: TurnContext) -> int:
+    for call in _successful_writes(ctx):
+        ids = [
+            (name, str(call.arguments[name]).strip().lower())
+            for name in VERIFIABLE_ID_NAMES & set(call.arguments or {})
+        ]
+        fetched = any(key in ctx.verified_ids for key in ids)
+        live = not any(value in ctx.cancelled_ids for _, value in ids)
+        if fetched and live and all(_is_seen(ctx, value) for value in value_strings(call.arguments)):
+            return 1
+    return 0
+
+
+def _b7_grounded_reply(ctx: TurnContext) -> int:
+    if ctx.calls or not ctx.turn.message or ctx.fired_before.get("B7", 0):
+        return 0
+    values = mentionable_values(ctx.turn.message)
+    return int(bool((values & ctx.tool_values) - ctx.agent_mentioned))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One PRM-Lite rule: ``fn`` says how many times it fires in a turn (0/1; a count for P8)."""
+
+    rule_id: str
+    name: str
+    weight: float
+    trigger: str
+    rationale: str
+    fn: Callable[[TurnContext], int] = field(repr=False)
+
+
+_RULE_LIST = [
+    Rule(
+        "P1",
+        "placeholder_arguments",
+        -0.05,
+        "A call argument (any string, nested included) is a template (`<...>`, `{...}`, `[...]`), a stand-in word "
+        "(xxx, placeholder, example, your_..., string, ..., N/A, unknown, TBD, null, none, empty), its own argument "
+        "name, or an example id from the tool descriptions.",
+        "The agent is guessing instead of looking the value up; such calls fail or, worse, act on the wrong record.",
+        _p1_placeholder,
+    ),
+    Rule(
+        "P2",
+        "redundant_call",
+        -0.03,
+        "A call identical (name and canonical JSON arguments) to an earlier successful call of the episode.",
+        "The answer is already in the context; repeating the call wastes turns and tokens.",
+        _p2_redundant,
+    ),
+    Rule(
+        "P3",
+        "repeat_failed_call",
+        -0.04,
+        "A call identical to any earlier call of the episode that failed.",
+        "Retrying a failing call unchanged cannot succeed; the agent should read the error and change something.",
+        _p3_repeat_failed,
+    ),
+    Rule(
+        "P4",
+        "no_reasoning_before_action",
+        -0.04,
+        "A write call none of whose ids (reservation, user, payment, flight) appears in the turn's own text or in "
+        "the agent's previous message to the user.",
+        "Changing the booking without telling the user what will change is unauditable; a bare read is harmless, so "
+        "reads are exempt (the seed rule charged every silent call and fired on 42% of gold trajectories).",
+        _p4_no_reasoning,
+    ),
+    Rule(
+        "P5",
+        "unconfirmed_write",
+        -0.04,
+        "A write call when the user's latest message has no explicit, non-negated confirmation (yes, go ahead, "
+        "proceed, confirm, ...).",
+        "The airline policy requires explicit user confirmation before any action that changes the booking database.",
+        _p5_unconfirmed_write,
+    ),
+    Rule(
+        "P6",
+        "unseen_id",
+        -0.05,
+        f"A call that fails and has an id-valued argument ({', '.join(sorted(ID_ARGUMENT_NAMES))}; at any depth) "
+        "whose value never appeared in a user message or a successful tool result before this turn.",
+        "A hallucinated id that reaches no record is a guess; charged only when the call fails, because a successful "
+        "call on an id seen nowhere cannot be told from a correct id the agent knew (the seed rule fired on 54% of "
+        "gold trajectories).",
+        _p6_unseen_id,
+    ),
+    Rule(
+        "P7",
+        "premature_transfer",
+        -0.03,
+        "Giving up before any read call has succeeded: a transfer to a human agent the user did not ask for (no "
+        "human, agent, representative or supervisor mentioned), or a reply without calls that declines the request "
+        '("I can\'t help / cancel / change ...", "we are unable to ...").',
+        "Transferring or refusing without even looking at the case gives up on tasks the tools can solve; whether a "
+        "refusal is right depends on the records, so one made before reading any is a guess even when it happens to "
+        "be right.",
+        _p7_premature_transfer,
+    ),
+    Rule(
+        "P8",
+        "excess_tool_calls",
+        -0.02,
+        f"Each tool call beyond the {MAX_FREE_TOOL_CALLS}th of the episode (per call), and a turn cut off by the "
+        f"token budget (counted as {TRUNCATED_TURN_COST} calls).",
+        "A length penalty: padding an episode with calls, or generating without ever closing the turn, costs.",
+        _p8_excess_calls,
+    ),
+    Rule(
+        "B1",
+        "recovery_after_error",
+        0.02,
+        "A successful call of the same tool as the last failed call, with different arguments, the failure having "
+        "been seen in an earlier turn; once per episode.",
+        "Reading an error and fixing the call is the skill long episodes need; once per episode, so staging "
+        "failures pays at most +0.02, and a failure staged with an invented id costs more (P6).",
+        _b1_recovery,
+    ),
+    Rule(
+        "B2",
+        "data_chain",
+        0.02,
+        "A successful write uses an id-valued argument whose value first appeared in a tool result (not a user "
+        "message) and has not earned this bonus before.",
+        "Chaining ids out of tool results into the change (user → reservation → payment) is how multi-step tasks get "
+        "solved; paid at the write, so reads alone earn nothing.",
+        _b2_data_chain,
+    ),
+    Rule(
+        "B3",
+        "read_diversity",
+        0.01,
+        "In a turn with a successful write: each distinct read tool that succeeded earlier and has not been credited "
+        "yet (charged per tool).",
+        "Gathering information from the right sources before acting; credited when an action follows, so reading "
+        "for its own sake earns nothing.",
+        _b3_read_diversity,
+    ),
+    Rule(
+        "B4",
+        "conditional_reasoning",
+        0.005,
+        "The turn has text before its first tool call, makes a successful write, and all its calls succeed.",
+        "Explaining an action in the turn that takes it; pays only for writes that work: chatty reads earn nothing.",
+        _b4_conditional_reasoning,
+    ),
+    Rule(
+        "B5",
+        "confirmed_write",
+        0.04,
+        "A successful write when the user's latest message explicitly confirms it (the P5 detector).",
+        "The policy-compliant way to change the database: ask, get a yes, then act. The main progress signal.",
+        _b5_confirmed_write,
+    ),
+    Rule(
+        "B6",
+        "verified_before_write",
+        0.02,
+        "A successful write on a reservation_id / user_id fetched in an earlier turn (get_reservation_details / "
+        "get_user_details), not cancelled as last seen, whose every looked-up value (ids, dates, names, airports) "
+        "occurs in an earlier user message or tool result.",
+        "Checking the record before changing it, and acting only on values that came from somewhere: a wrong or "
+        "invented value forfeits it.",
+        _b6_verified_write,
+    ),
+    Rule(
+        "B7",
+        "grounded_reply",
+        0.02,
+        "A turn without tool calls whose message mentions a value (id, flight number, amount of two or more digits) "
+        "from an earlier tool result that the agent had not mentioned before; once per episode.",
+        "Reporting looked-up facts to the user is what COMMUNICATE checks; once per episode, so reciting pays little.",
+        _b7_grounded_reply,
+    ),
+]
+
+RULES: dict[str, Rule] = {rule.rule_id: rule for rule in _RULE_LIST}
+"""All rules in table order: penalties P1–P8, then bonuses B1–B7."""
+
+
+class UnknownRuleError(KeyError):
+    """A rule id that is not in ``RULES``; the message lists the valid ids."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _unknown(rule_ids: Sequence[str]) -> UnknownRuleError:
+    return UnknownRuleError(f"unknown PRM-Lite rule id(s) {list(rule_ids)}; valid ids: {', '.join(RULES)}")
+
+
+def get_rule(rule_id: str) -> Rule:
+    """The rule with ``rule_id`` (e.g. "P5")."""
+    if rule_id not in RULES:
+        raise _unknown([rule_id])
+    return RULES[rule_id]

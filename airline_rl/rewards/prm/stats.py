@@ -1,0 +1,348 @@
+"""Statistics of PRM-Lite scores against labels: rule fire rates, AUC, rank correlation, the calibration summary.
+
+``episode_rule_stats`` is what the trainer logs every step; ``calibrate`` is what ``docs/prm_lite.md`` and
+``benchmarks/prm_calibration.py`` report on the behaviour corpus (``airline_rl.rewards.prm.corpus``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from airline_rl.rewards.prm.detectors import is_confirmation
+from airline_rl.rewards.prm.engine import PRMResult, score_episode
+from airline_rl.rewards.prm.rules import RULES
+
+if TYPE_CHECKING:
+    from airline_rl.rewards.prm.corpus import Trajectory
+
+MIN_FAILURES_FOR_SPEARMAN = 3
+
+
+def episode_rule_stats(results: Sequence[PRMResult], successes: Sequence[bool]) -> dict[str, float]:
+    """Per rule: share of episodes where it fired, and how much more often it fires in successful episodes.
+
+    ``prm/<id>/discriminativeness`` = fire rate among successes − fire rate among failures (0.0 when either group is
+    empty): a rule that rewards good process should be positive for bonuses and negative for penalties.
+    """
+    if len(results) != len(successes):
+        raise ValueError(f"{len(results)} results but {len(successes)} success flags")
+    stats: dict[str, float] = {}
+
+    def rate(group: list[PRMResult], rule_id: str) -> float:
+        return sum(result.rule_counts.get(rule_id, 0) > 0 for result in group) / len(group) if group else 0.0
+
+    good = [result for result, ok in zip(results, successes, strict=True) if ok]
+    bad = [result for result, ok in zip(results, successes, strict=True) if not ok]
+    for rule_id in RULES:
+        stats[f"prm/{rule_id}/fire_rate"] = rate(list(results), rule_id)
+        stats[f"prm/{rule_id}/discriminativeness"] = rate(good, rule_id) - rate(bad, rule_id) if good and bad else 0.0
+    return stats
+
+
+def auc(scores: Sequence[float], labels: Sequence[bool]) -> float:
+    """P(score of a random positive > score of a random negative), ties counted half (Mann–Whitney U / n⁺n⁻).
+
+    NaN when either class is empty."""
+    if len(scores) != len(labels):
+        raise ValueError(f"{len(scores)} scores but {len(labels)} labels")
+    ranks = _ranks(scores)
+    positives = sum(labels)
+    negatives = len(labels) - positives
+    if not positives or not negatives:
+        return math.nan
+    rank_sum = sum(rank for rank, label in zip(ranks, labels, strict=True) if label)
+    return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives)
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties given their average rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (Pearson on average ranks); NaN when either side is constant."""
+    if len(x) != len(y):
+        raise ValueError(f"{len(x)} x values but {len(y)} y values")
+    if len(x) < 2:
+        return math.nan
+    rx, ry = _ranks(x), _ranks(y)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    if sxx == 0 or syy == 0:
+        return math.nan
+    return sxy / math.sqrt(sxx * syy)
+
+
+@dataclass
+class Calibration:
+    """The calibration report of a rule set on a labelled corpus (all fields are plain numbers/dicts)."""
+
+    n_trajectories: int
+    n_tasks: int
+    n_write_tasks: int
+    pooled_auc: float
+    per_task_auc: float  # mean over tasks with both successes and failures of that task's AUC
+    write_task_auc: float  # pooled over the write tasks only
+    spearman_mean: float  # mean over tasks of Spearman(process, progress) among that task's failures
+    spearman_tasks: int  # tasks where it is defined (≥ 3 failures, progress and score not constant)
+    oracle_above_all: int  # tasks where both oracles score strictly above every non-completing trajectory
+    oracle_above_all_failed: list[str]
+    best_farming: tuple[str, float]  # the behaviour with the highest value in ``nonwriting_means``
+    nonwriting_means: dict[str, float]  # behaviour → mean score of its no-write trajectories on write tasks
+    penalty_on_oracle: dict[str, float]  # penalty rule → share of oracle trajectories where it fires
+    rule_rates: dict[str, tuple[float, float, float]]  # rule → (fire rate on successes, on failures, difference)
+    behaviours: dict[str, dict[str, float]] = field(default_factory=dict)  # behaviour → n, success, score stats
+    ceilings: dict[str, float] = field(default_factory=dict)  # see ``auc_ceilings``
+    # (behaviour, task) of a success and of a failure with byte-identical trajectories: see identical_opposite_pairs
+    identical_opposite: list[tuple[str, str, str, str]] = field(default_factory=list)
+    pair_bound: dict[str, float] = field(default_factory=dict)  # see ``pair_bound``
+
+
+ORACLES = ("oracle_terse", "oracle_text")
+
+
+def calibrate(corpus: Sequence[Trajectory], results: Sequence[PRMResult] | None = None) -> Calibration:
+    """Scores ``corpus`` (unless ``results`` are given) and computes the report's numbers."""
+    results = list(results) if results is not None else [score_episode(t.record) for t in corpus]
+    scores = [r.process_score for r in results]
+    labels = [t.success for t in corpus]
+    by_task: dict[str, list[int]] = defaultdict(list)
+    for i, trajectory in enumerate(corpus):
+        by_task[trajectory.task_id].append(i)
+
+    correlations = []
+    task_aucs = []
+    above, failed = 0, []
+    for task_id, indices in by_task.items():
+        failures = [i for i in indices if not corpus[i].success]
+        task_auc = auc([scores[i] for i in indices], [labels[i] for i in indices])
+        if not math.isnan(task_auc):
+            task_aucs.append(task_auc)
+        if len(failures) >= MIN_FAILURES_FOR_SPEARMAN:
+            rho = spearman([scores[i] for i in failures], [corpus[i].progress for i in failures])
+            if not math.isnan(rho):
+                correlations.append(rho)
+        oracle = [scores[i] for i in indices if corpus[i].behaviour in ORACLES]
+        others = [scores[i] for i in failures]
+        if oracle and all(min(oracle) > s for s in others):
+            above += 1
+        else:
+            failed.append(task_id)
+
+    write_tasks = {t.task_id for t in corpus if t.task_writes}
+    nonwriting: dict[str, list[float]] = defaultdict(list)
+    for trajectory, score in zip(corpus, scores, strict=True):
+        if trajectory.task_id in write_tasks and not trajectory.attempts_write:
+            nonwriting[trajectory.behaviour].append(score)
+    nonwriting_means = {b: statistics.fmean(v) for b, v in sorted(nonwriting.items())}
+    best = max(nonwriting_means.items(), key=lambda item: item[1], default=("none", math.nan))
+
+    oracle_results = [r for t, r in zip(corpus, results, strict=True) if t.behaviour in ORACLES]
+    penalty_on_oracle = {
+        rule_id: sum(r.rule_counts.get(rule_id, 0) > 0 for r in oracle_results) / max(len(oracle_results), 1)
+        for rule_id in RULES
+        if rule_id.startswith("P")
+    }
+    stats = episode_rule_stats(results, labels)
+    good = [r for r, ok in zip(results, labels, strict=True) if ok]
+    bad = [r for r, ok in zip(results, labels, strict=True) if not ok]
+
+    def rate(group: list[PRMResult], rule_id: str) -> float:
+        return sum(r.rule_counts.get(rule_id, 0) > 0 for r in group) / len(group) if group else 0.0
+
+    rule_rates = {
+        rule_id: (rate(good, rule_id), rate(bad, rule_id), stats[f"prm/{rule_id}/discriminativeness"])
+        for rule_id in RULES
+    }
+    behaviours: dict[str, dict[str, float]] = {}
+    grouped: dict[str, list[int]] = defaultdict(list)
+    for i, trajectory in enumerate(corpus):
+        grouped[trajectory.behaviour].append(i)
+    for name, indices in grouped.items():
+        values = sorted(scores[i] for i in indices)
+        behaviours[name] = {
+            "n": len(indices),
+            "success_rate": sum(corpus[i].success for i in indices) / len(indices),
+            "mean_progress": statistics.fmean(corpus[i].progress for i in indices),
+            "mean": statistics.fmean(values),
+            "min": values[0],
+            "median": statistics.median(values),
+            "max": values[-1],
+            "mean_on_write_tasks": statistics.fmean([scores[i] for i in indices if corpus[i].task_writes] or [0.0]),
+        }
+    return Calibration(
+        n_trajectories=len(corpus),
+        n_tasks=len(by_task),
+        n_write_tasks=len(write_tasks),
+        pooled_auc=auc(scores, labels),
+        per_task_auc=statistics.fmean(task_aucs) if task_aucs else math.nan,
+        write_task_auc=auc(
+            [s for s, t in zip(scores, corpus, strict=True) if t.task_writes],
+            [t.success for t in corpus if t.task_writes],
+        ),
+        spearman_mean=statistics.fmean(correlations) if correlations else math.nan,
+        spearman_tasks=len(correlations),
+        oracle_above_all=above,
+        oracle_above_all_failed=sorted(failed, key=lambda t: (len(t), t)),
+        best_farming=best,
+        nonwriting_means=nonwriting_means,
+        penalty_on_oracle=penalty_on_oracle,
+        rule_rates=rule_rates,
+        behaviours=behaviours,
+        ceilings=auc_ceilings(corpus),
+        identical_opposite=identical_opposite_pairs(corpus),
+        pair_bound=pair_bound(corpus),
+    )
+
+
+# Ceilings of the pooled AUC ------------------------------------------------------------------------------------------
+
+PENALISED_BEHAVIOURS = frozenset(
+    {"placeholder_arguments", "staged_failure_farmer", "repeated_reads", "premature_transfer", "rambler"}
+)
+"""Behaviours the seed intents penalise (placeholder, redundancy, error repetition, premature transfer, length): a
+process reward must not rank them above honest work, even where they happen to succeed. The noop is left out (P7 now
+charges its blind refusal too) so that the bound assumes the least; counting it in gives a ceiling of about 0.78 as
+well."""
+
+
+def best_auc(
+    keys: Sequence[object],
+    labels: Sequence[bool],
+    demote: Sequence[bool] | None = None,
+    above: Sequence[bool] | None = None,
+) -> float:
+    """The highest pooled AUC of any score that is constant on classes of equal key.
+
+    Ranking the classes by their success rate is optimal (ties inside a class count half, as in ``auc``). With
+    ``demote`` and ``above`` (masks over the trajectories), demoted classes must rank below every class of an
+    ``above`` trajectory: a demoted class whose rate is at least the lowest such rate moves just below it, keeping
+    its order among the demoted; the others already are where the constraint wants them."""
+    outcomes: dict[object, list[bool]] = defaultdict(list)
+    for key, label in zip(keys, labels, strict=True):
+        outcomes[key].append(label)
+    rate = {key: sum(values) / len(values) for key, values in outcomes.items()}
+    if demote is not None and above is not None:
+        demoted = {key for key, down in zip(keys, demote, strict=True) if down}
+        floor = min((rate[key] for key, up in zip(keys, above, strict=True) if up and key not in demoted), default=0.0)
+        rate = {key: floor - 1e-6 * (2.0 - r) if key in demoted and r >= floor else r for key, r in rate.items()}
+    return auc([rate[key] for key in keys], labels)
+
+
+def _exact_key(trajectory: Trajectory) -> str:
+    record = trajectory.record
+    calls = [(c.name, c.arguments, c.error) for c in record.tool_calls]
+    return json.dumps([record.messages[1:], calls], sort_keys=True, default=str)
+
+
+def _structure_key(trajectory: Trajectory) -> tuple[object, ...]:
+    """What a trajectory looks like without its wording and values: who spoke, which tools, which failed, the stop
+    token or confirmation of each user message, turns cut off."""
+    record = trajectory.record
+    users = []
+    for message in record.messages[1:]:
+        if message.get("role") == "user":
+            text = str(message.get("content") or "")
+            users.append(text if text.startswith("###") else "confirms" if is_confirmation(text) else "says")
+    turns = tuple(
+        (tuple((c.name, c.error) for c in (record.tool_calls[i] for i in turn.tool_call_indices
+                                           if 0 <= i < len(record.tool_calls))), turn.truncated)
+        for turn in record.turns
+    )  # fmt: skip
+    return tuple(users), turns
+
+
+def auc_ceilings(corpus: Sequence[Trajectory]) -> dict[str, float]:
+    """Upper bounds of the pooled AUC for scorers that see less than everything (docs/prm_lite.md explains them).
+
+    - ``exact``: any function of the trajectory (identical trajectories must tie);
+    - ``structure``: any function of the structure (``_structure_key``), however it is weighted;
+    - ``behaviour``: a scorer that knows only which behaviour produced each trajectory;
+    - ``behaviour_writes_exact``: knows the behaviour and judges every trajectory that writes perfectly, but cannot
+      tell a non-writing trajectory on a read-only task from the same behaviour's on a write task (that needs deciding,
+      from the records and the policy, whether the request should have been granted: solving the task);
+    - ``..._penalised_below_honest_reads``: the same with the penalised behaviours (``PENALISED_BEHAVIOURS``) ranked
+      below every honest trajectory that writes nothing; ``..._penalised_last``: below every honest trajectory.
+    """
+    labels = [t.success for t in corpus]
+    pooled = [t.behaviour if not t.attempts_write else _exact_key(t) for t in corpus]
+    penalised = [t.behaviour in PENALISED_BEHAVIOURS for t in corpus]
+    honest_reads = [not p and not t.attempts_write for p, t in zip(penalised, corpus, strict=True)]
+    honest = [not p for p in penalised]
+    return {
+        "exact": best_auc([_exact_key(t) for t in corpus], labels),
+        "structure": best_auc([_structure_key(t) for t in corpus], labels),
+        "behaviour": best_auc([t.behaviour for t in corpus], labels),
+        "behaviour_writes_exact": best_auc(pooled, labels),
+        "behaviour_writes_exact_penalised_below_honest_reads": best_auc(pooled, labels, penalised, honest_reads),
+        "behaviour_writes_exact_penalised_last": best_auc(pooled, labels, penalised, honest),
+    }
+
+
+def identical_opposite_pairs(corpus: Sequence[Trajectory]) -> list[tuple[str, str, str, str]]:
+    """(behaviour and task of the success, behaviour and task of the failure) for every pair of byte-identical
+    trajectories (messages and calls) with opposite outcomes: no scorer that reads only the trajectory ranks them."""
+    by_key: dict[str, list[Trajectory]] = defaultdict(list)
+    for trajectory in corpus:
+        by_key[_exact_key(trajectory)].append(trajectory)
+    return sorted(
+        (good.behaviour, good.task_id, bad.behaviour, bad.task_id)
+        for group in by_key.values()
+        for good in group
+        if good.success
+        for bad in group
+        if not bad.success
+    )
+
+
+def pair_bound(corpus: Sequence[Trajectory]) -> dict[str, float]:
+    """The pooled AUC averages over (success, failure) pairs; two disjoint blocks of them no process reward can win.
+
+    - ``penalised_vs_honest``: a success of a penalised behaviour (``PENALISED_BEHAVIOURS``, lucky on a read-only
+      task) against a failure of any other behaviour: lost by every scorer that ranks them below honest work;
+    - ``honest_no_write``: a success and a failure of the honest behaviours that write nothing (noop, the read
+      farmers, partial oracles that stop before the first write; the oracle excluded): one on a read-only task, one on
+      a write task. A scorer whose score of such a trajectory depends on its behaviour only, not on whether its task
+      needed a write, loses at least ``honest_no_write_lost`` of them (``best_auc`` with the behaviour as key, on
+      that block alone).
+
+    ``bound`` = 1 − (both losses) / ``pairs``: no such scorer exceeds it, however the other pairs go."""
+    good = [t for t in corpus if t.success]
+    bad = [t for t in corpus if not t.success]
+    penalised = sum(g.behaviour in PENALISED_BEHAVIOURS and b.behaviour not in PENALISED_BEHAVIOURS
+                    for g in good for b in bad)  # fmt: skip
+    block = [
+        t
+        for t in corpus
+        if t.behaviour not in PENALISED_BEHAVIOURS and t.behaviour not in ORACLES and not t.attempts_write
+    ]
+    block_good = sum(t.success for t in block)
+    block_pairs = block_good * (len(block) - block_good)
+    best = best_auc([t.behaviour for t in block], [t.success for t in block]) if block_pairs else 1.0
+    lost = (1.0 - best) * block_pairs
+    pairs = len(good) * len(bad)
+    return {
+        "pairs": float(pairs),
+        "penalised_vs_honest": float(penalised),
+        "honest_no_write": float(block_pairs),
+        "honest_no_write_lost": lost,
+        "bound": 1.0 - (penalised + lost) / pairs if pairs else math.nan,
+    }

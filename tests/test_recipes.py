@@ -1,0 +1,39 @@
+"""Every training recipe parses with the pinned transformers/TRL (a renamed field fails here, not on a GPU box).
+
+The GPU recipes ask for bf16, which TrainingArguments refuses on a machine without a GPU; the test overrides only
+that, so every other key is checked exactly as a user's launch would check it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import train_grpo
+import train_sft
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+GRPO_RECIPES = sorted(
+    [*(REPO_ROOT / "recipes" / "grpo").glob("*.yaml"), *(REPO_ROOT / "recipes" / "ablation").glob("grpo_*.yaml")]
+)
+SFT_RECIPES = sorted(
+    [*(REPO_ROOT / "recipes" / "sft").glob("*.yaml"), *(REPO_ROOT / "recipes" / "ablation").glob("sft_*.yaml")]
+)
+CPU_OVERRIDES = ["--bf16", "false", "--use_cpu", "true"]  # GPU recipes on this CPU-only machine
+
+
+@pytest.mark.parametrize("recipe", GRPO_RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_grpo_recipe_parses(recipe: Path) -> None:
+    script_args, training_args, _ = train_grpo.make_parser().parse_args_and_config(
+        args=["--config", str(recipe), *CPU_OVERRIDES]
+    )
+    assert training_args.variant in {"vanilla", "turn_discount", "prm_lite", "lata", "joint"}
+    assert training_args.max_steps > 0 and script_args.split
+
+
+@pytest.mark.parametrize("recipe", SFT_RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_sft_recipe_parses(recipe: Path) -> None:
+    parsed = train_sft.make_parser().parse_args_and_config(args=["--config", str(recipe), *CPU_OVERRIDES])
+    training_args = parsed[1]
+    assert training_args.learning_rate > 0
