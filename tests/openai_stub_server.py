@@ -5,7 +5,8 @@ It is a real HTTP server on a real socket (``ThreadingHTTPServer`` in a backgrou
 ``GET /v1/models`` and ``POST /v1/chat/completions`` (non-streaming) and behaves according to a mode:
 
 - ``echo``: a deterministic reply that quotes the newest message (the agent's text, role ``user`` here);
-- ``stop``: like ``echo``, but replies ``###STOP###`` once the conversation holds ``stop_after`` earlier replies;
+- ``stop``: like ``echo``, but replies ``###STOP###`` once the conversation holds ``stop_after`` earlier replies
+  (``stop_after_by_text`` overrides it for conversations containing a given text, e.g. one task's user id);
 - ``error``: HTTP 500 on every request;
 - ``hang``: sleeps ``hang_s`` (longer than any client timeout) before answering;
 - ``slow``: answers like ``echo`` after ``delay_s``;
@@ -93,6 +94,7 @@ class StubServer:
         mode: str = "echo",
         *,
         stop_after: int = 2,
+        stop_after_by_text: dict[str, int] | None = None,
         delay_s: float = 0.2,
         hang_s: float = 30.0,
         model: str = "stub-model",
@@ -100,6 +102,7 @@ class StubServer:
         marker(mode)  # validates the mode
         self.mode = mode
         self.stop_after = stop_after
+        self.stop_after_by_text = dict(stop_after_by_text or {})
         self.delay_s = delay_s
         self.hang_s = hang_s
         self.model = model
@@ -173,6 +176,10 @@ class StubServer:
         found = [m for message in messages for m in MARKER.findall(str(message.get("content") or ""))]
         return found[-1] if found and found[-1] in MODES else self.mode
 
+    def _stop_after(self, messages: list[dict[str, Any]]) -> int:
+        text = " ".join(str(message.get("content") or "") for message in messages)
+        return next((n for needle, n in self.stop_after_by_text.items() if needle in text), self.stop_after)
+
     def _answer(self, mode: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         messages = body.get("messages") or []
         if mode == "error":
@@ -185,7 +192,7 @@ class StubServer:
         newest = str(messages[-1].get("content") or "") if messages else ""
         if mode == "empty":
             content = ""
-        elif mode == "stop" and earlier_replies >= self.stop_after:
+        elif mode == "stop" and earlier_replies >= self._stop_after(messages):
             content = STOP_REPLY
         else:
             content = f"[reply {earlier_replies + 1} seed={body.get('seed')}] You said: {newest[:80]}"

@@ -344,10 +344,8 @@ def test_bad_input_fails_with_a_message_naming_it(tmp_path: Path, overrides: dic
     assert not (tmp_path / "out").exists()
 
 
-def test_vllm_backend_without_vllm_is_a_clear_error(tmp_path: Path, tiny_model: Path) -> None:
+def test_vllm_backend_without_vllm_is_a_clear_error(tmp_path: Path, tiny_model: Path, hide_vllm: None) -> None:
     pytest.importorskip("torch")
-    if __import__("importlib").util.find_spec("vllm") is not None:
-        pytest.skip("vLLM is installed")
     with pytest.raises(EvaluationError, match="vLLM"):
         run_evaluation(tiny_args(tmp_path / "out", tiny_model, backend="vllm"))
     assert not (tmp_path / "out").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -121,25 +122,40 @@ def test_user_llm_dry_run_prints_the_exact_command(capsys: pytest.CaptureFixture
     assert serve_user_llm.main([*argv, "--max-model-len", "32768", "--dry-run", "--", "--enforce-eager"]) == 0
     out = capsys.readouterr().out
     expected = (
-        f"{OFFLINE} CUDA_VISIBLE_DEVICES=1 {sys.executable} -m vllm.entrypoints.cli.main serve "
-        "/models/Qwen2.5-72B-Instruct-AWQ --served-model-name Qwen2.5-72B-Instruct-AWQ --host 127.0.0.1 --port 8001 "
-        "--tensor-parallel-size 1 --gpu-memory-utilization 0.9 --dtype auto --enable-prefix-caching "
+        f"{OFFLINE} CUDA_VISIBLE_DEVICES=1 {sys.executable} -m vllm.entrypoints.openai.api_server "
+        "--model /models/Qwen2.5-72B-Instruct-AWQ --served-model-name Qwen2.5-72B-Instruct-AWQ --host 127.0.0.1 "
+        "--port 8001 --tensor-parallel-size 1 --gpu-memory-utilization 0.9 --dtype auto --enable-prefix-caching "
         "--generation-config vllm --max-model-len 32768 --enforce-eager\n"
     )
     assert out == expected
 
 
 def test_policy_dry_run_prints_the_exact_trl_vllm_serve_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """The server trl vllm-serve would start for these flags, run through vLLM's api_server module."""
+    from trl.scripts.vllm_serve import build_command as trl_build_command
+    from trl.scripts.vllm_serve import make_parser as trl_make_parser
+
     argv = ["--model", "/models/Qwen2.5-7B-Instruct", "--gpu-ids", "6,7", "--tensor-parallel-size", "2"]
-    assert serve_policy_vllm.main([*argv, "--port", "8000", "--host", "0.0.0.0", "--dry-run"]) == 0
+    assert serve_policy_vllm.main([*argv, "--port", "8000", "--host", "0.0.0.0", "--dry-run", "--", "--x", "1"]) == 0
     out = capsys.readouterr().out
-    expected = (
-        f"{OFFLINE} CUDA_VISIBLE_DEVICES=6,7 {sys.executable} -m trl.cli.main vllm-serve "
-        "--model /models/Qwen2.5-7B-Instruct --host 0.0.0.0 --port 8000 --tensor_parallel_size 2 "
-        "--data_parallel_size 1 --gpu_memory_utilization 0.9 --dtype auto --enable_prefix_caching true "
-        "--max_model_len 16384\n"
-    )
-    assert out == expected
+    trl_flags = [
+        "--model", "/models/Qwen2.5-7B-Instruct", "--host", "0.0.0.0", "--port", "8000", "--tensor_parallel_size",
+        "2", "--data_parallel_size", "1", "--gpu_memory_utilization", "0.9", "--dtype", "auto",
+        "--enable_prefix_caching", "true", "--max_model_len", "16384",
+    ]  # fmt: skip
+    (script_args,) = trl_make_parser().parse_args_into_dataclasses(trl_flags)
+    trl_command = trl_build_command(script_args, ["--x", "1"])
+    assert trl_command[:5] == [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "serve",
+        "/models/Qwen2.5-7B-Instruct",
+    ]
+    expected = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/Qwen2.5-7B-Instruct"]
+    assert out.startswith(f"{OFFLINE} CUDA_VISIBLE_DEVICES=6,7 VLLM_SERVER_DEV_MODE=1 ")
+    assert out.split(" VLLM_SERVER_DEV_MODE=1 ", 1)[1] == shlex.join(expected + trl_command[5:]) + "\n"
+    assert "--weight-transfer-config" in trl_command and trl_command[-2:] == ["--x", "1"]
 
 
 def test_dry_run_as_a_file_and_as_a_module(tmp_path: Path) -> None:
@@ -153,7 +169,7 @@ def test_dry_run_as_a_file_and_as_a_module(tmp_path: Path) -> None:
             timeout=60,
         )
         assert done.returncode == 0, done.stderr
-        assert "vllm.entrypoints.cli.main serve /models/m --served-model-name m" in done.stdout
+        assert "vllm.entrypoints.openai.api_server --model /models/m --served-model-name m" in done.stdout
     done = subprocess.run(
         [sys.executable, "scripts/serve_policy_vllm.py", "--model", str(tmp_path / "missing")],
         cwd=ROOT,
@@ -165,15 +181,13 @@ def test_dry_run_as_a_file_and_as_a_module(tmp_path: Path) -> None:
 
 
 def test_the_trl_vllm_serve_flags_exist() -> None:
-    """Every flag the policy launcher passes is one `trl vllm-serve` accepts (checked against TRL's parser)."""
+    """Every flag the policy launcher gives `trl vllm-serve` is one it accepts (checked against TRL's parser)."""
     from trl.scripts.vllm_serve import make_parser
 
     args = serve_policy_vllm.make_parser().parse_args(["--model", "/m"])
-    command = serve_policy_vllm.build_command(args)
-    flags = command[command.index("vllm-serve") + 1 :]
+    flags = serve_policy_vllm.trl_vllm_serve_arguments(args)
     (parsed,) = make_parser().parse_args_into_dataclasses(flags)
     assert parsed.model == "/m" and parsed.port == 8000 and parsed.host == "127.0.0.1"
-    assert parsed.enable_prefix_caching is True and parsed.max_model_len == 16384
 
 
 # --------------------------------------------------------------------------------------------------- health wait
@@ -334,7 +348,9 @@ def test_gpu_smoke_dry_run_prints_every_command_and_the_table_header() -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     commands = [line for line in lines if line and not line.startswith(("#", "check", "---", "(dry run"))]
-    assert len(commands) == 1 + 5 + 1 + 1 + 1  # tiny model, GRPO per variant, collect, SFT, evaluation
+    # tiny model, GRPO per variant, collect, SFT, evaluation; served user: server, evaluation, GRPO; trl vllm-serve:
+    # server, completion
+    assert len(commands) == 1 + 5 + 1 + 1 + 1 + 3 + 2
     for variant in ("vanilla", "turn_discount", "prm_lite", "lata", "joint"):
         assert any(
             "train_grpo.py --config recipes/ablation/grpo_gpu_smoke.yaml" in c and f"--variant {variant} " in c
@@ -351,8 +367,9 @@ def test_gpu_smoke_dry_run_prints_every_command_and_the_table_header() -> None:
     same = smoke(env={"GPU_SMOKE_DRY_RUN": "1"})
     assert same.returncode == 0 and same.stdout == done.stdout
     narrow = smoke("--dry-run", "--variants", "lata joint", "--gpu", "3")
-    assert narrow.stdout.count("train_grpo.py") == 2 and "CUDA_VISIBLE_DEVICES=3" in narrow.stdout
-    assert narrow.stdout.count("single_gpu.yaml --gpu_ids 3 train_") == 3  # 2 x GRPO, SFT
+    assert narrow.stdout.count("train_grpo.py") == 2 + 1 and "CUDA_VISIBLE_DEVICES=3" in narrow.stdout
+    assert narrow.stdout.count("single_gpu.yaml --gpu_ids 3 train_") == 4  # 2 x GRPO, SFT, GRPO with the LLM user
+    assert "--model gpu-smoke-joint --steps 1,2" in narrow.stdout  # the last variant's two checkpoints
 
 
 def test_gpu_smoke_recipes_are_what_the_check_promises() -> None:
@@ -383,13 +400,18 @@ def test_gpu_smoke_commands_parse_with_the_real_entry_points() -> None:
                 [*argv, *cpu, "--use_vllm", "false"]
             )
             assert training_args.max_steps == 2 and script_args.hub_dir == "outputs/gpu-smoke/hub"
+            assert training_args.save_steps == 1
         elif "train_sft.py" in words:
             argv = words[words.index("train_sft.py") + 1 :]
             script_args, training_args, model_args = train_sft.make_parser().parse_args_and_config([*argv, *cpu])
             assert training_args.max_steps == 5 and script_args.dataset_path == "outputs/gpu-smoke/trajectories"
         elif "evaluate.py" in words:
             (args,) = evaluate.make_parser().parse_args_and_config(words[words.index("evaluate.py") + 1 :])
-            assert args.backend == "vllm" and args.tasks == "0,2,5"
+            assert args.tasks == "0,2,5"
+            assert (args.backend, args.steps) == ("vllm", "1,2") or (args.backend, args.user_simulator) == (
+                "transformers",
+                "llm",
+            )
 
 
 def test_gpu_smoke_rejects_bad_input_and_needs_a_gpu_outside_dry_run() -> None:

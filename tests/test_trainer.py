@@ -9,7 +9,6 @@ model plays real multi-turn episodes (user and tool messages between policy turn
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -344,8 +343,7 @@ def test_unknown_task_fails_before_the_model_is_loaded(tmp_path, tiny_model_dir,
         train_grpo.main(*train_grpo.parse_args(cli(tmp_path, tiny_model_dir, "--tasks", "999")))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
-def test_use_vllm_without_vllm_is_a_clear_error():
+def test_use_vllm_without_vllm_is_a_clear_error(hide_vllm: None):
     with pytest.raises(ValueError, match="--use_vllm needs vLLM, which is not installed"):
         MultiTurnGRPOConfig(output_dir="unused", variant="vanilla", use_vllm=True)
 

@@ -144,7 +144,7 @@ def test_variant_defaults_are_filled_and_loss_type_is_luspo(tmp_path):
     )
 
 
-def test_unknown_variant_and_vllm_without_vllm_fail_clearly(tmp_path):
+def test_unknown_variant_and_vllm_without_vllm_fail_clearly(tmp_path, hide_vllm):
     with pytest.raises(ValueError, match="valid variants"):
         MultiTurnGRPOConfig(output_dir=str(tmp_path), variant="bogus", bf16=False)
     with pytest.raises(ValueError, match="needs vLLM"):

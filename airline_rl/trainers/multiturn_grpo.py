@@ -371,10 +371,13 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         metrics["timing/env_user"].append(timings.env + timings.user)
         metrics["timing/reward_prm"].append(timings.reward)
         metrics["timing/rollout"].append(seconds)
-        if hasattr(self.user, "stats"):
-            for key, value in self.user.stats().items():
-                if isinstance(value, int | float):
-                    metrics[f"user_sim/{key}"].append(float(value))
+        if hasattr(self.user, "stats"):  # each rank has its own client: counts summed, latencies the worst rank's
+            stats = [self.user.stats()]
+            stats = gather_object(stats) if self.accelerator.num_processes > 1 else stats
+            for key in stats[0]:
+                values = [float(s[key]) for s in stats if isinstance(s.get(key), int | float)]
+                if values:
+                    metrics[f"user_sim/{key}"].append(max(values) if key.startswith("latency") else sum(values))
 
 
 def _episode_summary(record: EpisodeRecord, prm: PRMResult) -> dict[str, Any]:

@@ -1,0 +1,101 @@
+"""``train_grpo.py`` with probes, for the tests that launch real GRPO runs (vLLM colocate, two processes).
+
+    accelerate launch ... tests/grpo_probe.py <train_grpo.py arguments>      # GRPO_PROBE_DIR=<dir>
+
+It runs ``train_grpo.main`` unchanged, with a ``MultiTurnGRPOTrainer`` subclass that records, per rank, into
+``$GRPO_PROBE_DIR/rank<k>.jsonl``:
+
+- ``rollout``: this rank's episodes of the step (task ids, turns), before the metrics are gathered;
+- ``probe`` (colocated vLLM only): right after the step's generation — so after TRL pushed the trainer's weights into
+  the engine — the log-probabilities vLLM and the trainer's model give the tokens of a fixed prompt;
+- ``log``: the metrics dict every rank computes at each logging step (TRL gathers them across ranks).
+
+``GRPO_PROBE_REWARD=length`` trains on the length of the policy's text instead of the task's rewards: a random tiny
+model earns τ²'s reward 0 in every episode, so its advantages — and its updates — would all be zero, and a weight
+sync test needs weights that move.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
+
+import train_grpo  # noqa: E402
+from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer  # noqa: E402
+
+PROBE_TEXT = "Hello, I would like to change my flight reservation to an earlier date, please."
+
+
+def length_reward(completions: list, **kwargs: Any) -> list[float]:
+    """Characters the policy wrote in the episode, in hundreds (varies between samples of a random model)."""
+    return [sum(len(m.get("content") or "") for m in c if m.get("role") == "assistant") / 100 for c in completions]
+
+
+class ProbedTrainer(MultiTurnGRPOTrainer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if os.environ.get("GRPO_PROBE_REWARD") == "length":
+            kwargs["reward_funcs"] = [length_reward]
+            kwargs["args"].reward_weights = [1.0]
+        super().__init__(*args, **kwargs)
+        self.add_callback(_RankLog(self))
+        # --generation_kwargs is JSON, whose object keys are strings; vLLM's SamplingParams(...) takes logit_bias
+        # token ids as ints (only SamplingParams.from_optional converts), and TRL passes the dict on as is.
+        generation = getattr(self, "vllm_generation", None)
+        bias = (getattr(generation, "generation_kwargs", None) or {}).get("logit_bias")
+        if bias:
+            generation.generation_kwargs["logit_bias"] = {int(token): value for token, value in bias.items()}
+
+    def _probe_write(self, record: dict[str, Any]) -> None:
+        directory = Path(os.environ["GRPO_PROBE_DIR"])
+        directory.mkdir(parents=True, exist_ok=True)
+        record = {"rank": self.accelerator.process_index, "step": self.state.global_step, **record}
+        with open(directory / f"rank{self.accelerator.process_index}.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def _log_rollout_metrics(self, mode, records, prm_results, summaries, timings, seconds) -> None:  # noqa: ANN001
+        turns = [len(r.turns) for r in records]
+        self._probe_write({"kind": "rollout", "tasks": [s["task_id"] for s in summaries], "turns": turns})
+        super()._log_rollout_metrics(mode, records, prm_results, summaries, timings, seconds)
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        output = super()._generate_and_score_completions(inputs)
+        if self.use_vllm and self.vllm_generation.mode == "colocate":
+            self._probe_write({"kind": "probe", **self._probe_logprobs()})
+        return output
+
+    def _probe_logprobs(self) -> dict[str, list[float]]:
+        from vllm import SamplingParams
+
+        ids = self.processing_class(PROBE_TEXT)["input_ids"]
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
+        (result,) = self.vllm_generation.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
+        engine = [entry[token].logprob for token, entry in zip(ids[1:], result.prompt_logprobs[1:], strict=True)]
+        model = self.accelerator.unwrap_model(self.model)
+        with torch.no_grad():
+            logits = model(torch.tensor([ids], device=self.accelerator.device)).logits[0, :-1].float()
+        trainer = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1)
+        return {"vllm": engine, "trainer": trainer.tolist()}
+
+
+class _RankLog(TrainerCallback):
+    """Trainer.log calls on_log on every rank with the final metrics dict (TRL's are gathered across ranks)."""
+
+    def __init__(self, trainer: ProbedTrainer) -> None:
+        self.trainer = trainer
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+        self.trainer._probe_write({"kind": "log", "logs": dict(logs or {})})
+
+
+if __name__ == "__main__":
+    train_grpo.MultiTurnGRPOTrainer = ProbedTrainer
+    train_grpo.main(*train_grpo.parse_args())

@@ -1,0 +1,129 @@
+"""GRPO in two processes for real: ``accelerate launch --multi_gpu --num_processes 2`` on CPU (torchrun, gloo).
+
+The wave synchronisation (every rank joins each wave's generation; a rank whose episodes are over joins with a
+dummy) is what keeps multi-process generation collectives in step. Here the two ranks really get different numbers
+of turns: the user simulator is a local OpenAI-compatible stub that ends task 0's conversations after one reply and
+task 1's after three, and the two tasks land on different ranks. Each rank records its episodes and the metrics it
+logs (tests/grpo_probe.py); both must finish every step, agree on every gathered metric, and one checkpoint is saved.
+
+Without vLLM: marked slow (CI's slow stage). With vLLM colocated (one engine per rank, a core each): marked vllm.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.openai_stub_server import StubServer
+
+ROOT = Path(__file__).resolve().parents[1]
+TWO_PROCESSES = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                 "accelerate_configs/multi_gpu.yaml", "--num_processes", "2", "--mixed_precision", "no"]  # fmt: skip
+# Task 0's user (Emma Kim) stops after one reply, task 1's (Raj Sanchez) after three.
+STOP_AFTER = {"emma_kim_9957": 1, "raj_sanchez_7340": 3}
+
+
+def grpo_command(model: Path, out: Path, user_url: str, extra: list[str]) -> list[str]:
+    return [*TWO_PROCESSES, "tests/grpo_probe.py", "--config", "recipes/grpo/cpu_smoke.yaml",
+            "--model_name_or_path", str(model), "--output_dir", str(out / "run"), "--run_name", "two-ranks",
+            "--hub_dir", str(out / "hub"), "--use_cpu", "true", "--bf16", "false",
+            "--tasks", "0,1", "--task_repeats", "1", "--num_generations", "2", "--per_device_train_batch_size", "2",
+            "--gradient_accumulation_steps", "1", "--shuffle_dataset", "false", "--max_turns", "6",
+            "--max_turn_tokens", "8", "--max_completion_length", "1024", "--max_steps", "2", "--save_steps", "2",
+            "--logging_steps", "1", "--user_simulator", "llm", "--user_base_url", user_url, "--user_model",
+            "stub-model", "--user_timeout", "30", "--user_max_retries", "1", *extra]  # fmt: skip
+
+
+def end_of_turn_id(model: Path) -> int:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model).convert_tokens_to_ids("<|im_end|>")
+
+
+def run_two_ranks(tmp_path: Path, model: Path, env: dict[str, str], extra: list[str]) -> dict[int, list[dict]]:
+    probe = tmp_path / "probe"
+    with StubServer("stop", stop_after_by_text=STOP_AFTER) as stub:
+        command = grpo_command(model, tmp_path, stub.base_url, extra)
+        log = tmp_path / "grpo.log"
+        with open(log, "w", encoding="utf-8") as out:
+            done = subprocess.run(
+                command, cwd=ROOT, env=env | {"GRPO_PROBE_DIR": str(probe)}, stdout=out, stderr=subprocess.STDOUT,
+                timeout=1800,
+            )  # fmt: skip
+    assert done.returncode == 0, log.read_text(errors="replace")[-5000:]
+    ranks = {}
+    for rank in (0, 1):
+        lines = (probe / f"rank{rank}.jsonl").read_text(encoding="utf-8").splitlines()
+        ranks[rank] = [json.loads(line) for line in lines]
+    return ranks
+
+
+def check_two_ranks(tmp_path: Path, ranks: dict[int, list[dict[str, Any]]]) -> None:
+    rollouts = {rank: [r for r in records if r["kind"] == "rollout"] for rank, records in ranks.items()}
+    for rank in (0, 1):  # every rank played both steps
+        assert [r["step"] for r in rollouts[rank]] == [0, 1], rank
+    for step in (0, 1):  # ... on different tasks, with different numbers of turns
+        first, second = rollouts[0][step], rollouts[1][step]
+        assert set(first["tasks"]).isdisjoint(second["tasks"])
+        assert max(first["turns"]) != max(second["turns"]), (first, second)
+    logs = {rank: [r["logs"] for r in records if r["kind"] == "log" and "loss" in r["logs"]] for rank, records in
+            ranks.items()}  # fmt: skip
+    assert len(logs[0]) == len(logs[1]) == 2
+    for mine, theirs in zip(logs[0], logs[1], strict=True):  # the gathered metrics are the same on both ranks
+        assert mine.keys() == theirs.keys()
+        for key in mine:
+            a, b = mine[key], theirs[key]
+            if key in ("step_time",) or key.startswith("timing/"):
+                continue  # each rank's own clock
+            same = a == b or (isinstance(a, float) and isinstance(b, float) and math.isclose(a, b, rel_tol=1e-6))
+            assert same, (key, a, b)
+        assert mine["episode/user_sim_errors"] == 0
+    turns = [t for rank in (0, 1) for t in rollouts[rank][0]["turns"]]
+    assert math.isclose(logs[0][0]["episode/turns"], sum(turns) / len(turns))  # both ranks' episodes gathered
+    saved = sorted(p.name for p in (tmp_path / "hub" / "two-ranks").iterdir() if p.is_dir())
+    assert saved == ["step-000002"]  # one checkpoint, written once
+    assert (tmp_path / "run" / "checkpoint-2").is_dir()
+
+
+@pytest.mark.slow
+def test_two_process_grpo_with_ranks_on_different_turn_counts(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(ROOT)}  # fmt: skip
+    model = tmp_path / "tiny-qwen2"  # train_grpo.py's default tiny model (4k vocabulary: the real prompt fits)
+    subprocess.run([sys.executable, "-m", "scripts.build_tiny_model", "--output_dir", str(model)], cwd=ROOT, env=env,
+                   check=True, capture_output=True, timeout=600)  # fmt: skip
+    bias = json.dumps({"sequence_bias": [[[end_of_turn_id(model)], 10.0]]})
+    check_two_ranks(tmp_path, run_two_ranks(tmp_path, model, env, ["--generation_kwargs", bias]))
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_two_process_grpo_with_vllm_colocated(tmp_path: Path) -> None:
+    """The same with one colocated vLLM engine per rank (TP 1): each engine on its own core."""
+    from tests.vllm_cpu import GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, TINY_VLLM_MODEL, cpu_env, plugin_dir
+
+    plugin = plugin_dir(tmp_path / "plugin")
+    env = cpu_env(plugin, ROOT, threads_bind="0|1")
+    model = tmp_path / "tiny-qwen2-h256"
+    sizes = [f"--{key}={value}" for key, value in TINY_VLLM_MODEL.items()]
+    subprocess.run([sys.executable, "-m", "scripts.build_tiny_model", "--output_dir", str(model), *sizes], cwd=ROOT,
+                   env=env, check=True, capture_output=True, timeout=600)  # fmt: skip
+    extra = ["--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_gpu_memory_utilization",
+             str(GPU_MEMORY_UTILIZATION / 2), "--vllm_max_model_length", str(MAX_MODEL_LEN), "--generation_kwargs",
+             json.dumps({"logit_bias": {str(end_of_turn_id(model)): 10.0}})]  # fmt: skip
+    ranks = run_two_ranks(tmp_path, model, env, extra)
+    check_two_ranks(tmp_path, ranks)
+    for records in ranks.values():  # each rank's engine scores a fixed prompt as its trainer does, at every step
+        probes = [r for r in records if r["kind"] == "probe"]
+        assert [r["step"] for r in probes] == [0, 1]
+        for probe in probes:
+            gap = sum(abs(a - b) for a, b in zip(probe["vllm"], probe["trainer"], strict=True)) / len(probe["vllm"])
+            assert gap < 0.02, (probe["rank"], probe["step"], gap)
