@@ -28,6 +28,7 @@ from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.envs.users import get_user_simulator
 from airline_rl.hub import HubError, LocalHubCallback, ensure_writable
 from airline_rl.script_setup import setup_run
+from airline_rl.trainers.console import use_step_lines
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,14 @@ def resolve_model_path(
                 "(nothing is downloaded)"
             )
         return str(path)
+    if script_args.warmup_tasks:
+        from airline_rl.data.default_policy import build_default_policy, default_policy_dir
+
+        tasks = [t.strip() for t in script_args.warmup_tasks.split(",") if t.strip()]
+        directory = default_policy_dir(Path(output_dir).parent, tasks, script_args.warmup_epochs)
+        return str(
+            build_default_policy(directory, tasks, epochs=script_args.warmup_epochs, data_dir=script_args.data_dir)
+        )
     from airline_rl.data.tiny_model import build_tiny_model, default_tiny_model_dir
 
     directory = script_args.tiny_model_dir or default_tiny_model_dir(Path(output_dir).parent)
@@ -88,6 +97,10 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     try:
         ensure_writable(script_args.hub_dir)
         env = AirlineEnv(script_args.data_dir, EnvConfig(script_args.max_turns, script_args.max_tool_errors))
+        if script_args.compact_prompt or (script_args.warmup_tasks and not model_args.model_name_or_path):
+            from airline_rl.data.default_policy import compact_env
+
+            compact_env(env)
         train_dataset = task_dataset(script_args, env, env.system_prompt)
     except (HubError, KeyError, ValueError) as err:  # bad --hub_dir, --data_dir, --split or --tasks
         raise SystemExit(f"error: {err.args[0] if isinstance(err, KeyError) else err}") from None
@@ -130,12 +143,13 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     }  # fmt: skip
     hub = LocalHubCallback(trainer, script_args.hub_dir, run_name, hub_config)
     trainer.add_callback(hub)
+    use_step_lines(trainer, str(Path(script_args.hub_dir) / run_name))
 
     checkpoint = training_args.resume_from_checkpoint
     if checkpoint is None and os.path.isdir(training_args.output_dir):
         checkpoint = get_last_checkpoint(training_args.output_dir)
     if checkpoint:
-        logger.info("resuming from %s", checkpoint)
+        logger.warning("resuming from %s", checkpoint)  # warning: shown at the default log level
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)

@@ -81,6 +81,18 @@ class GRPOScriptArguments(EnvArguments):
         metadata={"help": "Where the embedded tiny model is built when no --model_name_or_path is given "
                   "(default: <outputs>/tiny-qwen2)."},
     )  # fmt: skip
+    warmup_tasks: str | None = field(
+        default=None,
+        metadata={"help": "Embedded default only (no --model_name_or_path): warm the tiny model up by SFT on oracle "
+                  "dialogues of these comma-separated train tasks (airline_rl/data/default_policy.py; built once, "
+                  "cached in <outputs>/default-policy-t<tasks>-e<epochs>). Implies --compact_prompt."},
+    )  # fmt: skip
+    warmup_epochs: int = field(default=48, metadata={"help": "--warmup_tasks: SFT epochs of the warm-up."})
+    compact_prompt: bool = field(
+        default=False,
+        metadata={"help": "One-line system prompt without tool schemas (the tools still run): the embedded default's "
+                  "prompt on CPU, where the full ~4.4k-token prompt dominates every step."},
+    )  # fmt: skip
 
 
 @dataclass
