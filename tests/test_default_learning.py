@@ -40,7 +40,7 @@ TASK = "3"
 STEPS = 8  # shrunk from the recipe's 16
 K = 3  # steps per compared window: first K vs last K
 MARGIN = 0.1  # calibrated: see the module docstring and the README
-LEARNING_RATE = 2e-4  # as the recipe
+LEARNING_RATE = 3e-4  # as the recipe
 
 
 class RecordingTrainer(MultiTurnGRPOTrainer):
@@ -77,6 +77,7 @@ def train(policy_dir: str, output_dir, variant: str, control: str | None = None,
         temperature=1.0,
         learning_rate=LEARNING_RATE,
         lr_scheduler_type="constant",
+        scale_rewards="none",  # as the recipe: all-fail groups must not turn PRM-Lite noise into unit advantages
         max_steps=steps,
         logging_steps=10_000,
         disable_tqdm=True,

@@ -141,6 +141,9 @@ def build_default_policy(
             if not leftovers <= {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                                  "tokenizer_config.json", "chat_template.jinja"}:  # fmt: skip
                 raise FileExistsError(f"{output_dir} is not empty and holds no default-policy build; remove it")
+        for stale in output_dir.parent.glob(f".{output_dir.name}.*-*"):  # left by a killed build (we hold the lock)
+            if stale.is_dir() and (".work-" in stale.name or ".tmp-" in stale.name or ".old-" in stale.name):
+                shutil.rmtree(stale, ignore_errors=True)
         logger.warning(
             "default policy: building %s once (tiny Qwen2 + SFT on oracle dialogues of train tasks %s, %d epochs); "
             "about 1-3 minutes on 2 CPU cores, cached for later runs",
