@@ -40,7 +40,7 @@ TASK = "3"
 STEPS = 8  # shrunk from the recipe's 16
 K = 3  # steps per compared window: first K vs last K
 MARGIN = 0.1  # calibrated: see the module docstring and the README
-LEARNING_RATE = 3e-4  # as the recipe
+LEARNING_RATE = 1e-4  # as the recipe
 
 
 class RecordingTrainer(MultiTurnGRPOTrainer):
@@ -65,7 +65,7 @@ def train(policy_dir: str, output_dir, variant: str, control: str | None = None,
     """Trains ``steps`` steps; returns (per-step episodes, whether any parameter moved)."""
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     model = AutoModelForCausalLM.from_pretrained(policy_dir)
-    env = compact_env(AirlineEnv(config=EnvConfig(max_turns=8)))
+    env = compact_env(AirlineEnv(config=EnvConfig(max_turns=6)))  # as the recipe
     args = MultiTurnGRPOConfig(
         output_dir=str(output_dir),
         variant=variant,
