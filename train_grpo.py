@@ -32,6 +32,7 @@ from airline_rl.hub import HubError, LocalHubCallback, ensure_writable
 from airline_rl.precision import check_update_precision
 from airline_rl.run_guard import RunGuardError, decide_resume, model_identity, write_run_config
 from airline_rl.script_setup import setup_run
+from airline_rl.trainers.console import use_step_lines
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 from airline_rl.update_monitor import add_update_monitor
 
@@ -50,6 +51,14 @@ def resolve_model_path(
                 "(nothing is downloaded)"
             )
         return str(path)
+    if script_args.warmup_tasks:
+        from airline_rl.data.default_policy import build_default_policy, default_policy_dir
+
+        tasks = [t.strip() for t in script_args.warmup_tasks.split(",") if t.strip()]
+        directory = default_policy_dir(Path(output_dir).parent, tasks, script_args.warmup_epochs)
+        return str(
+            build_default_policy(directory, tasks, epochs=script_args.warmup_epochs, data_dir=script_args.data_dir)
+        )
     from airline_rl.data.tiny_model import build_tiny_model, default_tiny_model_dir
 
     directory = script_args.tiny_model_dir or default_tiny_model_dir(Path(output_dir).parent)
@@ -92,6 +101,7 @@ def run_fingerprint(
         "split_file": script_args.split_file,
         "user_simulator": script_args.user_simulator,
         "user_model": script_args.user_model,
+        "compact_prompt": script_args.compact_prompt or bool(script_args.warmup_tasks and not model_args.model_name_or_path),
     }  # fmt: skip
 
 
@@ -101,6 +111,10 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     try:
         ensure_writable(script_args.hub_dir)
         env = AirlineEnv(script_args.data_dir, EnvConfig(script_args.max_turns, script_args.max_tool_errors))
+        if script_args.compact_prompt or (script_args.warmup_tasks and not model_args.model_name_or_path):
+            from airline_rl.data.default_policy import compact_env
+
+            compact_env(env)
         train_dataset = task_dataset(script_args, env, env.system_prompt)
         user = get_user_simulator(script_args.user_simulator, **script_args.user_kwargs())
     except (HubError, KeyError, ValueError) as err:  # bad --hub_dir, --data_dir, --split, --tasks or --user_* flags
@@ -176,6 +190,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     trainer.add_callback(hub)
     check_update_precision(trainer, script_args.allow_rounded_updates)  # refuses bf16 weights that would not move
     add_update_monitor(trainer)
+    use_step_lines(trainer, str(Path(script_args.hub_dir) / run_name))
 
     checkpoint = decision.checkpoint
     if checkpoint:

@@ -97,6 +97,18 @@ class GRPOScriptArguments(EnvArguments):
         metadata={"help": "Start over in an output_dir that holds checkpoints (default: resume them when they are "
                   "of this configuration, refuse when they are not; see airline_rl/run_guard.py)."},
     )  # fmt: skip
+    warmup_tasks: str | None = field(
+        default=None,
+        metadata={"help": "Embedded default only (no --model_name_or_path): warm the tiny model up by SFT on oracle "
+                  "dialogues of these comma-separated train tasks (airline_rl/data/default_policy.py; built once, "
+                  "cached in <outputs>/default-policy-t<tasks>-e<epochs>). Implies --compact_prompt."},
+    )  # fmt: skip
+    warmup_epochs: int = field(default=48, metadata={"help": "--warmup_tasks: SFT epochs of the warm-up."})
+    compact_prompt: bool = field(
+        default=False,
+        metadata={"help": "One-line system prompt without tool schemas (the tools still run): the embedded default's "
+                  "prompt on CPU, where the full ~4.4k-token prompt dominates every step."},
+    )  # fmt: skip
 
 
 @dataclass

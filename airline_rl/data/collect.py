@@ -397,13 +397,16 @@ def _validate(args: CollectArguments) -> None:
         raise CollectError(f"--chunk_size must be >= 1, got {args.chunk_size}")
 
 
-def collect(args: CollectArguments, teacher: Any | None = None, user: Any | None = None) -> CollectResult:
-    """Runs (or resumes) a collection and writes the dataset; ``teacher`` / ``user`` override the named ones."""
+def collect(
+    args: CollectArguments, teacher: Any | None = None, user: Any | None = None, env: AirlineEnv | None = None
+) -> CollectResult:
+    """Runs (or resumes) a collection and writes the dataset; ``teacher`` / ``user`` / ``env`` override the named
+    ones (``env``: e.g. the compact-prompt environment of the embedded default policy)."""
     from airline_rl.data.teachers import get_teacher
 
     start = time.perf_counter()
     _validate(args)
-    env = AirlineEnv(args.data_dir, EnvConfig(args.max_turns, args.max_tool_errors))
+    env = env or AirlineEnv(args.data_dir, EnvConfig(args.max_turns, args.max_tool_errors))
     split = get_split(args.split, args.split_file, frozenset(env.domain.tasks))
     tasks = select_tasks(parse_task_list(args.tasks), split, env.domain.tasks, args.allow_test_tasks)
     output_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args)

@@ -1,0 +1,241 @@
+"""The embedded default *policy*: the tiny Qwen2 warmed up by the project's own SFT so that it speaks the protocol.
+
+Why this exists: GRPO only learns from episodes whose reward varies inside a group. A random-weight tiny model
+never closes a turn, never calls a tool and never earns a reward, so a CPU run from it trains on nothing. This module
+builds, once, a policy that already plays real τ² airline episodes (user turns, tool calls, tool results) on a few
+train tasks, imperfectly: sampled at temperature 1 it solves some episodes and fails others, which is exactly what
+GRPO needs to show learning on CPU.
+
+The build goes through the project's real code paths, in a temporary directory:
+
+1. ``build_tiny_model``: the tiny random-weight Qwen2 (hidden 128 = 4 heads of 32, 2 layers, vocab 4,096);
+2. ``collect``: the oracle teacher against the scripted user on the chosen train tasks → an HF dataset;
+3. ``train_sft.main``: TRL's SFTTrainer on Render-Twice-Diff assistant masks, a fixed number of epochs, fixed seed;
+
+then the fine-tuned model is copied next to a ``build_info.json`` (written last) and renamed into place. A cached
+build is reused only when its ``build_info.json`` names the same parameters and builder version and every file it
+lists is there with its recorded size; anything else (missing, half-written, another version) is rebuilt. Concurrent
+builders are serialised by a lock file, so no process ever loads a half-written directory.
+
+The compact prompt: on CPU the real system prompt (policy + 14 tool schemas, ~4.4k tokens) costs seconds per episode
+in every forward and backward pass, which would leave a ten-minute run with a handful of steps. The default policy is
+therefore trained and run with a one-line system prompt and no schemas in the prompt (``compact_env``); the tools,
+their results, the user simulator and the reward are the real ones. A real run keeps the full prompt.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from filelock import FileLock
+
+from airline_rl.data.tiny_model import BUILD_INFO_FILE, _is_complete_build, _read_build_info, _swap_into_place
+from airline_rl.envs.episode import AirlineEnv, EnvConfig
+from airline_rl.envs.tools import TOOL_SCHEMAS
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "COMPACT_SYSTEM_PROMPT",
+    "DEFAULT_POLICY_DIR_NAME",
+    "DEFAULT_WARMUP_EPOCHS",
+    "build_default_policy",
+    "compact_env",
+    "default_policy_dir",
+]
+
+# Bump when the build recipe changes in a way that should invalidate cached builds.
+POLICY_BUILDER_VERSION = 1
+DEFAULT_POLICY_DIR_NAME = "default-policy"
+COMPACT_SYSTEM_PROMPT = (
+    "You are an airline customer service agent. Help the user with their reservations using the tools, and follow "
+    "the airline policy: confirm before any change."
+)
+DEFAULT_WARMUP_EPOCHS = 24
+# The tiny model: head size 32 (hidden 128 / 4 heads) so that vLLM's CPU attention kernels also accept it.
+MODEL_SIZE = {"hidden_size": 128, "num_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+SFT_LEARNING_RATE = 3e-3  # large and constant: the random tiny model must move within a few dozen epochs
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def compact_env(env: AirlineEnv) -> AirlineEnv:
+    """Gives ``env`` the one-line system prompt and no tool schemas in the prompt (the tools still run)."""
+    env.system_prompt = COMPACT_SYSTEM_PROMPT
+    env.tools = []
+    return env
+
+
+def default_policy_dir(outputs_dir: str | os.PathLike[str], tasks: Sequence[str], epochs: int) -> Path:
+    """``<outputs_dir>/default-policy-t<tasks>-e<epochs>``: one cache entry per warm-up setting."""
+    return Path(outputs_dir) / f"{DEFAULT_POLICY_DIR_NAME}-t{'_'.join(tasks)}-e{epochs}"
+
+
+def _params(tasks: Sequence[str], epochs: int, seed: int, max_turns: int) -> dict[str, Any]:
+    return {
+        "policy_builder_version": POLICY_BUILDER_VERSION,
+        "tasks": list(tasks),
+        "epochs": epochs,
+        "seed": seed,
+        "max_turns": max_turns,
+        "learning_rate": SFT_LEARNING_RATE,
+        "system_prompt": COMPACT_SYSTEM_PROMPT,
+        **MODEL_SIZE,
+    }
+
+
+def _load_train_sft() -> Any:
+    """``train_sft.py`` (the entry script at the repository root) as a module, so its ``main`` does the SFT."""
+    if "train_sft" in sys.modules:
+        return sys.modules["train_sft"]
+    path = REPO_ROOT / "train_sft.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: the default policy is built with the repository's train_sft.py")
+    spec = importlib.util.spec_from_file_location("train_sft", path)
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_default_policy(
+    output_dir: str | os.PathLike[str],
+    tasks: Sequence[str],
+    *,
+    epochs: int = DEFAULT_WARMUP_EPOCHS,
+    seed: int = 0,
+    max_turns: int = 8,
+    data_dir: str | None = None,
+    force: bool = False,
+) -> Path:
+    """Builds (or reuses) the warmed-up default policy in ``output_dir`` and returns its path (see module doc)."""
+    output_dir = Path(output_dir)
+    tasks = [str(t) for t in tasks]
+    if not tasks:
+        raise ValueError("the default policy needs at least one warm-up task (--warmup_tasks)")
+    if epochs < 1:
+        raise ValueError(f"--warmup_epochs must be >= 1, got {epochs}")
+    params = _params(tasks, epochs, seed, max_turns)
+    if not force and _is_complete_build(output_dir, params):
+        logger.info("default policy: reusing the cached build in %s", output_dir)
+        return output_dir
+
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(output_dir.parent / f".{output_dir.name}.lock")):
+        if not force and _is_complete_build(output_dir, params):  # another process built it while we waited
+            logger.info("default policy: reusing the cached build in %s", output_dir)
+            return output_dir
+        if output_dir.exists() and _read_build_info(output_dir) is None and any(output_dir.iterdir()) and not force:
+            # Not ours, or a build interrupted before its build_info.json: only the latter is safe to replace.
+            leftovers = {p.name for p in output_dir.iterdir()}
+            if not leftovers <= {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                                 "tokenizer_config.json", "chat_template.jinja"}:  # fmt: skip
+                raise FileExistsError(f"{output_dir} is not empty and holds no default-policy build; remove it")
+        for stale in output_dir.parent.glob(f".{output_dir.name}.*-*"):  # left by a killed build (we hold the lock)
+            if stale.is_dir() and (".work-" in stale.name or ".tmp-" in stale.name or ".old-" in stale.name):
+                shutil.rmtree(stale, ignore_errors=True)
+        logger.warning(
+            "default policy: building %s once (tiny Qwen2 + SFT on oracle dialogues of train tasks %s, %d epochs); "
+            "about 1-3 minutes on 2 CPU cores, cached for later runs",
+            output_dir,
+            ",".join(tasks),
+            epochs,
+        )
+        start = time.perf_counter()
+        work = output_dir.parent / f".{output_dir.name}.work-{uuid.uuid4().hex[:8]}"
+        tmp_dir = output_dir.parent / f".{output_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
+        try:
+            info = _build(work, tmp_dir, tasks, params, data_dir)
+            info["build_seconds"] = round(time.perf_counter() - start, 1)
+            # Written last: its presence (with the file sizes) is what marks a build complete.
+            (tmp_dir / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+            _swap_into_place(tmp_dir, output_dir)
+        finally:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+            shutil.rmtree(work, ignore_errors=True)
+    logger.warning("default policy: built %s in %.0f s", output_dir, info["build_seconds"])
+    return output_dir
+
+
+def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], data_dir: str | None) -> dict:
+    """tiny model → oracle trajectories → train_sft; the fine-tuned model's files end up in ``tmp_dir``."""
+    from airline_rl.configs import CollectArguments
+    from airline_rl.data.collect import collect
+    from airline_rl.data.tiny_model import build_tiny_model
+
+    env = compact_env(AirlineEnv(data_dir, EnvConfig(max_turns=params["max_turns"])))
+    full = AirlineEnv(data_dir)
+    # The same tokenizer corpus as train_grpo.py's tiny model, plus the compact prompt.
+    extra = [full.system_prompt, COMPACT_SYSTEM_PROMPT, *(str(schema) for schema in TOOL_SCHEMAS)]
+    tiny = build_tiny_model(
+        work / "tiny",
+        hidden_size=MODEL_SIZE["hidden_size"],
+        num_layers=MODEL_SIZE["num_layers"],
+        num_attention_heads=MODEL_SIZE["num_attention_heads"],
+        num_key_value_heads=MODEL_SIZE["num_key_value_heads"],
+        intermediate_size=2 * MODEL_SIZE["hidden_size"],
+        seed=params["seed"],
+        extra_texts=extra,
+    )
+    collected = collect(
+        CollectArguments(
+            data_dir=data_dir,
+            tasks=",".join(tasks),
+            max_turns=params["max_turns"],
+            output_dir=str(work / "trajectories"),
+            hub_dir=str(work / "hub"),
+            progress=False,
+        ),
+        env=env,
+    )
+    train_sft = _load_train_sft()
+    argv = [
+        "--dataset_path", collected.output_dir,
+        "--model_name_or_path", str(tiny),
+        "--output_dir", str(work / "sft"),
+        "--run_name", "default-policy-sft",
+        "--hub_dir", str(work / "hub"),
+        "--max_turns", str(params["max_turns"]),
+        "--num_train_epochs", str(params["epochs"]),
+        "--learning_rate", str(params["learning_rate"]),
+        "--lr_scheduler_type", "constant",
+        "--per_device_train_batch_size", "1",
+        "--gradient_accumulation_steps", "1",
+        "--max_length", "4096",
+        "--bf16", "false",
+        "--use_cpu", "true",
+        "--gradient_checkpointing", "false",
+        "--save_strategy", "no",
+        "--report_to", "none",
+        "--logging_steps", "1000000",
+        "--disable_tqdm", "true",
+        "--log_level", "warning",
+        "--seed", str(params["seed"]),
+    ]  # fmt: skip
+    script_args, training_args, model_args = train_sft.make_parser().parse_args_and_config(args=argv)
+    with torch.random.fork_rng(devices=[]):  # the caller's RNG state is its own
+        outcome = train_sft.main(script_args, training_args, model_args)
+    tmp_dir.mkdir(parents=True)
+    sft_dir = work / "sft"
+    for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                 "tokenizer_config.json", "chat_template.jinja"):  # fmt: skip
+        if (sft_dir / name).is_file():
+            shutil.copy2(sft_dir / name, tmp_dir / name)
+    files = {p.name: p.stat().st_size for p in sorted(tmp_dir.iterdir()) if p.is_file()}
+    metrics = outcome.get("metrics", {}) if isinstance(outcome, dict) else {}
+    return {
+        "params": params,
+        "files": files,
+        "sft_train_loss": metrics.get("train_loss"),
+        "trajectories": len(collected.tasks),
+    }

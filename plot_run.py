@@ -1,0 +1,44 @@
+"""Plot a training run's learning curve from its TensorBoard events.
+
+    python plot_run.py outputs/grpo-cpu-smoke            # → outputs/grpo-cpu-smoke/learning_curve.png
+    python plot_run.py outputs/grpo-cpu-smoke --output curve.png
+
+Panels: outcome reward (with held-out pass^1 when the run logged ``eval/pass^1``), process reward, truncation rate,
+group saturation, over training steps. Prints where the PNG went and the outcome-reward gain of the last quarter of
+steps over the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from airline_rl.evaluation.learning_curve import (
+    CURVE_FILE,
+    PANELS,
+    plot_learning_curve,
+    quarter_gain,
+    read_run_scalars,
+)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", help="a run's output_dir (its TensorBoard events are under <run_dir>/runs/)")
+    parser.add_argument("--output", default=None, help=f"PNG path (default: <run_dir>/{CURVE_FILE})")
+    args = parser.parse_args(argv)
+    try:
+        scalars = read_run_scalars(args.run_dir)
+        output = plot_learning_curve(scalars, args.output or Path(args.run_dir) / CURVE_FILE, Path(args.run_dir).name)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
+    print(f"learning curve: {output}")
+    outcome = [v for _, v in scalars.get(PANELS[0][1], [])]
+    if outcome:
+        first, last, gain = quarter_gain(outcome)
+        print(f"outcome reward: first quarter {first:.3f}, last quarter {last:.3f}, gain {gain:+.3f}")
+    return output
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""The default policy's cache (rebuilt when missing, half-written or from another builder version; never loaded
+half-written), the per-step console line and the learning-curve plot. The real warm-up build (a minute or two) runs in
+the slow tests/test_default_learning.py; here ``_build`` is replaced by a fast fake that writes the same files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from airline_rl.data import default_policy
+from airline_rl.data.tiny_model import BUILD_INFO_FILE
+from airline_rl.evaluation.learning_curve import heldout_tags, plot_learning_curve, quarter_gain, read_run_scalars
+from airline_rl.trainers.console import format_step_line
+
+
+@pytest.fixture
+def fake_build(monkeypatch):
+    """Counts builds; each writes the files of a model directory with distinct content."""
+    calls: list[Path] = []
+
+    def build(work, tmp_dir, tasks, params, data_dir):
+        calls.append(tmp_dir)
+        tmp_dir.mkdir(parents=True)
+        for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+            (tmp_dir / name).write_text(f"{name} build {len(calls)}")
+        return {"params": params, "files": {p.name: p.stat().st_size for p in tmp_dir.iterdir()}}
+
+    monkeypatch.setattr(default_policy, "_build", build)
+    return calls
+
+
+def test_cache_is_built_once_then_reused(tmp_path, fake_build):
+    out = tmp_path / "policy"
+    assert default_policy.build_default_policy(out, ["3"], epochs=2) == out
+    assert default_policy.build_default_policy(out, ["3"], epochs=2) == out
+    assert len(fake_build) == 1
+    assert json.loads((out / BUILD_INFO_FILE).read_text())["params"]["tasks"] == ["3"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".policy.tmp") or ".work" in p.name]
+
+
+@pytest.mark.parametrize("damage", ["no_build_info", "truncated_weights", "missing_file", "other_version"])
+def test_damaged_or_foreign_cache_is_rebuilt(tmp_path, fake_build, damage):
+    out = tmp_path / "policy"
+    default_policy.build_default_policy(out, ["3"], epochs=2)
+    if damage == "no_build_info":  # interrupted before build_info.json was written
+        (out / BUILD_INFO_FILE).unlink()
+    elif damage == "truncated_weights":
+        (out / "model.safetensors").write_text("half")
+    elif damage == "missing_file":
+        (out / "tokenizer.json").unlink()
+    else:
+        info = json.loads((out / BUILD_INFO_FILE).read_text())
+        info["params"]["policy_builder_version"] = -1
+        (out / BUILD_INFO_FILE).write_text(json.dumps(info))
+    default_policy.build_default_policy(out, ["3"], epochs=2)
+    assert len(fake_build) == 2
+    assert (out / "model.safetensors").read_text() == "model.safetensors build 2"
+
+
+def test_other_settings_are_another_build(tmp_path, fake_build):
+    out = tmp_path / "policy"
+    default_policy.build_default_policy(out, ["3"], epochs=2)
+    default_policy.build_default_policy(out, ["3"], epochs=3)
+    assert len(fake_build) == 2
+
+
+def test_a_failed_build_leaves_the_previous_one(tmp_path, fake_build, monkeypatch):
+    out = tmp_path / "policy"
+    default_policy.build_default_policy(out, ["3"], epochs=2)
+
+    def broken(work, tmp_dir, tasks, params, data_dir):
+        tmp_dir.mkdir(parents=True)
+        (tmp_dir / "model.safetensors").write_text("partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(default_policy, "_build", broken)
+    with pytest.raises(KeyboardInterrupt):
+        default_policy.build_default_policy(out, ["3"], epochs=2, force=True)
+    assert (out / "model.safetensors").read_text() == "model.safetensors build 1"
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_a_foreign_directory_is_not_overwritten(tmp_path, fake_build):
+    out = tmp_path / "policy"
+    out.mkdir()
+    (out / "my_notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="policy"):
+        default_policy.build_default_policy(out, ["3"], epochs=2)
+    assert not fake_build
+
+
+def test_bad_arguments_name_the_flag(tmp_path):
+    with pytest.raises(ValueError, match="--warmup_epochs"):
+        default_policy.build_default_policy(tmp_path / "p", ["3"], epochs=0)
+    with pytest.raises(ValueError, match="--warmup_tasks"):
+        default_policy.build_default_policy(tmp_path / "p", [], epochs=1)
+
+
+def test_step_line_is_one_readable_line():
+    logs = {"episode/outcome_reward": 0.25, "reward_std": 0.4, "episode/truncation_rate": 0.125,
+            "episode/group_saturation": 0.5, "episode/turns": 4.5, "episode/tool_calls": 2.0, "loss": 0.0123,
+            "timing/rollout": 3.0, "clip_ratio/low_min": None}  # fmt: skip
+    line = format_step_line(3, 16, logs, 21.44)
+    assert line == (
+        "step 3/16 | reward 0.250 | std 0.400 | trunc 0.12 | sat 0.50 | turns 4.5 | tool calls 2.0 | loss 0.0123 "
+        "| 21.4 s"
+    )
+    assert "\n" not in line
+
+
+def _write_events(directory: Path, series: dict[str, list[float]]) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(directory))
+    for tag, values in series.items():
+        for step, value in enumerate(values, start=1):
+            writer.add_scalar(tag, value, step)
+    writer.close()
+
+
+def test_learning_curve_from_synthetic_events_with_heldout_pass1(tmp_path):
+    run = tmp_path / "run"
+    rewards = [0.1, 0.2, 0.2, 0.3, 0.4, 0.5, 0.5, 0.6]
+    _write_events(
+        run / "runs" / "a",
+        {
+            "train/episode/outcome_reward": rewards,
+            "train/episode/process_reward": [-0.1] * 8,
+            "train/episode/truncation_rate": [0.0] * 8,
+            "train/episode/group_saturation": [0.5] * 8,
+            "eval/pass^1": [0.2, 0.3, 0.4],
+            "eval/pass^4": [0.0, 0.1, 0.1],
+        },
+    )
+    scalars = read_run_scalars(run)
+    assert [v for _, v in scalars["train/episode/outcome_reward"]] == pytest.approx(rewards)
+    assert heldout_tags(scalars) == {"pass^1": "eval/pass^1", "pass^4": "eval/pass^4"}
+    first, last, gain = quarter_gain(rewards)
+    assert (first, last) == pytest.approx((0.15, 0.55)) and gain == pytest.approx(0.4)
+    out = plot_learning_curve(scalars, run / "curve.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in run.iterdir() if p.suffix == ".png"] == ["curve.png"]  # no temporary file left
+
+
+def test_resumed_run_events_are_merged_later_file_wins(tmp_path):
+    run = tmp_path / "run"
+    _write_events(run / "runs" / "first", {"train/episode/outcome_reward": [0.1, 0.2, 0.3]})
+    import os
+    import time
+
+    later = run / "runs" / "second"
+    _write_events(later, {"train/episode/outcome_reward": [0.1, 0.9]})  # steps 1-2 again (resumed at 1)
+    for path in later.iterdir():
+        os.utime(path, (time.time() + 10, time.time() + 10))
+    values = dict(read_run_scalars(run)["train/episode/outcome_reward"])
+    assert values == pytest.approx({1: 0.1, 2: 0.9, 3: 0.3})
+
+
+def test_plot_run_errors_name_the_directory(tmp_path):
+    import plot_run
+
+    with pytest.raises(SystemExit, match="does not exist"):
+        plot_run.main([str(tmp_path / "missing")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no TensorBoard event file"):
+        plot_run.main([str(tmp_path / "empty")])
+
+
+def test_leftovers_of_a_killed_build_are_cleaned(tmp_path, fake_build):
+    stale = [tmp_path / ".policy.work-dead0000", tmp_path / ".policy.tmp-dead0000"]
+    for directory in stale:
+        directory.mkdir()
+        (directory / "model.safetensors").write_text("partial")
+    default_policy.build_default_policy(tmp_path / "policy", ["3"], epochs=2)
+    assert not any(d.exists() for d in stale)
