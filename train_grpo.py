@@ -101,7 +101,8 @@ def run_fingerprint(
         "split_file": script_args.split_file,
         "user_simulator": script_args.user_simulator,
         "user_model": script_args.user_model,
-        "compact_prompt": script_args.compact_prompt or bool(script_args.warmup_tasks and not model_args.model_name_or_path),
+        "compact_prompt": script_args.compact_prompt
+        or bool(script_args.warmup_tasks and not model_args.model_name_or_path),
     }  # fmt: skip
 
 
