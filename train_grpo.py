@@ -27,7 +27,7 @@ from airline_rl.envs.splits import get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.envs.users import get_user_simulator
 from airline_rl.evaluation.heldout import build_heldout
-from airline_rl.graceful_stop import EXIT_STOPPED, GracefulStop
+from airline_rl.graceful_stop import train_or_stop
 from airline_rl.hub import HubError, LocalHubCallback, ensure_writable
 from airline_rl.precision import check_update_precision
 from airline_rl.run_guard import RunGuardError, decide_resume, model_identity, write_run_config
@@ -196,17 +196,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     checkpoint = decision.checkpoint
     if checkpoint:
         logger.info("resuming from %s", checkpoint)
-    stop = GracefulStop(trainer.accelerator).install()
-    trainer.add_callback(stop)
-    result = trainer.train(resume_from_checkpoint=checkpoint)
-    if stop.stopped:  # a checkpoint was saved at this step; the run is not complete and exports no final model
-        logger.warning(
-            "stopped by %s at step %d: checkpoint saved in %s; rerun the same command to resume",
-            stop.signal_name,
-            stop.stopped_at,
-            training_args.output_dir,
-        )
-        raise SystemExit(EXIT_STOPPED)
+    result = train_or_stop(trainer, checkpoint)  # SIGTERM (also to the launcher): checkpoint, then exit
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()

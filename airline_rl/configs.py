@@ -72,7 +72,24 @@ class EnvArguments:
 
 
 @dataclass
-class GRPOScriptArguments(EnvArguments):
+class TrainingRunArguments(EnvArguments):
+    """What both training scripts (GRPO and SFT) decide about a run before it starts: resume or not, and whether
+    a configuration whose updates would round away may train."""
+
+    allow_rounded_updates: bool = field(
+        default=False,
+        metadata={"help": "Train even when most learning-rate-sized updates round away in the weights' dtype "
+                  "(airline_rl/precision.py); refused by default."},
+    )  # fmt: skip
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Start over in an output_dir that holds checkpoints (default: resume them when they are "
+                  "of this configuration, refuse when they are not; see airline_rl/run_guard.py)."},
+    )  # fmt: skip
+
+
+@dataclass
+class GRPOScriptArguments(TrainingRunArguments):
     """What ``train_grpo.py`` trains on."""
 
     tasks: str | None = field(
@@ -86,16 +103,6 @@ class GRPOScriptArguments(EnvArguments):
         default=None,
         metadata={"help": "Where the embedded tiny model is built when no --model_name_or_path is given "
                   "(default: <outputs>/tiny-qwen2)."},
-    )  # fmt: skip
-    allow_rounded_updates: bool = field(
-        default=False,
-        metadata={"help": "Train even when most learning-rate-sized updates round away in the weights' dtype "
-                  "(airline_rl/precision.py); refused by default."},
-    )  # fmt: skip
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={"help": "Start over in an output_dir that holds checkpoints (default: resume them when they are "
-                  "of this configuration, refuse when they are not; see airline_rl/run_guard.py)."},
     )  # fmt: skip
     warmup_tasks: str | None = field(
         default=None,
@@ -270,7 +277,7 @@ class CollectArguments(EnvArguments):
 
 
 @dataclass
-class SFTScriptArguments(EnvArguments):
+class SFTScriptArguments(TrainingRunArguments):
     """What ``train_sft.py`` trains on (the training itself is configured by TRL's ``SFTConfig``)."""
 
     dataset_path: str | None = field(
@@ -296,16 +303,6 @@ class SFTScriptArguments(EnvArguments):
     )  # fmt: skip
     tiny_hidden_size: int = field(default=64, metadata={"help": "Embedded tiny model: hidden size."})
     tiny_num_layers: int = field(default=2, metadata={"help": "Embedded tiny model: layers."})
-    allow_rounded_updates: bool = field(
-        default=False,
-        metadata={"help": "Train even when most learning-rate-sized updates round away in the weights' dtype "
-                  "(airline_rl/precision.py); refused by default."},
-    )  # fmt: skip
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={"help": "Start over in an output_dir that holds checkpoints (default: resume them when they are "
-                  "of this configuration, refuse when they are not; see airline_rl/run_guard.py)."},
-    )  # fmt: skip
 
 
 @dataclass

@@ -83,3 +83,20 @@ class GracefulStop(TrainerCallback):
     @property
     def stopped(self) -> bool:
         return self.stopped_at is not None
+
+
+def train_or_stop(trainer: Any, checkpoint: str | None) -> Any:
+    """``trainer.train`` that a stop signal ends cleanly: the checkpoint of the current step is saved, then the
+    process exits with ``EXIT_STOPPED`` (no final model, no hub export: the run is not complete; a rerun resumes)."""
+    stop = GracefulStop(trainer.accelerator).install()
+    trainer.add_callback(stop)
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    if stop.stopped:
+        logger.warning(
+            "stopped by %s at step %d: checkpoint saved in %s; rerun the same command to resume",
+            stop.signal_name,
+            stop.stopped_at,
+            trainer.args.output_dir,
+        )
+        raise SystemExit(EXIT_STOPPED)
+    return result
