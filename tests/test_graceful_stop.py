@@ -50,7 +50,7 @@ def test_sigterm_to_the_launcher_checkpoints_and_stops_the_trainer(tmp_path: Pat
     launcher = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + 400
-        while "'loss'" not in (tmp_path / "log.txt").read_text() and time.monotonic() < deadline:  # a step done
+        while "| loss " not in (tmp_path / "log.txt").read_text() and time.monotonic() < deadline:  # a step line
             assert launcher.poll() is None, (tmp_path / "log.txt").read_text()[-3000:]
             time.sleep(1)
         (trainer,) = children(launcher.pid)
