@@ -12,8 +12,9 @@ the successful episodes made ≥ 2 tool calls over ≥ 2 policy turns. The rewar
 reached: on the merged code it is not (see below). Negative control (vanilla): every policy token masked → no weight
 moves.
 
-Calibration on the issue-11 branch before it was merged (seed 0, one torch thread): per-step rewards start at 0.375 0.125 0.25 (mean 0.25) for every variant;
-measured gains: vanilla +0.29, turn_discount +0.29, prm_lite +0.21, lata +0.17, joint +0.38; sign-flipped −0.04.
+Calibration on the issue-11 branch before it was merged (seed 0, one torch thread): per-step rewards started at
+0.375 0.125 0.25 (mean 0.25) for every variant; measured gains: vanilla +0.29, turn_discount +0.29, prm_lite +0.21,
+lata +0.17, joint +0.38; sign-flipped −0.04.
 ``MARGIN`` = 0.1 sits below the smallest gain and above the flipped control. Tool use: joint 27 of 28 successes.
 The runs are deterministic for a given machine (one torch thread, fixed seeds), so the check is exact there;
 elsewhere float differences can change sampled tokens, hence a margin rather than an exact value.
