@@ -282,6 +282,7 @@ class VLLMBackend:
         gpu_memory_utilization: float = 0.8,
         max_model_len: int | None = None,
         tensor_parallel_size: int = 1,
+        max_num_batched_tokens: int | None = None,
     ) -> None:
         require_vllm()
         from vllm import LLM  # noqa: PLC0415 - optional dependency
@@ -293,6 +294,7 @@ class VLLMBackend:
             max_model_len=max_model_len,
             tensor_parallel_size=tensor_parallel_size,
             enable_prefix_caching=True,
+            **({"max_num_batched_tokens": max_num_batched_tokens} if max_num_batched_tokens else {}),
         )
         self.temperature = temperature
         self.top_p = top_p

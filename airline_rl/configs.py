@@ -376,6 +376,11 @@ class EvalArguments(EnvArguments):
     vllm_gpu_memory_utilization: float = field(default=0.85, metadata={"help": "vllm backend: GPU memory share."})
     vllm_max_model_len: int | None = field(default=None, metadata={"help": "vllm backend: context length."})
     vllm_tensor_parallel_size: int = field(default=1, metadata={"help": "vllm backend: tensor-parallel GPUs."})
+    vllm_max_num_batched_tokens: int | None = field(
+        default=None,
+        metadata={"help": "vllm backend: tokens per engine step (vLLM's default when unset); on vLLM's CPU build set "
+                  "it to at least the longest prompt, since seeded requests cannot be chunked there."},
+    )  # fmt: skip
     hub_dir: str = field(default="hub", metadata={"help": "Local hub directory that resolves '<run>@<step>' ids."})
     output_dir: str = field(
         default="outputs/eval",

@@ -50,8 +50,9 @@ GRPO_SMALL = ["--tasks", "0,1", "--task_repeats", "1", "--num_generations", "2",
               "--save_steps", "1"]  # fmt: skip
 EVAL_SMALL = ["--tasks", "0,2", "--num_samples", "1", "--max_turns", "2", "--max_new_tokens", "256",
               "--max_turn_tokens", "16"]  # fmt: skip
+# CPU: seeded requests (one sampling seed per episode) must not be chunked ("CPU Generator does not use offset")
 EVAL_CPU_FLAGS = ["--vllm_gpu_memory_utilization", str(GPU_MEMORY_UTILIZATION), "--vllm_max_model_len",
-                  str(MAX_MODEL_LEN)]  # fmt: skip
+                  str(MAX_MODEL_LEN), "--vllm_max_num_batched_tokens", str(MAX_MODEL_LEN)]  # fmt: skip
 TIMEOUT = 1200  # seconds per command: vLLM's first compile on 2 busy cores takes minutes
 
 
@@ -315,7 +316,8 @@ def test_a_user_server_that_dies_mid_run_ends_episodes_as_user_errors(
         time.sleep(0.5)
     assert evaluation.poll() is None, "the evaluation ended before the server answered it"
     os.killpg(os.getpgid(user_server["server_pid"]), signal.SIGKILL)
-    assert evaluation.wait(timeout=TIMEOUT) == 0, (work / "eval-dies.log").read_text()[-4000:]
+    # episodes whose user failed are not scored, so the results are incomplete: evaluate.py says so with exit 1
+    assert evaluation.wait(timeout=TIMEOUT) == 1, (work / "eval-dies.log").read_text()[-4000:]
     results = json.loads((out / "server-dies" / "results.json").read_text())
     errors = [s for s in samples(results) if s["user_error"]]
     assert errors and all(not s["success"] for s in errors)

@@ -352,6 +352,7 @@ def build_policy(args: EvalArguments, target: EvalTarget, env: AirlineEnv) -> tu
             gpu_memory_utilization=args.vllm_gpu_memory_utilization,
             max_model_len=args.vllm_max_model_len,
             tensor_parallel_size=args.vllm_tensor_parallel_size,
+            max_num_batched_tokens=args.vllm_max_num_batched_tokens,
         )
         max_context = args.vllm_max_model_len or getattr(
             AutoConfig.from_pretrained(path), "max_position_embeddings", None
