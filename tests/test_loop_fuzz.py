@@ -66,7 +66,11 @@ class FuzzBackend:
             if self.rng.random() < 0.2:
                 ids = [self.rng.randrange(len(self.tokenizer)) for _ in range(self.rng.randint(0, 24))]
             else:
-                ids = self.tokenizer(self.data.draw(model_output), add_special_tokens=False)["input_ids"]
+                # A model emits token ids, and no token sequence decodes to a lone surrogate (the JSON *escape*
+                # ``\\ud800`` is what a model can write): so a drawn text holding one is encoded as the tokenizer
+                # would see it after decoding, with the surrogate replaced.
+                text = self.data.draw(model_output).encode("utf-8", "replace").decode("utf-8")
+                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             if self.rng.random() < 0.9:
                 ids.append(self.eos)
             out.append(ids[:max_new_tokens])
