@@ -28,6 +28,7 @@ from __future__ import annotations
 import datasets
 import pytest
 import torch
+from learning_controls import apply_control
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from airline_rl.configs import MultiTurnGRPOConfig
@@ -103,24 +104,7 @@ def train(policy_dir: str, output_dir, variant: str, control: str | None = None,
         train_dataset=datasets.Dataset.from_list(rows),
         processing_class=tokenizer,
     )
-    if control == "flip_sign":
-        score = trainer._generate_and_score_completions
-
-        def flipped(inputs):
-            output = score(inputs)
-            output["advantages"] = -output["advantages"]
-            return output
-
-        trainer._generate_and_score_completions = flipped
-    elif control == "mask_policy":
-        generate = trainer._generate
-
-        def masked(prompts):
-            result = list(generate(prompts))
-            result[2] = [[0] * len(mask) for mask in result[2]]  # tool_mask: no token counts as the policy's
-            return tuple(result)
-
-        trainer._generate = masked
+    apply_control(trainer, control)
     before = [p.detach().clone() for p in model.parameters()]
     trainer.train()
     moved = any(not torch.equal(b, p.detach()) for b, p in zip(before, model.parameters(), strict=True))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import datasets
 import pytest
 import torch
+from learning_controls import apply_control
 from transformers import AutoModelForCausalLM
 
 from airline_rl.configs import MultiTurnGRPOConfig
@@ -84,24 +85,7 @@ def run(tmp_path, model_dir, tokenizer, short_env, variant: str, control: str | 
         processing_class=tokenizer,
         reward_funcs=[reward],
     )
-    if control == "flip_sign":
-        score = trainer._generate_and_score_completions
-
-        def flipped(inputs):
-            output = score(inputs)
-            output["advantages"] = -output["advantages"]
-            return output
-
-        trainer._generate_and_score_completions = flipped
-    elif control == "mask_policy":
-        generate = trainer._generate
-
-        def masked(prompts):
-            result = list(generate(prompts))
-            result[2] = [[0] * len(mask) for mask in result[2]]  # tool_mask: no token counts as the policy's
-            return tuple(result)
-
-        trainer._generate = masked
+    apply_control(trainer, control)
     before = [p.detach().clone() for p in model.parameters()]
     trainer.train()
     moved = any(not torch.equal(b, p.detach()) for b, p in zip(before, model.parameters(), strict=True))
