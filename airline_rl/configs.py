@@ -363,7 +363,7 @@ class EvalArguments(EnvArguments):
     shared_prefix_attention: bool = field(
         default=True,
         metadata={"help": "transformers backend: keep the shared prefix's KV once and attend to it from every row "
-                  "(airline_rl/evaluation/shared_prefix.py) instead of copying it into each row; implies "
+                  "(airline_rl/backends/shared_prefix.py) instead of copying it into each row; implies "
                   "--prefix_cache."},
     )  # fmt: skip
     generation_batch_size: int = field(

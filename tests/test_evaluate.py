@@ -259,9 +259,8 @@ def test_shared_prefix_backend_matches_plain_generate(tiny_model: Path, monkeypa
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from airline_rl.backends import TransformersBackend
-    from airline_rl.evaluation import shared_prefix
-    from airline_rl.evaluation.shared_prefix import SharedPrefixTransformersBackend
+    from airline_rl.backends import TransformersBackend, shared_prefix
+    from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     plain = TransformersBackend(AutoModelForCausalLM.from_pretrained(tiny_model), tokenizer, temperature=0,
@@ -287,9 +286,8 @@ def test_shared_prefix_backend_matches_plain_generate(tiny_model: Path, monkeypa
 def test_shared_prefix_backend_falls_back_when_its_self_check_fails(tiny_model: Path, monkeypatch) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from airline_rl.backends import TransformersBackend
-    from airline_rl.evaluation import shared_prefix
-    from airline_rl.evaluation.shared_prefix import SharedPrefixTransformersBackend
+    from airline_rl.backends import TransformersBackend, shared_prefix
+    from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend
 
     def broken(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         if getattr(module, shared_prefix.PREFIX_ATTRIBUTE, None) is None:

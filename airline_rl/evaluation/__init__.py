@@ -6,7 +6,6 @@
 - ``evaluator``: ``run_evaluation`` (``evaluate.py``): every selected task × sample through ``run_episodes``;
 - ``compare``: ``run_compare`` (``evaluate.py --compare``): ablation table and plots from several results files;
 - ``heldout``: ``HeldoutEvaluation``, the GRPO trainer's held-out pass^k at eval steps (same loop, format, metrics);
-- ``shared_prefix``: ``SharedPrefixTransformersBackend``, the transformers backend the evaluator uses by default.
 
 Names are imported lazily, so ``airline_rl.evaluation.metrics`` loads without transformers or TRL.
 """
@@ -26,7 +25,6 @@ _EXPORTS = {
     "generalization_pass1": "metrics",
     "pass_hat_k": "metrics",
     "pass_hat_k_task": "metrics",
-    "SharedPrefixTransformersBackend": "shared_prefix",
     "ConfigMismatchError": "results",
     "ResultsError": "results",
     "read_results": "results",

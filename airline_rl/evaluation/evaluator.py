@@ -369,7 +369,7 @@ def build_policy(args: EvalArguments, target: EvalTarget, env: AirlineEnv) -> tu
         generation_config = model.generation_config
         backend_class: Any = TransformersBackend
         if args.shared_prefix_attention:
-            from .shared_prefix import SharedPrefixTransformersBackend
+            from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend
 
             backend_class = SharedPrefixTransformersBackend
         backend = backend_class(

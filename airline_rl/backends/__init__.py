@@ -5,6 +5,8 @@ per wave. The trainer uses its own backend over TRL's ``_generate_single_turn`` 
 
 - ``TransformersBackend``: ``model.generate`` on left-padded prompts (CPU or GPU), batched across episodes.
 - ``VLLMBackend``: vLLM's offline ``LLM`` engine with token-id prompts and prefix caching (optional dependency).
+- ``shared_prefix.SharedPrefixTransformersBackend``: the transformers backend whose rows attend to one copy of the
+  shared system-prompt prefix (the evaluator's default on the transformers path).
 """
 
 from __future__ import annotations
