@@ -304,18 +304,30 @@ def test_a_user_server_that_dies_mid_run_ends_episodes_as_user_errors(
                "--eval_name", "server-dies", "--output_dir", str(out), "--tasks", "0,2,5,7", "--num_samples", "1",
                "--max_turns", "8", "--max_new_tokens", "1024", "--max_turn_tokens", "16",
                *user_flags(user_server)]  # fmt: skip
+    # The server is frozen (SIGSTOP: connections are still accepted, nothing answers) right after the evaluation's
+    # endpoint check, long before its first user request (the policy engine starts in between), and killed once the
+    # episodes run: their requests fail whatever the machine's speed. (Killing it after its first answer raced short
+    # episodes that need a single user message.)
+    server_group = os.getpgid(user_server["server_pid"])
     log_size = user_server["log"].stat().st_size
-    with open(work / "eval-dies.log", "w", encoding="utf-8") as handle:
+    eval_log = work / "eval-dies.log"
+    with open(eval_log, "w", encoding="utf-8") as handle:
         evaluation = subprocess.Popen(command, cwd=ROOT, env=cpu_env(plugin, ROOT), stdout=handle, stderr=handle)
     deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and evaluation.poll() is None:  # until the server has answered a user turn
+    while time.monotonic() < deadline and evaluation.poll() is None:  # until the endpoint check has been answered
         with open(user_server["log"], "rb") as server_log:
             server_log.seek(log_size)
-            if b"POST /v1/chat/completions" in server_log.read():
+            if b"GET /v1/models" in server_log.read():
                 break
+        time.sleep(0.2)
+    os.killpg(server_group, signal.SIGSTOP)
+    while time.monotonic() < deadline and evaluation.poll() is None:  # until the episodes are being played
+        if "eval server-dies:" in eval_log.read_text(encoding="utf-8", errors="replace"):
+            break
         time.sleep(0.5)
-    assert evaluation.poll() is None, "the evaluation ended before the server answered it"
-    os.killpg(os.getpgid(user_server["server_pid"]), signal.SIGKILL)
+    time.sleep(2)  # the first wave's user requests are sent (and hang)
+    assert evaluation.poll() is None, eval_log.read_text(encoding="utf-8", errors="replace")[-3000:]
+    os.killpg(server_group, signal.SIGKILL)
     # episodes whose user failed are not scored, so the results are incomplete: evaluate.py says so with exit 1
     assert evaluation.wait(timeout=TIMEOUT) == 1, (work / "eval-dies.log").read_text()[-4000:]
     results = json.loads((out / "server-dies" / "results.json").read_text())
