@@ -229,12 +229,16 @@ class TransformersBackend:
         output = self.model.generate(
             input_ids=input_ids.to(device), attention_mask=attention.to(device), streamer=clock, **kwargs, **extra
         )
+        return self._completions(output, input_ids.shape[1], clock)
+
+    def _completions(self, output: torch.Tensor, prompt_width: int, clock: _StepClock) -> list[list[int]]:
+        """Each row's sampled ids up to its first stop token (padding after it dropped); books the call's timings."""
         prefill, decode = clock.split()
         self.timings["prefill"] += prefill
         self.timings["decode"] += decode
         self.timings["calls"] += 1
         completions = []
-        for row in output[:, input_ids.shape[1] :].tolist():
+        for row in output[:, prompt_width:].tolist():
             ids = []
             for token in row:
                 ids.append(token)

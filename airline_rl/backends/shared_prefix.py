@@ -253,21 +253,7 @@ class SharedPrefixTransformersBackend(TransformersBackend):
             )
         finally:
             self._detach()
-        prefill, decode = clock.split()
-        self.timings["prefill"] += prefill
-        self.timings["decode"] += decode
-        self.timings["calls"] += 1
-        completions = []
-        for row in output[:, input_ids.shape[1] :].tolist():
-            ids = []
-            for token in row:
-                ids.append(token)
-                if token in self.eos_token_ids:
-                    break
-            while ids and ids[-1] == self.pad_token_id and self.pad_token_id not in self.eos_token_ids:
-                ids.pop()
-            completions.append(ids)
-        return completions
+        return self._completions(output, input_ids.shape[1], clock)
 
     def close(self) -> None:
         """Restores the model's attention implementation."""
