@@ -208,10 +208,11 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
 class CollectArguments(EnvArguments):
     """What ``collect_trajectories.py`` collects: teacher, tasks, attempts, where the dataset goes."""
 
-    teacher: Literal["oracle", "openai"] = field(
+    teacher: Literal["oracle", "noop", "openai"] = field(
         default="oracle",
-        metadata={"help": "'oracle': the gold-action agent (offline); 'openai': an OpenAI-compatible endpoint "
-                  "(--teacher_base_url, --teacher_model)."},
+        metadata={"help": "'oracle': the gold-action agent (offline); 'noop': an agent that declines every request "
+                  "(offline; its episodes fail where the task needs work: keep them with --min_reward 0); 'openai': "
+                  "an OpenAI-compatible endpoint (--teacher_base_url, --teacher_model)."},
     )  # fmt: skip
     tasks: str | None = field(
         default=None,
@@ -259,7 +260,7 @@ class CollectArguments(EnvArguments):
 
     def teacher_kwargs(self) -> dict:
         """Constructor arguments of the selected teacher."""
-        if self.teacher == "oracle":
+        if self.teacher in ("oracle", "noop"):
             return {}
         return {
             "base_url": self.teacher_base_url or "",

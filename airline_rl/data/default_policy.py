@@ -3,14 +3,25 @@
 Why this exists: GRPO only learns from episodes whose reward varies inside a group. A random-weight tiny model
 never closes a turn, never calls a tool and never earns a reward, so a CPU run from it trains on nothing. This module
 builds, once, a policy that already plays real τ² airline episodes (user turns, tool calls, tool results) on a few
-train tasks, imperfectly: sampled at temperature 1 it solves some episodes and fails others, which is exactly what
-GRPO needs to show learning on CPU.
+train tasks, imperfectly, in a way GRPO can fix within a few CPU minutes.
+
+The warm-up teacher is of mixed quality, on purpose: for every warm-up task the oracle's dialogue once and the noop's
+(an agent that declines the request: "I'm sorry, but I can't help with that request. Goodbye!") twice
+(``WARMUP_TEACHERS``). Imitation reproduces the mix: sampled at temperature 1 the warmed policy declines about two
+episodes in three and fails them, and when it takes the oracle's path it still garbles a tool call now and then
+(measured on task 3, 128 episodes: 82 declines, 27 of the other 46 solved, 0.21 in all). Whether to help is one early
+choice that every episode makes and the reward tells apart, so GRPO has a strong, consistent signal to learn from;
+sharpening the oracle's path token by token is the slow part that follows. (A warm-up on the oracle alone leaves only
+the slow part: the policy solves ~0.5 of its episodes by sampling luck, and 40 GRPO steps on CPU did not move that
+measurably: 69/128 before, 65/128 after.)
 
 The build goes through the project's real code paths, in a temporary directory:
 
 1. ``build_tiny_model``: the tiny random-weight Qwen2 (hidden 128 = 4 heads of 32, 2 layers, vocab 4,096);
-2. ``collect``: the oracle teacher against the scripted user on the chosen train tasks → an HF dataset;
-3. ``train_sft.main``: TRL's SFTTrainer on Render-Twice-Diff assistant masks, a fixed number of epochs, fixed seed;
+2. ``collect``: each teacher of ``WARMUP_TEACHERS`` against the scripted user on the chosen train tasks → an HF
+   dataset each, concatenated (a teacher's rows repeated by its weight);
+3. ``train_sft.main``: TRL's SFTTrainer on Render-Twice-Diff assistant masks, a fixed number of epochs, one
+   optimiser step per epoch over all rows, fixed seed;
 
 then the fine-tuned model is copied next to a ``build_info.json`` (written last) and renamed into place. A cached
 build is reused only when its ``build_info.json`` names the same parameters and builder version and every file it
@@ -37,6 +48,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import datasets
 import torch
 from filelock import FileLock
 
@@ -56,13 +68,15 @@ __all__ = [
 ]
 
 # Bump when the build recipe changes in a way that should invalidate cached builds.
-POLICY_BUILDER_VERSION = 1
+POLICY_BUILDER_VERSION = 2  # 2: mixed oracle + noop warm-up, one optimiser step per epoch
 DEFAULT_POLICY_DIR_NAME = "default-policy"
 COMPACT_SYSTEM_PROMPT = (
     "You are an airline customer service agent. Help the user with their reservations using the tools, and follow "
     "the airline policy: confirm before any change."
 )
-DEFAULT_WARMUP_EPOCHS = 24
+DEFAULT_WARMUP_EPOCHS = 96
+# Teacher → copies of its dialogues in the warm-up data (see the module docstring).
+WARMUP_TEACHERS: dict[str, int] = {"oracle": 1, "noop": 2}
 # The tiny model: head size 32 (hidden 128 / 4 heads) so that vLLM's CPU attention kernels also accept it.
 MODEL_SIZE = {"hidden_size": 128, "num_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
 SFT_LEARNING_RATE = 3e-3  # large and constant: the random tiny model must move within a few dozen epochs
@@ -89,6 +103,7 @@ def _params(tasks: Sequence[str], epochs: int, seed: int, max_turns: int) -> dic
         "seed": seed,
         "max_turns": max_turns,
         "learning_rate": SFT_LEARNING_RATE,
+        "teachers": dict(WARMUP_TEACHERS),
         "system_prompt": COMPACT_SYSTEM_PROMPT,
         **MODEL_SIZE,
     }
@@ -145,9 +160,10 @@ def build_default_policy(
             if stale.is_dir() and (".work-" in stale.name or ".tmp-" in stale.name or ".old-" in stale.name):
                 shutil.rmtree(stale, ignore_errors=True)
         logger.warning(
-            "default policy: building %s once (tiny Qwen2 + SFT on oracle dialogues of train tasks %s, %d epochs); "
-            "about 1-3 minutes on 2 CPU cores, cached for later runs",
+            "default policy: building %s once (tiny Qwen2 + SFT on %s dialogues of train tasks %s, %d epochs); "
+            "about 1-2 minutes on 2 CPU cores, cached for later runs",
             output_dir,
+            " + ".join(f"{teacher} x{copies}" for teacher, copies in WARMUP_TEACHERS.items()),
             ",".join(tasks),
             epochs,
         )
@@ -187,30 +203,42 @@ def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], 
         seed=params["seed"],
         extra_texts=extra,
     )
-    collected = collect(
-        CollectArguments(
-            data_dir=data_dir,
-            tasks=",".join(tasks),
-            max_turns=params["max_turns"],
-            output_dir=str(work / "trajectories"),
-            hub_dir=str(work / "hub"),
-            progress=False,
-        ),
-        env=env,
-    )
+    # The warm-up data: every teacher of WARMUP_TEACHERS on every task, through collect (one HF dataset each), its
+    # rows repeated as many times as the teacher's weight, in one dataset that train_sft reads.
+    parts = []
+    for teacher, copies in WARMUP_TEACHERS.items():
+        collected = collect(
+            CollectArguments(
+                data_dir=data_dir,
+                teacher=teacher,
+                tasks=",".join(tasks),
+                max_turns=params["max_turns"],
+                min_reward=0.0,  # the noop's failures are kept on purpose (the oracle's episodes all score 1)
+                output_dir=str(work / f"trajectories-{teacher}"),
+                hub_dir=str(work / "hub"),
+                progress=False,
+            ),
+            env=env,
+        )
+        parts += [datasets.load_from_disk(str(Path(collected.output_dir) / "dataset"))] * copies
+    warmup_data = datasets.concatenate_datasets(parts)
+    warmup_data.save_to_disk(str(work / "warmup-data"))
     train_sft = _load_train_sft()
     argv = [
-        "--dataset_path", collected.output_dir,
+        "--dataset_path", str(work / "warmup-data"),
         "--model_name_or_path", str(tiny),
         "--output_dir", str(work / "sft"),
         "--run_name", "default-policy-sft",
         "--hub_dir", str(work / "hub"),
         "--max_turns", str(params["max_turns"]),
+        "--min_reward", "0",  # train on the noop's dialogues too
         "--num_train_epochs", str(params["epochs"]),
         "--learning_rate", str(params["learning_rate"]),
         "--lr_scheduler_type", "constant",
         "--per_device_train_batch_size", "1",
-        "--gradient_accumulation_steps", "1",
+        # One optimiser step per epoch over all rows: with a large constant lr, one row per step would leave the
+        # oracle-or-decline choice wherever the last row of the last epoch pushed it, not at the data's mix.
+        "--gradient_accumulation_steps", str(len(warmup_data)),
         "--max_length", "4096",
         "--bf16", "false",
         "--use_cpu", "true",
@@ -237,5 +265,5 @@ def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], 
         "params": params,
         "files": files,
         "sft_train_loss": metrics.get("train_loss"),
-        "trajectories": len(collected.tasks),
+        "trajectories": len(warmup_data),
     }

@@ -1,5 +1,6 @@
-"""Teacher agents for trajectory collection: ``oracle`` (gold actions, offline) and ``openai`` (any OpenAI-compatible
-chat endpoint, e.g. vLLM serving Qwen2.5-72B-Instruct-AWQ).
+"""Teacher agents for trajectory collection: ``oracle`` (gold actions, offline), ``noop`` (declines every request,
+offline: a deliberately bad teacher, for mixed-quality warm-up data such as the embedded default policy's) and
+``openai`` (any OpenAI-compatible chat endpoint, e.g. vLLM serving Qwen2.5-72B-Instruct-AWQ).
 
 Both are ``Agent``s of ``airline_rl.envs.runner.run_episodes`` (the one episode loop): a batch of live episodes in,
 one assistant turn of text per episode out. The environment parses that text (Hermes ``<tool_call>`` blocks), so a
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-TEACHERS = ("oracle", "openai")
+TEACHERS = ("oracle", "noop", "openai")
 
 
 @dataclass
@@ -301,9 +302,10 @@ class OpenAITeacher:
 
 
 def get_teacher(name: str, **kwargs: Any) -> Agent:
-    """A teacher by name: ``oracle`` (no settings) or ``openai`` (``OpenAITeacherConfig`` fields as keywords)."""
-    if name == "oracle":
-        return get_agent("oracle")
+    """A teacher by name: ``oracle`` / ``noop`` (no settings) or ``openai`` (``OpenAITeacherConfig`` fields as
+    keywords)."""
+    if name in ("oracle", "noop"):
+        return get_agent(name)
     if name == "openai":
         return OpenAITeacher(**kwargs)
     raise ValueError(f"Unknown teacher {name!r} (--teacher); valid teachers: {', '.join(TEACHERS)}")
