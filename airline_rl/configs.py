@@ -8,12 +8,15 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 from dataclasses import dataclass, field
 from typing import Literal
 
 import trl
 
 from airline_rl.trainers.variants import VARIANT_FIELDS, VARIANTS
+
+logger = logging.getLogger(__name__)
 
 VARIANT_DEFAULTS = {
     "turn_discount_alpha": 1.05,
@@ -198,6 +201,14 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
             )
         self.loss_type = "luspo"
         super().__post_init__()
+        if self.uses_prm and self.scale_rewards not in ("none", False):
+            logger.warning(
+                "--scale_rewards %s with variant %r: in a group where every episode fails, the std scaling turns "
+                "PRM-Lite's small process-score differences into unit-size advantages (a +0.01 rule firing becomes "
+                "~+2), which trains the policy to farm the process score; the recipes use --scale_rewards none",
+                self.scale_rewards,
+                self.variant,
+            )
 
     @property
     def uses_prm(self) -> bool:

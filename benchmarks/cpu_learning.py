@@ -7,7 +7,7 @@ outcome-reward gain of the last quarter of steps over the first (the last line).
    reward. Timed.
 3. Read the run's TensorBoard events, print one row per step, write the learning-curve PNG, print the gain.
 
-Usage: ``OMP_NUM_THREADS=1 python benchmarks/cpu_learning.py [--steps 16] [--variant joint]``.
+Usage: ``OMP_NUM_THREADS=1 python benchmarks/cpu_learning.py [--steps 32] [--variant joint]``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ RECIPE = REPO_ROOT / "recipes" / "grpo" / "cpu_smoke.yaml"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=16, help="GRPO steps (the recipe's max_steps)")
+    parser.add_argument("--steps", type=int, default=32, help="GRPO steps (the recipe's max_steps: 32)")
     parser.add_argument("--variant", default="joint")
     parser.add_argument("--outputs", default=str(REPO_ROOT / "outputs"), help="where the run and the cache go")
     args = parser.parse_args()

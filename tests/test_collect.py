@@ -194,6 +194,19 @@ def test_failed_and_malformed_episodes_are_not_kept(tmp_path: Path) -> None:
         collect(make_args(tmp_path, tasks="0", output_dir=str(tmp_path / "bad"), max_turns=2), teacher=Malformed())
 
 
+def test_noop_teacher_by_name_keeps_its_failures_with_min_reward_0(tmp_path: Path) -> None:
+    """``--teacher noop`` is the deliberately bad teacher of the mixed warm-up data (the default policy's)."""
+    result = collect(make_args(tmp_path, tasks="3,40", teacher="noop", min_reward=0.0))
+    dataset = load_trajectories(result.output_dir)
+    assert result.covered_tasks == ["3", "40"] and set(dataset["teacher"]) == {"noop"}
+    assert set(dataset["reward"]) == {0.0}  # both tasks need work: declining fails them
+    for row in decode_rows(dataset):
+        said = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+        assert get_agent("noop").MESSAGE in said and not any("<tool_call>" in text for text in said)
+    with pytest.raises(CollectError, match="dataset would be empty"):  # the default min_reward keeps successes only
+        collect(make_args(tmp_path, tasks="3", teacher="noop", output_dir=str(tmp_path / "strict")))
+
+
 # ------------------------------------------------------------------------------------------------ bad input
 
 

@@ -30,6 +30,21 @@ def test_grpo_recipe_parses(recipe: Path) -> None:
     )
     assert training_args.variant in {"vanilla", "turn_discount", "prm_lite", "lata", "joint"}
     assert training_args.max_steps > 0 and script_args.split
+    # One advantage normalisation for every variant (a fair ablation), and not the group std, which blows PRM-Lite's
+    # small differences in all-fail groups up to unit-size advantages (issue 12).
+    assert training_args.scale_rewards == "none"
+
+
+def test_group_std_scaling_with_a_process_reward_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    recipe = str(REPO_ROOT / "recipes" / "grpo" / "prm_lite.yaml")
+    with caplog.at_level("WARNING", logger="airline_rl.configs"):
+        train_grpo.make_parser().parse_args_and_config(args=["--config", recipe, *CPU_OVERRIDES])
+    assert "--scale_rewards" not in caplog.text
+    with caplog.at_level("WARNING", logger="airline_rl.configs"):
+        train_grpo.make_parser().parse_args_and_config(
+            args=["--config", recipe, *CPU_OVERRIDES, "--scale_rewards", "group"]
+        )
+    assert "--scale_rewards group with variant 'prm_lite'" in caplog.text and "farm" in caplog.text
 
 
 @pytest.mark.parametrize("recipe", SFT_RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
