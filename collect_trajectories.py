@@ -19,6 +19,7 @@ import sys
 
 from trl import TrlParser
 
+from airline_rl.cli import parse_or_exit, run_main
 from airline_rl.configs import CollectArguments
 from airline_rl.data.collect import CollectError, collect
 from airline_rl.envs.splits import SplitError
@@ -36,9 +37,13 @@ def main(args: CollectArguments) -> None:
     print(json.dumps(result.to_dict(), indent=2))
 
 
+INPUT_ERRORS = (CollectError, HubError, SplitError, EndpointUnreachableError, ValueError)
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """The command line: bad input exits with status 2 and one line naming the flag, file or field."""
+    run_main(lambda: main(*parse_or_exit(TrlParser((CollectArguments,)), argv)), INPUT_ERRORS)
+
+
 if __name__ == "__main__":
-    (collect_args,) = TrlParser((CollectArguments,)).parse_args_and_config()
-    try:
-        main(collect_args)
-    except (CollectError, HubError, SplitError, EndpointUnreachableError, ValueError) as err:
-        raise SystemExit(f"error: {err}") from None  # bad input: one line naming the flag, not a traceback
+    cli()

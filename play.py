@@ -12,6 +12,7 @@ import argparse
 import logging
 import sys
 
+from airline_rl.cli import one_line_argparse_errors
 from airline_rl.envs.agents import AGENTS, get_agent
 from airline_rl.envs.data import DomainDataError
 from airline_rl.envs.episode import AirlineEnv
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Plays the tasks; bad input (unknown agent, user or task id) exits with status 2 and a message naming it."""
-    parser = build_parser()
+    parser = one_line_argparse_errors(build_parser())
     args = parser.parse_args(argv)
     if args.agent not in AGENTS:
         parser.error(f"unknown agent {args.agent!r}; valid agents: {', '.join(sorted(AGENTS))}")

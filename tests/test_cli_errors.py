@@ -58,6 +58,24 @@ def test_missing_config_file(script, capsys) -> None:
     assert one_line_exit(capsys, script, ["--config", "missing.yaml"]) == "error: --config missing.yaml: no such file"
 
 
+def test_collect_run_ablation_and_play_bad_input_is_one_line(tmp_path: Path, capsys) -> None:
+    import collect_trajectories
+    import play
+    from airline_rl.experiment import main as run_ablation_main
+
+    assert one_line_exit(capsys, collect_trajectories.cli, ["--config", "missing.yaml"]) == (
+        "error: --config missing.yaml: no such file"
+    )
+    err = one_line_exit(capsys, collect_trajectories.cli, ["--tasks", "999", "--output_dir", str(tmp_path / "c")])
+    assert err.startswith("error: --tasks names unknown task ids ['999']")
+    assert "invalid choice: 'foo'" in one_line_exit(capsys, collect_trajectories.cli, ["--teacher", "foo"])
+    assert one_line_exit(capsys, run_ablation_main, ["--config", "missing.yaml"]) == (
+        "error: --config missing.yaml: no such file"
+    )
+    assert "invalid choice: 'nope'" in one_line_exit(capsys, run_ablation_main, ["--profile", "nope"])
+    assert "unknown task id(s) ['999']" in one_line_exit(capsys, play.main, ["--tasks", "999"])
+
+
 def test_evaluate_missing_config_file(capsys) -> None:
     with pytest.raises(SystemExit) as info:
         evaluate.cli(["--config", "missing.yaml"])

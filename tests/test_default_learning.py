@@ -126,7 +126,8 @@ def train(policy_dir: str, output_dir, variant: str, control: str | None = None,
         gradient_checkpointing=False,
         seed=0,
     )
-    rows = [{"prompt": [{"role": "system", "content": env.system_prompt}], "task_id": TASK}] * (EPISODES_PER_STEP * steps)
+    row = {"prompt": [{"role": "system", "content": env.system_prompt}], "task_id": TASK}
+    rows = [row] * (EPISODES_PER_STEP * steps)
     trainer = RecordingTrainer(
         model=model,
         args=args,

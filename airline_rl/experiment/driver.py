@@ -235,7 +235,9 @@ def make_parser() -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    (args,) = make_parser().parse_args_and_config(argv)
+    from airline_rl.cli import parse_or_exit
+
+    (args,) = parse_or_exit(make_parser(), argv)
     try:
         return run(args)
     except ExperimentError as err:
