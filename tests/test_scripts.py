@@ -313,11 +313,13 @@ def test_serve_in_the_foreground_returns_the_server_exit_code(tmp_path: Path, ca
 
 def test_serve_stops_a_server_that_never_gets_healthy(tmp_path: Path) -> None:
     port = free_port()
-    command = [sys.executable, "-c", "import time; print('stuck', flush=True); time.sleep(600)"]
+    # A shell, not a Python child: under load a Python interpreter can take longer than the health timeout to print
+    # its first line, and the error must quote the server's log.
+    command = ["sh", "-c", "echo stuck; exec sleep 600"]
     start = time.monotonic()
     with pytest.raises(LaunchError, match=r"(?s)did not become healthy.*stuck"):
         _launch.serve(
-            command, {}, port=port, base_url="URL", log_file=tmp_path / "s.log", health_timeout=1, interval=0.1
+            command, {}, port=port, base_url="URL", log_file=tmp_path / "s.log", health_timeout=2, interval=0.1
         )
     assert time.monotonic() - start < 20
 
