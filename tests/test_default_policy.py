@@ -175,3 +175,41 @@ def test_leftovers_of_a_killed_build_are_cleaned(tmp_path, fake_build):
         (directory / "model.safetensors").write_text("partial")
     default_policy.build_default_policy(tmp_path / "policy", ["3"], epochs=2)
     assert not any(d.exists() for d in stale)
+
+
+def test_warmup_data_mixes_the_teachers_and_steps_once_per_epoch(tmp_path, monkeypatch):
+    """The real ``_build`` up to SFT: collect each teacher of WARMUP_TEACHERS (its rows repeated by its weight) into
+    one dataset, then train_sft on all of it (``--min_reward 0``, one optimiser step per epoch over all rows)."""
+    import train_sft as real_train_sft
+
+    from airline_rl.data import tiny_model
+    from airline_rl.data.collect import decode_rows, load_trajectories
+
+    seen = {}
+
+    def fake_main(script_args, training_args, model_args):
+        seen["rows"] = decode_rows(load_trajectories(script_args.dataset_path))
+        seen["args"] = (script_args, training_args)
+        out = Path(training_args.output_dir)
+        out.mkdir(parents=True)
+        for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+            (out / name).write_text(name)
+        return {"metrics": {"train_loss": 0.5}}
+
+    fake = type("FakeTrainSFT", (), {"make_parser": staticmethod(real_train_sft.make_parser),
+                                     "main": staticmethod(fake_main)})  # fmt: skip
+    monkeypatch.setattr(default_policy, "_load_train_sft", lambda: fake)
+    monkeypatch.setattr(tiny_model, "build_tiny_model", lambda directory, **kwargs: directory)
+    out = default_policy.build_default_policy(tmp_path / "policy", ["3", "40"], epochs=3)
+    rows = seen["rows"]
+    per_teacher = {t: sorted(r["task_id"] for r in rows if r["teacher"] == t) for t in default_policy.WARMUP_TEACHERS}
+    assert per_teacher == {"oracle": ["3", "40"], "noop": ["3", "3", "40", "40"]}
+    assert {r["reward"] for r in rows if r["teacher"] == "oracle"} == {1.0}
+    assert {r["reward"] for r in rows if r["teacher"] == "noop"} == {0.0}
+    assert all(r["messages"][0]["content"] == default_policy.COMPACT_SYSTEM_PROMPT for r in rows)
+    script_args, training_args = seen["args"]
+    assert script_args.min_reward == 0
+    assert training_args.gradient_accumulation_steps == len(rows) == 6 and training_args.per_device_train_batch_size == 1
+    assert training_args.num_train_epochs == 3
+    info = json.loads((out / BUILD_INFO_FILE).read_text())
+    assert info["params"]["teachers"] == {"oracle": 1, "noop": 2} and info["trajectories"] == 6
