@@ -181,7 +181,6 @@ def test_warmup_data_mixes_the_teachers_and_steps_once_per_epoch(tmp_path, monke
     """The real ``_build`` up to SFT: collect each teacher of WARMUP_TEACHERS (its rows repeated by its weight) into
     one dataset, then train_sft on all of it (``--min_reward 0``, one optimiser step per epoch over all rows)."""
     import train_sft as real_train_sft
-
     from airline_rl.data import tiny_model
     from airline_rl.data.collect import decode_rows, load_trajectories
 
@@ -209,7 +208,8 @@ def test_warmup_data_mixes_the_teachers_and_steps_once_per_epoch(tmp_path, monke
     assert all(r["messages"][0]["content"] == default_policy.COMPACT_SYSTEM_PROMPT for r in rows)
     script_args, training_args = seen["args"]
     assert script_args.min_reward == 0
-    assert training_args.gradient_accumulation_steps == len(rows) == 6 and training_args.per_device_train_batch_size == 1
+    assert training_args.gradient_accumulation_steps == len(rows) == 6
+    assert training_args.per_device_train_batch_size == 1
     assert training_args.num_train_epochs == 3
     info = json.loads((out / BUILD_INFO_FILE).read_text())
     assert info["params"]["teachers"] == {"oracle": 1, "noop": 2} and info["trajectories"] == 6
