@@ -37,22 +37,18 @@ their results, the user simulator and the reward are the real ones. A real run k
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import shutil
 import sys
-import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import datasets
 import torch
-from filelock import FileLock
 
-from airline_rl.data.tiny_model import BUILD_INFO_FILE, _is_complete_build, _read_build_info, _swap_into_place
+from airline_rl.data.build_cache import cached_build
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.tools import TOOL_SCHEMAS
 
@@ -81,6 +77,9 @@ WARMUP_TEACHERS: dict[str, int] = {"oracle": 1, "noop": 2}
 MODEL_SIZE = {"hidden_size": 128, "num_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
 SFT_LEARNING_RATE = 3e-3  # large and constant: the random tiny model must move within a few dozen epochs
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# The files of the built policy (copied from the SFT output).
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+               "tokenizer_config.json", "chat_template.jinja")  # fmt: skip
 
 
 def compact_env(env: AirlineEnv) -> AirlineEnv:
@@ -141,24 +140,8 @@ def build_default_policy(
     if epochs < 1:
         raise ValueError(f"--warmup_epochs must be >= 1, got {epochs}")
     params = _params(tasks, epochs, seed, max_turns)
-    if not force and _is_complete_build(output_dir, params):
-        logger.info("default policy: reusing the cached build in %s", output_dir)
-        return output_dir
 
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(output_dir.parent / f".{output_dir.name}.lock")):
-        if not force and _is_complete_build(output_dir, params):  # another process built it while we waited
-            logger.info("default policy: reusing the cached build in %s", output_dir)
-            return output_dir
-        if output_dir.exists() and _read_build_info(output_dir) is None and any(output_dir.iterdir()) and not force:
-            # Not ours, or a build interrupted before its build_info.json: only the latter is safe to replace.
-            leftovers = {p.name for p in output_dir.iterdir()}
-            if not leftovers <= {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                                 "tokenizer_config.json", "chat_template.jinja"}:  # fmt: skip
-                raise FileExistsError(f"{output_dir} is not empty and holds no default-policy build; remove it")
-        for stale in output_dir.parent.glob(f".{output_dir.name}.*-*"):  # left by a killed build (we hold the lock)
-            if stale.is_dir() and (".work-" in stale.name or ".tmp-" in stale.name or ".old-" in stale.name):
-                shutil.rmtree(stale, ignore_errors=True)
+    def announce() -> None:
         logger.warning(
             "default policy: building %s once (tiny Qwen2 + SFT on %s dialogues of train tasks %s, %d epochs); "
             "about 1-2 minutes on 2 CPU cores, cached for later runs",
@@ -167,19 +150,20 @@ def build_default_policy(
             ",".join(tasks),
             epochs,
         )
-        start = time.perf_counter()
-        work = output_dir.parent / f".{output_dir.name}.work-{uuid.uuid4().hex[:8]}"
-        tmp_dir = output_dir.parent / f".{output_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
-        try:
-            info = _build(work, tmp_dir, tasks, params, data_dir)
-            info["build_seconds"] = round(time.perf_counter() - start, 1)
-            # Written last: its presence (with the file sizes) is what marks a build complete.
-            (tmp_dir / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-            _swap_into_place(tmp_dir, output_dir)
-        finally:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
-            shutil.rmtree(work, ignore_errors=True)
-    logger.warning("default policy: built %s in %.0f s", output_dir, info["build_seconds"])
+
+    info = cached_build(
+        output_dir,
+        params,
+        lambda work, tmp_dir: _build(work, tmp_dir, tasks, params, data_dir),
+        what="default-policy",
+        force=force,
+        replaceable=MODEL_FILES,  # an SFT output copied in before the build was interrupted
+        before_build=announce,
+    )
+    if info is None:
+        logger.info("default policy: reusing the cached build in %s", output_dir)
+    else:
+        logger.warning("default policy: built %s in %.0f s", output_dir, info["build_seconds"])
     return output_dir
 
 
@@ -255,8 +239,7 @@ def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], 
         outcome = train_sft.main(script_args, training_args, model_args)
     tmp_dir.mkdir(parents=True)
     sft_dir = work / "sft"
-    for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                 "tokenizer_config.json", "chat_template.jinja"):  # fmt: skip
+    for name in MODEL_FILES:
         if (sft_dir / name).is_file():
             shutil.copy2(sft_dir / name, tmp_dir / name)
     files = {p.name: p.stat().st_size for p in sorted(tmp_dir.iterdir()) if p.is_file()}

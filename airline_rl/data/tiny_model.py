@@ -29,9 +29,6 @@ import json
 import logging
 import os
 import random
-import shutil
-import time
-import uuid
 from collections.abc import Iterator, Sequence
 from importlib import resources
 from pathlib import Path
@@ -40,12 +37,13 @@ from typing import Any
 import tokenizers
 import torch
 import transformers
-from filelock import FileLock
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+from airline_rl.data.build_cache import BUILD_INFO_FILE, cached_build
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +75,6 @@ ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
     (TOOL_CALL_END_TOKEN, False),
 )
 
-BUILD_INFO_FILE = "build_info.json"
 # Bump when the build recipe changes in a way that should invalidate cached builds.
 BUILDER_VERSION = 1
 DEFAULT_DIR_NAME = "tiny-qwen2"
@@ -278,30 +275,6 @@ def _build_params(
     }
 
 
-def _read_build_info(directory: Path) -> dict[str, Any] | None:
-    try:
-        info = json.loads((directory / BUILD_INFO_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) else None
-
-
-def _is_complete_build(directory: Path, params: dict[str, Any]) -> bool:
-    """True if ``directory`` holds a build with these params whose recorded files are all present and intact."""
-    info = _read_build_info(directory)
-    if info is None or info.get("params") != params or not isinstance(info.get("files"), dict):
-        return False
-    files: dict[str, int] = info["files"]
-    required = {"config.json", "tokenizer.json", "tokenizer_config.json"}
-    if not required <= files.keys() or not any(name.endswith((".safetensors", ".bin")) for name in files):
-        return False
-    for name, size in files.items():
-        path = directory / name
-        if not path.is_file() or path.stat().st_size != size:
-            return False
-    return True
-
-
 def build_tiny_model(
     output_dir: str | os.PathLike[str],
     *,
@@ -339,53 +312,37 @@ def build_tiny_model(
         seed=seed,
         extra_texts=extra_texts,
     )
-    if not force and _is_complete_build(output_dir, params):
+
+    def build(_work: Path, tmp_dir: Path) -> dict[str, Any]:
+        tokenizer = build_tiny_tokenizer(vocab_size, extra_texts, model_max_length=max_position_embeddings)
+        model = _build_model(
+            tokenizer,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            num_attention_heads=num_attention_heads,
+            num_key_value_heads=num_key_value_heads,
+            intermediate_size=intermediate_size,
+            max_position_embeddings=max_position_embeddings,
+            seed=seed,
+        )
+        model.save_pretrained(tmp_dir)
+        tokenizer.save_pretrained(tmp_dir)
+        return {
+            "params": params,
+            "files": {p.name: p.stat().st_size for p in sorted(tmp_dir.iterdir()) if p.is_file()},
+            "num_parameters": model.num_parameters(),
+            "tokenizer_size": len(tokenizer),
+            "versions": {
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "tokenizers": tokenizers.__version__,
+            },
+        }
+
+    info = cached_build(output_dir, params, build, what="tiny-model", force=force)
+    if info is None:
         logger.debug("Reusing tiny model in %s", output_dir)
         return output_dir
-
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(output_dir.parent / f".{output_dir.name}.lock")):
-        if not force and _is_complete_build(output_dir, params):  # another process built it while we waited
-            return output_dir
-        if output_dir.exists() and not force and _read_build_info(output_dir) is None and any(output_dir.iterdir()):
-            raise FileExistsError(
-                f"{output_dir} is not empty and holds no tiny-model build; pass force=True to replace it"
-            )
-
-        start = time.perf_counter()
-        tmp_dir = output_dir.parent / f".{output_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
-        try:
-            tokenizer = build_tiny_tokenizer(vocab_size, extra_texts, model_max_length=max_position_embeddings)
-            model = _build_model(
-                tokenizer,
-                hidden_size=hidden_size,
-                num_layers=num_layers,
-                num_attention_heads=num_attention_heads,
-                num_key_value_heads=num_key_value_heads,
-                intermediate_size=intermediate_size,
-                max_position_embeddings=max_position_embeddings,
-                seed=seed,
-            )
-            model.save_pretrained(tmp_dir)
-            tokenizer.save_pretrained(tmp_dir)
-            files = {p.name: p.stat().st_size for p in sorted(tmp_dir.iterdir()) if p.is_file()}
-            info = {
-                "params": params,
-                "files": files,
-                "num_parameters": model.num_parameters(),
-                "tokenizer_size": len(tokenizer),
-                "build_seconds": round(time.perf_counter() - start, 3),
-                "versions": {
-                    "torch": torch.__version__,
-                    "transformers": transformers.__version__,
-                    "tokenizers": tokenizers.__version__,
-                },
-            }
-            # Written last: its presence (with the file sizes) is what marks a build complete.
-            (tmp_dir / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-            _swap_into_place(tmp_dir, output_dir)
-        finally:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
     logger.info(
         "Built tiny Qwen2 (%d parameters, %d tokens) in %s in %.2fs",
         info["num_parameters"],
@@ -394,14 +351,3 @@ def build_tiny_model(
         info["build_seconds"],
     )
     return output_dir
-
-
-def _swap_into_place(tmp_dir: Path, output_dir: Path) -> None:
-    """Rename ``tmp_dir`` to ``output_dir``, moving any previous directory aside first and deleting it after."""
-    old_dir: Path | None = None
-    if output_dir.exists():
-        old_dir = output_dir.parent / f".{output_dir.name}.old-{uuid.uuid4().hex[:8]}"
-        os.replace(output_dir, old_dir)
-    os.replace(tmp_dir, output_dir)
-    if old_dir is not None:
-        shutil.rmtree(old_dir, ignore_errors=True)
