@@ -224,8 +224,6 @@ class HeldoutEvaluation:
         from accelerate.utils import broadcast_object_list, gather_object
 
         from airline_rl.evaluation.evaluator import episode_seed
-        from airline_rl.rollout import TokenPolicyAgent
-        from airline_rl.trainers.multiturn_grpo import TrainerBackend, _max_context
 
         start = time.perf_counter()
         accelerator = trainer.accelerator
@@ -249,16 +247,7 @@ class HeldoutEvaluation:
         trainer.model.eval()
         try:
             if rounds:
-                backend = TrainerBackend(trainer)
-                agent = TokenPolicyAgent(
-                    backend,
-                    trainer.processing_class,
-                    self.env.tools,
-                    trainer.eos_token_ids,
-                    trainer.args.max_completion_length,
-                    trainer.args.max_turn_tokens,
-                    _max_context(trainer),
-                )
+                backend, agent = trainer.policy_agent(self.env.tools)
                 seed = trainer.args.seed
                 with trainer._vllm_awake_for_rollout():
                     for index in range(rounds):

@@ -198,6 +198,20 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             generation.llm.sleep(level=2)
             generation._llm_weights_sleeping = True
 
+    def policy_agent(self, tools: list[dict]) -> tuple[TrainerBackend, TokenPolicyAgent]:
+        """The current policy as an episode agent (training rollouts and held-out evaluation generate alike)."""
+        backend = TrainerBackend(self)
+        agent = TokenPolicyAgent(
+            backend,
+            self.processing_class,
+            tools,
+            self.eos_token_ids,
+            self.args.max_completion_length,
+            self.args.max_turn_tokens,
+            _max_context(self),
+        )
+        return backend, agent
+
     def _episode_seed(self, index: int) -> int:
         return (self.state.global_step * 1_000_003 + self.accelerator.process_index * 10_007 + index) % (2**31)
 
@@ -210,16 +224,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         start = time.perf_counter()
         specs = [(str(row["task_id"]), self._episode_seed(i)) for i, row in enumerate(rows)]
         episodes = [self.env.reset(task_id, seed) for task_id, seed in specs]
-        backend = TrainerBackend(self)
-        agent = TokenPolicyAgent(
-            backend,
-            self.processing_class,
-            self.env.tools,
-            self.eos_token_ids,
-            self.args.max_completion_length,
-            self.args.max_turn_tokens,
-            _max_context(self),
-        )
+        backend, agent = self.policy_agent(self.env.tools)
         for episode in episodes:
             agent.start(episode)
         timings = RunTimings()
