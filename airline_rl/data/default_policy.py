@@ -168,7 +168,7 @@ def build_default_policy(
 
 
 def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], data_dir: str | None) -> dict:
-    """tiny model → oracle trajectories → train_sft; the fine-tuned model's files end up in ``tmp_dir``."""
+    """tiny model → the teachers' trajectories (one dataset) → train_sft; the model's files end up in ``tmp_dir``."""
     from airline_rl.configs import CollectArguments
     from airline_rl.data.collect import collect
     from airline_rl.data.tiny_model import build_tiny_model
@@ -204,7 +204,7 @@ def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], 
             ),
             env=env,
         )
-        parts += [datasets.load_from_disk(str(Path(collected.output_dir) / "dataset"))] * copies
+        parts += [datasets.load_from_disk(collected.dataset_dir)] * copies
     warmup_data = datasets.concatenate_datasets(parts)
     warmup_data.save_to_disk(str(work / "warmup-data"))
     train_sft = _load_train_sft()
