@@ -47,6 +47,7 @@ from datasets import Features, Json, List, Value
 from tqdm.auto import tqdm
 
 from airline_rl.configs import CollectArguments
+from airline_rl.data.build_cache import swap_into_place
 from airline_rl.envs.episode import USER_ERROR, AirlineEnv, EnvConfig, EpisodeRecord
 from airline_rl.envs.runner import run_episodes
 from airline_rl.envs.splits import Split, get_split
@@ -268,19 +269,9 @@ def save_dataset_atomic(dataset: datasets.Dataset, path: Path) -> None:
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         dataset.save_to_disk(str(tmp))
-        _swap_dir(tmp, path)
+        swap_into_place(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _swap_dir(tmp: Path, path: Path) -> None:
-    old = None
-    if path.exists():
-        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-        os.replace(path, old)
-    os.replace(tmp, path)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def dataset_card(name: str, info: dict[str, Any]) -> str:
@@ -329,7 +320,7 @@ def export_dataset(dataset: datasets.Dataset, hub_dir: str | os.PathLike[str], n
         dataset.to_parquet(str(tmp / "data" / "train-00000-of-00001.parquet"))
         (tmp / "README.md").write_text(dataset_card(name, info), encoding="utf-8")
         write_json_atomic(tmp / INFO_FILE, info)
-        _swap_dir(tmp, final)
+        swap_into_place(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
