@@ -79,11 +79,13 @@ class _Handler(BaseHTTPRequestHandler):
         mode = stub._mode_of(body.get("messages") or [])
         try:
             status, payload = stub._answer(mode, body)
+        finally:
+            # Recorded before the answer goes out: once the client holds its reply, the test may read the timeline.
+            stub._leave(mode, start)
+        try:
             self._send_json(status, payload)
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout): nothing to send
             pass
-        finally:
-            stub._leave(mode, start)
 
 
 class StubServer:

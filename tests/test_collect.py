@@ -346,10 +346,11 @@ class OracleServer:
                     stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
                 time.sleep(0.02)
                 try:
-                    self._send(*stub.answer(body))
-                finally:
+                    answer = stub.answer(body)
+                finally:  # before the reply goes out: the client may send its next request as soon as it has it
                     with stub.lock:
                         stub.in_flight -= 1
+                self._send(*answer)
 
         return Handler
 

@@ -154,7 +154,7 @@ def test_slow_request_does_not_block_the_rest(env: AirlineEnv, stub: Callable[..
     elapsed = time.monotonic() - start
     assert all(reply.error is None for reply in replies)
     assert replies[3].content.endswith("You said: Fast question 2?")
-    assert 1.0 <= elapsed < 2.0
+    assert 1.0 <= elapsed < 4.0  # bounded well below a hang; the order check below is the point
     slow_end = next(end for mode, _, end in server.timeline if mode == "slow")
     assert all(end < slow_end for mode, _, end in server.timeline if mode == "echo")
 
@@ -191,7 +191,7 @@ def test_hanging_request_times_out_within_bound(env: AirlineEnv, stub: Callable[
     elapsed = time.monotonic() - start
     assert replies[0].error is not None and "timed out after 0.4s" in replies[0].error
     assert replies[1].error is None and replies[1].content.endswith("You said: Are you there?")
-    assert 0.8 <= elapsed < 2.0  # two attempts of 0.4 s and one short backoff; never the server's 30 s
+    assert 0.8 <= elapsed < 4.0  # two attempts of 0.4 s and one short backoff; never the server's 30 s
     assert user.stats()["failures"] == 1
 
 
