@@ -30,7 +30,7 @@ from airline_rl.evaluation.heldout import build_heldout
 from airline_rl.graceful_stop import train_or_stop
 from airline_rl.hub import HubError, LocalHubCallback, ensure_writable
 from airline_rl.precision import check_update_precision
-from airline_rl.run_guard import RunGuardError, decide_resume, model_identity, write_run_config
+from airline_rl.run_guard import RunGuardError, claim_output_dir, model_identity
 from airline_rl.script_setup import setup_run
 from airline_rl.trainers.console import use_step_lines
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
@@ -131,22 +131,13 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     logger.info("policy model: %s; variant: %s; user simulator: %s", model_path, training_args.variant, user.name)
     task_ids = list(dict.fromkeys(train_dataset["task_id"]))
     fingerprint = run_fingerprint(script_args, training_args, model_args, model_path, task_ids)
-    length = {"max_steps": training_args.max_steps, "num_train_epochs": training_args.num_train_epochs}
     try:
-        decision = decide_resume(
-            training_args.output_dir,
-            fingerprint,
-            length,
-            resume_from_checkpoint=training_args.resume_from_checkpoint,
-            overwrite_output_dir=script_args.overwrite_output_dir,
-        )
+        record = claim_output_dir(training_args, fingerprint, overwrite_output_dir=script_args.overwrite_output_dir)
     except RunGuardError as err:
         raise SystemExit(f"error: {err}") from None
-    if decision.complete:  # a rerun of a finished run trains nothing and leaves the hub's main alone
-        logger.info("%s", decision.message)
+    if record.decision.complete:  # a rerun of a finished run trains nothing and leaves the hub's main alone
+        logger.info("%s", record.decision.message)
         return
-    if training_args.process_index == 0:
-        write_run_config(training_args.output_dir, fingerprint, length)
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision)
     if tokenizer.pad_token is None:
@@ -193,7 +184,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     add_update_monitor(trainer)
     use_step_lines(trainer, str(Path(script_args.hub_dir) / run_name))
 
-    checkpoint = decision.checkpoint
+    checkpoint = record.decision.checkpoint
     if checkpoint:
         logger.info("resuming from %s", checkpoint)
     result = train_or_stop(trainer, checkpoint)  # SIGTERM (also to the launcher): checkpoint, then exit
@@ -205,9 +196,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     if exported is not None and trainer.is_world_process_zero():
         logger.info("local hub revision: %s", exported)
     if trainer.is_world_process_zero():
-        write_run_config(
-            training_args.output_dir, fingerprint, length, completed=True, global_step=trainer.state.global_step
-        )
+        record.mark_complete(trainer.state.global_step)
 
 
 def make_parser() -> TrlParser:

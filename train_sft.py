@@ -35,7 +35,7 @@ from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.graceful_stop import train_or_stop
 from airline_rl.hub import HubError, ensure_writable, write_json_atomic
 from airline_rl.precision import check_update_precision
-from airline_rl.run_guard import RunGuardError, decide_resume, model_identity, write_run_config
+from airline_rl.run_guard import RunGuardError, claim_output_dir, model_identity
 from airline_rl.script_setup import setup_run
 from airline_rl.trainers.sft import REPORT_FILE, SFTDataError, export_model_dir, prepare_sft_dataset, trainer_columns
 from airline_rl.update_monitor import add_update_monitor
@@ -125,19 +125,10 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         "split_file": script_args.split_file,
         "max_length": training_args.max_length,
     }
-    length = {"max_steps": training_args.max_steps, "num_train_epochs": training_args.num_train_epochs}
-    decision = decide_resume(
-        training_args.output_dir,
-        fingerprint,
-        length,
-        resume_from_checkpoint=training_args.resume_from_checkpoint,
-        overwrite_output_dir=script_args.overwrite_output_dir,
-    )
-    if decision.complete:  # a rerun of a finished run trains nothing and exports nothing
-        logger.info("%s", decision.message)
-        return {"complete": True, "message": decision.message}
-    if training_args.process_index == 0:
-        write_run_config(training_args.output_dir, fingerprint, length)
+    record = claim_output_dir(training_args, fingerprint, overwrite_output_dir=script_args.overwrite_output_dir)
+    if record.decision.complete:  # a rerun of a finished run trains nothing and exports nothing
+        logger.info("%s", record.decision.message)
+        return {"complete": True, "message": record.decision.message}
 
     train_dataset, report = prepare_sft_dataset(
         trajectories,
@@ -171,7 +162,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     check_update_precision(trainer, script_args.allow_rounded_updates)  # refuses bf16 weights that would not move
     add_update_monitor(trainer)
     tied_missing_keys_are_expected(trainer)  # no lm_head.weight warning on resume for tied embeddings
-    checkpoint = decision.checkpoint
+    checkpoint = record.decision.checkpoint
     if checkpoint:
         logger.info("resuming from %s", checkpoint)
     result = train_or_stop(trainer, checkpoint)  # SIGTERM (also to the launcher): checkpoint, then exit
@@ -205,9 +196,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
             training_args.output_dir, script_args.hub_dir, run_name, trainer.state.global_step, info
         )
         logger.info("local hub revision: %s", exported)
-        write_run_config(
-            training_args.output_dir, fingerprint, length, completed=True, global_step=trainer.state.global_step
-        )
+        record.mark_complete(trainer.state.global_step)
     trainer.accelerator.wait_for_everyone()
     return {"report": report.to_dict(), "metrics": result.metrics, "hub_path": str(exported) if exported else None}
 

@@ -152,6 +152,38 @@ def write_run_config(
     return path
 
 
+@dataclass
+class RunRecord:
+    """A training run's claim on its ``output_dir``: the resume decision and what ``run_config.json`` records."""
+
+    output_dir: str
+    fingerprint: dict[str, Any]
+    length: dict[str, Any]
+    decision: ResumeDecision
+
+    def mark_complete(self, global_step: int) -> None:
+        """Records that the run finished (rank 0 only), so a rerun of the same length is a no-op."""
+        write_run_config(self.output_dir, self.fingerprint, self.length, completed=True, global_step=global_step)
+
+
+def claim_output_dir(args: Any, fingerprint: dict[str, Any], *, overwrite_output_dir: bool) -> RunRecord:
+    """``decide_resume`` for a ``TrainingArguments``; unless the run is already complete, rank 0 records it.
+
+    One call for both training scripts, so SFT and GRPO resume, refuse and finish by the same rule.
+    """
+    length = {"max_steps": args.max_steps, "num_train_epochs": args.num_train_epochs}
+    decision = decide_resume(
+        args.output_dir,
+        fingerprint,
+        length,
+        resume_from_checkpoint=args.resume_from_checkpoint,
+        overwrite_output_dir=overwrite_output_dir,
+    )
+    if not decision.complete and args.process_index == 0:
+        write_run_config(args.output_dir, fingerprint, length)
+    return RunRecord(str(args.output_dir), fingerprint, length, decision)
+
+
 def model_identity(path: str) -> str:
     """A model path as the fingerprint stores it: absolute for a local directory, so ``./x`` and ``x`` match."""
     return str(Path(path).resolve()) if Path(path).exists() else path

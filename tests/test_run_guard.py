@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_sft import model_dir, run_train_sft, short_dataset  # noqa: F401 (fixtures)
 
 import train_grpo
 from airline_rl.hub import read_refs
-from airline_rl.run_guard import RUN_CONFIG_FILE, RunGuardError, decide_resume, write_run_config
+from airline_rl.run_guard import RUN_CONFIG_FILE, RunGuardError, claim_output_dir, decide_resume, write_run_config
 
 FINGERPRINT = {"model": "/models/a", "variant": "joint", "tasks": ["0", "1"], "data_dir": None}
 LENGTH = {"max_steps": 4, "num_train_epochs": 3.0}
@@ -79,6 +80,28 @@ def test_a_completed_run_is_complete_unless_asked_to_train_longer(tmp_path: Path
     assert not longer.complete and longer.checkpoint == str(last)
     with pytest.raises(RunGuardError):  # complete or not, another configuration is refused
         decide_resume(tmp_path, {**FINGERPRINT, "variant": "vanilla"}, LENGTH)
+
+
+def test_claim_output_dir_records_on_rank_0_only_and_marks_completion(tmp_path: Path) -> None:
+    def args(rank: int, max_steps: int = 4) -> SimpleNamespace:
+        return SimpleNamespace(output_dir=str(tmp_path), max_steps=max_steps, num_train_epochs=3.0,
+                               resume_from_checkpoint=None, process_index=rank)  # fmt: skip
+
+    record = claim_output_dir(args(rank=1), FINGERPRINT, overwrite_output_dir=False)
+    assert record.decision.checkpoint is None and not (tmp_path / RUN_CONFIG_FILE).exists()
+    record = claim_output_dir(args(rank=0), FINGERPRINT, overwrite_output_dir=False)
+    stored = json.loads((tmp_path / RUN_CONFIG_FILE).read_text())
+    assert stored["fingerprint"] == FINGERPRINT and stored["length"] == LENGTH and not stored["completed"]
+
+    checkpoint(tmp_path, 4)
+    record.mark_complete(4)
+    again = claim_output_dir(args(rank=0), FINGERPRINT, overwrite_output_dir=False)
+    assert again.decision.complete and "step 4" in again.decision.message
+    assert json.loads((tmp_path / RUN_CONFIG_FILE).read_text())["completed"]  # a no-op rerun leaves the record
+    longer = claim_output_dir(args(rank=0, max_steps=8), FINGERPRINT, overwrite_output_dir=False)
+    assert longer.decision.checkpoint == str(tmp_path / "checkpoint-4") and not longer.decision.complete
+    with pytest.raises(RunGuardError, match="variant"):
+        claim_output_dir(args(rank=0), {**FINGERPRINT, "variant": "lata"}, overwrite_output_dir=False)
 
 
 def test_train_sft_rerun_is_a_no_op_and_another_model_is_refused(tmp_path, model_dir, short_dataset) -> None:  # noqa: F811
