@@ -5,20 +5,24 @@ child is orphaned. So the training process asks the kernel for SIGTERM when its 
 (``PR_SET_PDEATHSIG``, Linux), and on SIGTERM (or SIGUSR1) this callback makes the Trainer save and stop at
 the end of the step. Processes agree on the stop (a max-reduce each step) so no rank waits in a collective alone.
 A second signal falls back to the default action (immediate exit). torchrun (multi-GPU) forwards SIGTERM to its
-workers itself but kills them after its own grace period (30 s by default), which a long step may exceed.
+workers itself but kills them after its own grace period (30 s by default, ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``), which a
+long step exceeds: the callback warns once, naming the setting, when a step takes more than half of it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import signal
+import time
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
 
 from airline_rl.cli import _parent_is_accelerate_launcher
+from airline_rl.launch_env import SHUTDOWN_TIMEOUT_ENV, torchrun_shutdown_timeout_s
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +49,9 @@ class GracefulStop(TrainerCallback):
         self.accelerator = accelerator
         self.signal_name: str | None = None
         self.stopped_at: int | None = None
+        self.grace_s = torchrun_shutdown_timeout_s()  # None: no launcher kills us after a deadline
+        self.grace_warning: str | None = None
+        self._step_started = time.monotonic()
 
     def install(self) -> GracefulStop:
         self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
@@ -73,7 +80,26 @@ class GracefulStop(TrainerCallback):
         flag = torch.tensor([1.0 if requested else 0.0], device=accelerator.device)
         return bool(accelerator.reduce(flag, reduction="max").item() > 0)
 
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._step_started = time.monotonic()
+
+    def check_grace(self, step_seconds: float) -> str | None:
+        """The warning (once) when a stop could be killed by torchrun before the step ends and its checkpoint is
+        saved: a signal early in a step needs about a whole step plus the save."""
+        if self.grace_s is None or self.grace_warning is not None or step_seconds <= self.grace_s / 2:
+            return None
+        suggested = max(300, 60 * math.ceil(3 * step_seconds / 60))
+        self.grace_warning = (
+            f"a training step took {step_seconds:.0f} s but torchrun kills the ranks {self.grace_s:.0f} s after a "
+            f"stop signal ({SHUTDOWN_TIMEOUT_ENV}): a SIGTERM would lose the step and its checkpoint; launch with "
+            f"{SHUTDOWN_TIMEOUT_ENV}={suggested} (about three steps) to let it save"
+        )
+        return self.grace_warning
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        warning = self.check_grace(time.monotonic() - self._step_started)
+        if warning is not None and getattr(state, "is_world_process_zero", True):
+            logger.warning("%s", warning)
         if self._agreed():
             self.signal_name = self.signal_name or "a stop signal on another process"
             self.stopped_at = state.global_step

@@ -130,7 +130,10 @@ def test_cpu_tiny_dry_run_prints_every_command_in_order_and_creates_nothing(tmp_
     env = (
         "HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1"
     )
-    launch = f"{env} {py} -m accelerate.commands.launch --config_file accelerate_configs/cpu.yaml"
+    launch = (  # the training stages: torchrun's stop grace raised to the driver's (--stop_grace_s)
+        f"{env} TORCH_ELASTIC_SHUTDOWN_TIMEOUT=900 {py} -m accelerate.commands.launch --config_file "
+        "accelerate_configs/cpu.yaml"
+    )
     assert commands[0] == (
         f"{env} {py} collect_trajectories.py --teacher oracle --user_simulator scripted --split seed "
         f"--tasks 0,3,11,14 --attempts 1 --progress false --output_dir {out}/trajectories --hub_dir {out}/hub"
@@ -408,6 +411,54 @@ def test_selected_stages_only_and_dependencies_are_checked(tmp_path: Path, monke
     assert run(AblationArguments(output_dir=str(out), stages="grpo"), print_fn=lines.append) == 1
     assert ran == []  # sft is incomplete and not selected: GRPO cannot start
     assert "[blocked] grpo:vanilla: needs sft" in "\n".join(lines)
+
+
+SAVING_STAGE = """
+import pathlib, signal, sys, time
+def save(*_):
+    time.sleep(1.0)  # finishing the step and writing the checkpoint
+    pathlib.Path(sys.argv[1]).write_text("saved")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, save)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize(("grace", "saved"), [(20.0, True), (0.2, False)])
+def test_an_interrupted_stage_gets_its_grace_to_save_then_is_killed(tmp_path: Path, grace: float, saved: bool) -> None:
+    """Ctrl-C in the driver: the stage's processes get SIGTERM and ``stop_grace_s`` to save; then SIGKILL."""
+    import signal
+    import threading
+
+    marker = tmp_path / "checkpoint"
+    stage = Stage("grpo:x", "grpo", [sys.executable, "-c", SAVING_STAGE, str(marker)], lambda: Status(False, "x"),
+                  tmp_path / "stage.log", stop_grace_s=grace)  # fmt: skip
+
+    def interrupt_when_ready() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "ready" not in (  # a line of its own: the header quotes the script
+            stage.log.read_text().splitlines() if stage.log.is_file() else []
+        ):
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_ready, daemon=True).start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        experiment.driver._execute(stage, tmp_path)
+    assert marker.is_file() == saved
+    assert time.monotonic() - start < 60  # never the stage's own 120 s
+
+
+def test_training_stages_raise_torchruns_stop_grace(tmp_path: Path) -> None:
+    settings = resolve(AblationArguments(output_dir=str(tmp_path), stop_grace_s=1200))
+    for stage in build_stages(settings):
+        training = stage.kind in ("sft", "grpo")
+        assert (stage.env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") == "1200") == training, stage.name
+        assert stage.stop_grace_s == (1200 if training else 30)
+    with pytest.raises(ExperimentError, match="--stop_grace_s"):
+        resolve(AblationArguments(output_dir=str(tmp_path), stop_grace_s=0))
 
 
 # ------------------------------------------------------------------------------------------------ end to end

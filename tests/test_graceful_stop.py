@@ -34,11 +34,29 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
+LAUNCHERS = {
+    "simple": ["--config_file", "accelerate_configs/cpu.yaml"],  # accelerate's own child process
+    "torchrun": ["--config_file", "accelerate_configs/multi_gpu.yaml", "--num_processes", "2",
+                 "--mixed_precision", "no"],  # torchrun's agent and two ranks (gloo on CPU)
+}  # fmt: skip
+
+
 @pytest.mark.slow
-def test_sigterm_to_the_launcher_checkpoints_and_stops_the_trainer(tmp_path: Path, model_dir: Path) -> None:  # noqa: F811
+@pytest.mark.parametrize("launch", list(LAUNCHERS))
+@pytest.mark.parametrize("target", ["launcher", "process_group", "every_process"])
+def test_sigterm_checkpoints_and_stops_the_trainer(
+    tmp_path: Path,
+    model_dir: Path,  # noqa: F811
+    launch: str,
+    target: str,
+) -> None:
+    """``launcher``: ``kill <accelerate pid>``. ``process_group``: the launcher's process group, as the ablation driver
+    and a terminal do (torchrun's ranks live in their own sessions). ``every_process``: the launcher and each rank, as
+    SLURM's ``scancel`` and a container stop do. A rank then also gets the launcher's relayed SIGTERM (its
+    parent-death signal, or torchrun's forwarding), which must not count as a second, "stop now" signal."""
     out = tmp_path / "out"
     argv = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml",
+        sys.executable, "-m", "accelerate.commands.launch", *LAUNCHERS[launch],
         "train_grpo.py", "--model_name_or_path", str(model_dir), "--output_dir", str(out),
         "--hub_dir", str(tmp_path / "hub"), "--tasks", "0", "--task_repeats", "64", "--num_generations", "2",
         "--per_device_train_batch_size", "2", "--max_steps", "40", "--save_steps", "1000", "--max_turns", "2",
@@ -47,29 +65,39 @@ def test_sigterm_to_the_launcher_checkpoints_and_stops_the_trainer(tmp_path: Pat
     ]  # fmt: skip
     log = (tmp_path / "log.txt").open("w")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}
-    launcher = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+    launcher = subprocess.Popen(
+        argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=target == "process_group"
+    )
     try:
         deadline = time.monotonic() + 400
         while "| loss " not in (tmp_path / "log.txt").read_text() and time.monotonic() < deadline:  # a step line
             assert launcher.poll() is None, (tmp_path / "log.txt").read_text()[-3000:]
             time.sleep(1)
-        (trainer,) = children(launcher.pid)
-        launcher.send_signal(signal.SIGTERM)
-        launcher.wait(timeout=30)
+        trainers = children(launcher.pid)
+        assert len(trainers) == (2 if launch == "torchrun" else 1), trainers
+        if target == "process_group":
+            os.killpg(launcher.pid, signal.SIGTERM)
+        elif target == "every_process":
+            for pid in [launcher.pid, *trainers]:
+                os.kill(pid, signal.SIGTERM)
+        else:
+            launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=120)
         deadline = time.monotonic() + 240
-        while alive(trainer) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in trainers) and time.monotonic() < deadline:
             time.sleep(1)
-        assert not alive(trainer), "the training process outlived its launcher"
+        assert not any(alive(pid) for pid in trainers), "a training process outlived its launcher"
     finally:
         if launcher.poll() is None:
             launcher.kill()
     text = (tmp_path / "log.txt").read_text()
     assert "SIGTERM received: saving a checkpoint at the end of this step" in text
-    assert "rerun the same command to resume" in text
+    assert "rerun the same command to resume" in text, text[-3000:]
     checkpoints = sorted(out.glob("checkpoint-*"))
     assert checkpoints, text[-3000:]
     step = int(checkpoints[-1].name.split("-")[1])
     assert 1 <= step < 40
+    assert (checkpoints[-1] / "trainer_state.json").is_file(), text[-3000:]  # the whole checkpoint, not a torso
     assert not json.loads((out / RUN_CONFIG_FILE).read_text())["completed"]
 
 
@@ -94,3 +122,36 @@ def test_a_stop_signal_saves_and_stops_at_the_end_of_the_step() -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def test_a_step_longer_than_half_of_torchruns_grace_warns_once_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airline_rl.graceful_stop import GracefulStop
+
+    for name in ("TORCHELASTIC_RUN_ID", "PET_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    assert GracefulStop().check_grace(1000.0) is None  # not under torchrun: nobody kills us after a deadline
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run")
+    stop = GracefulStop()
+    assert stop.grace_s == 30.0 and stop.check_grace(14.0) is None
+    warning = stop.check_grace(140.0)
+    assert warning is not None and "took 140 s" in warning and "30 s after a stop signal" in warning
+    assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=420" in warning  # about three steps, in whole minutes
+    assert stop.check_grace(500.0) is None  # once
+
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "900")
+    assert GracefulStop().check_grace(400.0) is None
+    monkeypatch.setenv("PET_SHUTDOWN_TIMEOUT", "60")  # torchrun's --shutdown_timeout wins over the variable
+    assert GracefulStop().grace_s == 60.0
+
+
+def test_torch_reads_the_shutdown_timeout_this_project_documents(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guard for torch upgrades: the variable the docs and the ablation driver set is the one torchrun reads."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from airline_rl.launch_env import SHUTDOWN_TIMEOUT_ENV
+
+    monkeypatch.setenv(SHUTDOWN_TIMEOUT_ENV, "900")
+    assert LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2).shutdown_timeout == 900

@@ -53,10 +53,13 @@ def _execute(stage: Stage, cwd: Path) -> int:
         try:
             return process.wait()
         except BaseException:  # Ctrl-C / SIGTERM: stop the stage's whole process group, then re-raise
+            print(f"[stop] {stage.name}: stopping it (up to {stage.stop_grace_s:g} s to exit)", flush=True)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
+            # A training stage finishes its step and saves (graceful_stop.py); under torchrun the agent kills its
+            # ranks after the same grace, so it gets a little longer to do that first.
             try:
-                process.wait(timeout=30)
+                process.wait(timeout=stage.stop_grace_s + (30 if stage.stop_grace_s > 30 else 0))
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)

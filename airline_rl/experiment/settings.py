@@ -123,6 +123,11 @@ class AblationArguments:
     keep_going: bool = field(
         default=False, metadata={"help": "After a failed stage, still run the stages that do not depend on it."}
     )
+    stop_grace_s: int = field(
+        default=900,
+        metadata={"help": "Seconds a stopped (Ctrl-C / SIGTERM) training stage gets to finish its step and save a "
+                  "checkpoint before it is killed; also torchrun's TORCH_ELASTIC_SHUTDOWN_TIMEOUT (default 30)."},
+    )  # fmt: skip
     model_name_or_path: str | None = field(
         default=None,
         metadata={"help": "Base policy for SFT (local directory; default: the profile's, the embedded tiny model on "
@@ -189,6 +194,7 @@ class Settings:
     eval_sft: bool
     extra: dict[str, list[str]]
     accelerate_args: list[str] = field(default_factory=list)
+    stop_grace_s: int = 900
 
     @property
     def max_steps(self) -> int:
@@ -221,6 +227,8 @@ def resolve(args: AblationArguments) -> Settings:
     if not steps or any(s < 1 for s in steps):
         raise ExperimentError(f"--steps {args.steps!r} must be comma-separated positive integers")
     steps = sorted(set(steps))
+    if args.stop_grace_s < 1:
+        raise ExperimentError(f"--stop_grace_s {args.stop_grace_s} must be a positive number of seconds")
     stages = split_csv(args.stages) or list(STAGE_KINDS)
     bad = [s for s in stages if s not in STAGE_KINDS]
     if bad:
@@ -265,4 +273,5 @@ def resolve(args: AblationArguments) -> Settings:
         eval_sft=args.eval_sft,
         extra=extra,
         accelerate_args=shlex.split(args.accelerate_args or ""),
+        stop_grace_s=args.stop_grace_s,
     )

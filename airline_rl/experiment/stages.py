@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from airline_rl.launch_env import SHUTDOWN_TIMEOUT_ENV
+
 from .settings import OFFLINE_ENV, Settings, split_csv
 from .status import (
     Status,
@@ -37,6 +39,8 @@ class Stage:
     log: Path
     env: dict[str, str] = field(default_factory=dict)
     deps: list[str] = field(default_factory=list)
+    stop_grace_s: float = 30.0
+    """How long a stopped stage may take to exit before it is killed (training stages: finish the step, save)."""
 
 
 def format_command(command: Sequence[str], env: dict[str, str] | None = None) -> str:
@@ -73,6 +77,9 @@ def build_stages(settings: Settings) -> list[Stage]:
     train_env = dict(OFFLINE_ENV)
     if settings.train_gpus is not None:
         train_env["CUDA_VISIBLE_DEVICES"] = settings.train_gpus
+    # torchrun (multi-process launches) SIGKILLs its ranks this long after forwarding a stop signal (default 30 s,
+    # less than one GRPO step of a 7B policy): the ranks need it to finish the step and save (graceful_stop.py).
+    training_env = {**train_env, SHUTDOWN_TIMEOUT_ENV: str(settings.stop_grace_s)}
     stages: list[Stage] = []
     server_deps: list[str] = []
 
@@ -124,7 +131,7 @@ def build_stages(settings: Settings) -> list[Stage]:
     sft_cmd += ["--hub_dir", str(hub), *settings.extra["sft"]]
     stages.append(
         Stage("sft", "sft", sft_cmd, lambda: sft_status(sft_dir, hub, "sft"), _log_path(settings, "sft"),
-              dict(train_env), ["collect"])
+              dict(training_env), ["collect"], stop_grace_s=settings.stop_grace_s)
     )  # fmt: skip
 
     for variant in settings.variants:
@@ -138,7 +145,7 @@ def build_stages(settings: Settings) -> list[Stage]:
         stages.append(
             Stage(f"grpo:{variant}", "grpo", command,
                   lambda run=run: grpo_status(hub, run, settings.steps), _log_path(settings, f"grpo:{variant}"),
-                  dict(train_env), ["sft", *server_deps])
+                  dict(training_env), ["sft", *server_deps], stop_grace_s=settings.stop_grace_s)
         )  # fmt: skip
 
     eval_dir = out / "eval"
