@@ -4,9 +4,13 @@
 child is orphaned. So the training process asks the kernel for SIGTERM when its launcher dies
 (``PR_SET_PDEATHSIG``, Linux), and on SIGTERM (or SIGUSR1) this callback makes the Trainer save and stop at
 the end of the step. Processes agree on the stop (a max-reduce each step) so no rank waits in a collective alone.
-A second signal falls back to the default action (immediate exit). torchrun (multi-GPU) forwards SIGTERM to its
-workers itself but kills them after its own grace period (30 s by default, ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``), which a
-long step exceeds: the callback warns once, naming the setting, when a step takes more than half of it.
+The same stop often arrives twice: a signal to the whole process group (a terminal's ``kill %1``, the ablation driver,
+SLURM's ``scancel``, systemd) reaches the trainer and its launcher, and the launcher's death (or torchrun's
+forwarding) relays a second SIGTERM a moment later. So a repeated stop signal is not "stop now" (it used to be, and
+killed the trainer mid-step in 3 of 4 group signals under load); Ctrl-C (SIGINT) or SIGKILL stop at once.
+torchrun (multi-GPU) forwards SIGTERM to its workers itself but kills them after its own grace period (30 s by
+default, ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``), which a long step exceeds: the callback warns once, naming the setting,
+when a step takes more than half of it.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class GracefulStop(TrainerCallback):
         self.accelerator = accelerator
         self.signal_name: str | None = None
         self.stopped_at: int | None = None
+        self._repeat_noted = False
         self.grace_s = torchrun_shutdown_timeout_s()  # None: no launcher kills us after a deadline
         self.grace_warning: str | None = None
         self._step_started = time.monotonic()
@@ -68,9 +73,15 @@ class GracefulStop(TrainerCallback):
         self.uninstall()
 
     def _handle(self, signum: int, frame: Any) -> None:
-        self.signal_name = signal.Signals(signum).name
-        signal.signal(signum, signal.SIG_DFL)  # a second signal stops at once
-        logger.warning("%s received: saving a checkpoint at the end of this step, then stopping", self.signal_name)
+        name = signal.Signals(signum).name
+        if self.signal_name is not None:  # the same stop relayed by the launcher, or an impatient repeat
+            if not self._repeat_noted:
+                self._repeat_noted = True
+                logger.warning("%s again: already stopping at the end of this step (Ctrl-C or SIGKILL stop at once)",
+                               name)  # fmt: skip
+            return
+        self.signal_name = name
+        logger.warning("%s received: saving a checkpoint at the end of this step, then stopping", name)
 
     def _agreed(self) -> bool:
         requested = self.signal_name is not None
