@@ -72,7 +72,10 @@ def task_dataset(script_args: GRPOScriptArguments, env: AirlineEnv, system_promp
     if script_args.tasks:
         task_ids = [t.strip() for t in script_args.tasks.split(",") if t.strip()]
         for task_id in task_ids:
-            env.domain.get_task(task_id)  # unknown ids fail here with the valid range
+            try:
+                env.domain.get_task(task_id)  # unknown ids fail here with the valid range
+            except KeyError as err:
+                raise ValueError(f"--tasks: {err.args[0]}") from None
     else:
         task_ids = list(split.train)
     prompt = [{"role": "system", "content": system_prompt}]

@@ -138,7 +138,9 @@ def resolve_model(spec: str, hub_dir: str | os.PathLike[str] = "hub") -> Path:
     run, _, revision = spec.partition("@")
     run_dir = Path(hub_dir) / run
     if not run_dir.is_dir():
-        raise HubError(f"model {spec!r} is neither a model directory nor a run in the local hub {hub_dir}")
+        raise HubError(
+            f"model {spec!r} is neither a model directory nor a run in the local hub directory {hub_dir} (--hub_dir)"
+        )
     refs = read_refs(run_dir)
     if not revision:
         if not refs["main"]:

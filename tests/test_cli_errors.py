@@ -67,7 +67,7 @@ def test_collect_run_ablation_and_play_bad_input_is_one_line(tmp_path: Path, cap
         "error: --config missing.yaml: no such file"
     )
     err = one_line_exit(capsys, collect_trajectories.cli, ["--tasks", "999", "--output_dir", str(tmp_path / "c")])
-    assert err.startswith("error: --tasks names unknown task ids ['999']")
+    assert err == "error: --tasks names unknown task ids ['999']; valid ids: 0..49 (50 tasks)"
     assert "invalid choice: 'foo'" in one_line_exit(capsys, collect_trajectories.cli, ["--teacher", "foo"])
     assert one_line_exit(capsys, run_ablation_main, ["--config", "missing.yaml"]) == (
         "error: --config missing.yaml: no such file"

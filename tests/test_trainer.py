@@ -339,7 +339,7 @@ def test_unknown_task_fails_before_the_model_is_loaded(tmp_path, tiny_model_dir,
         raise AssertionError("the model was loaded before the inputs were checked")
 
     monkeypatch.setattr(train_grpo.AutoModelForCausalLM, "from_pretrained", no_loading)
-    with pytest.raises(SystemExit, match=r"error: Unknown task id '999'.*task ids 0\.\.49"):
+    with pytest.raises(SystemExit, match=r"error: --tasks: Unknown task id '999'.*task ids 0\.\.49"):
         train_grpo.main(*train_grpo.parse_args(cli(tmp_path, tiny_model_dir, "--tasks", "999")))
 
 

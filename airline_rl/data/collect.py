@@ -106,7 +106,9 @@ def select_tasks(
     chosen = list(split.covered) if tasks is None else list(tasks)
     unknown = [t for t in chosen if t not in known]
     if unknown:
-        raise CollectError(f"{flag} names unknown task ids {unknown}; valid ids: {sorted(known, key=task_sort_key)}")
+        ids = sorted(known, key=task_sort_key)
+        valid = f"{ids[0]}..{ids[-1]} ({len(ids)} tasks)" if ids else "none"
+        raise CollectError(f"{flag} names unknown task ids {unknown}; valid ids: {valid}")
     if not chosen:
         raise CollectError(f"{flag} selects no task")
     leaked = [t for t in chosen if t in split.test]

@@ -144,7 +144,7 @@ def build_default_policy(
     def announce() -> None:
         logger.warning(
             "default policy: building %s once (tiny Qwen2 + SFT on %s dialogues of train tasks %s, %d epochs); "
-            "about 1-2 minutes on 2 CPU cores, cached for later runs",
+            "about 40 s on 2 idle CPU cores, cached for later runs",
             output_dir,
             " + ".join(f"{teacher} x{copies}" for teacher, copies in WARMUP_TEACHERS.items()),
             ",".join(tasks),
