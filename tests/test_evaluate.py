@@ -458,3 +458,33 @@ def test_compare_writes_the_table_and_two_readable_plots(tmp_path: Path) -> None
         run_compare([str(runs / "vanilla"), str(runs / "vanilla")], tmp_path / "c3")
     with pytest.raises(INPUT_ERRORS, match="does not exist"):
         run_compare([str(tmp_path / "missing.json")], tmp_path / "c4")
+
+
+def test_compare_flags_different_task_sets_shadowed_files_and_compares_scripted_agents(tmp_path: Path) -> None:
+    runs = tmp_path / "eval"
+    oracle = synthetic_results(runs / "oracle" / "results.json", "oracle", None, 1.0)
+    noop = synthetic_results(runs / "noop" / "results.json", "noop", None, 0.0)
+    for path, agent in ((oracle, "oracle"), (noop, "noop")):
+        data = json.loads(path.read_text())
+        data["config"]["agent"] = agent
+        path.write_text(json.dumps(data))
+    table = run_compare([str(noop), str(oracle)], tmp_path / "c1", baseline="noop")["table"].read_text()
+    overall = next(line for line in table.splitlines() if line.startswith("| pass^1 overall"))
+    assert overall.split(" | ")[-1].startswith("+0.")  # oracle vs noop: a change, not "—"
+    assert "Not comparable" not in table
+
+    model = synthetic_results(runs / "sft" / "results.json", "sft", None, 0.5)  # the same model, step-less ...
+    synthetic_results(runs / "sft" / "step-000008" / "results.json", "sft", 8, 0.5)  # ... and from the hub at step 8
+    data = json.loads(model.read_text())
+    data["config"]["tasks"] = ["0", "1"]  # evaluated on 2 tasks instead of 12
+    model.write_text(json.dumps(data))
+    table = run_compare([str(noop), str(runs / "sft")], tmp_path / "c2")["table"].read_text()
+    assert "Not comparable: the variants were evaluated on different tasks" not in table  # the step-8 file has 12
+    assert f"- sft: `{model}`" in table.split("Earlier results of the same variants")[1]
+    synthetic_results(runs / "sft2" / "results.json", "sft2", None, 0.5)
+    data["config"].update(label="sft2", model="sft2")
+    (runs / "sft2" / "results.json").write_text(json.dumps(data))
+    table = run_compare([str(noop), str(runs / "sft2")], tmp_path / "c3")["table"].read_text()
+    assert "**Not comparable: the variants were evaluated on different tasks** (noop: 12 tasks, sft2: 2 tasks)" in (
+        table
+    )

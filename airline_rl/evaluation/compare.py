@@ -160,10 +160,11 @@ def ablation_table(entries: Sequence[Entry], baseline: str = "vanilla") -> str:
     rows = list(ROWS)
     rows[1:1] = [(f"pass^{k} overall", "pass_k", k) for k in range(2, max_k + 1)]
     floor_source = finals[base_label].metrics.get("refusal_floor") or {}
-    # the change column is about policies: the scripted baselines (oracle, noop) only get their own column
-    others = [
-        lab for lab in labels if lab != base_label and finals[lab].data["config"].get("agent") in (None, "model")
-    ]
+    # the change column is about policies: the scripted baselines (oracle, noop) only get their own column, unless
+    # nothing else is there to compare (oracle against noop)
+    rest = [lab for lab in labels if lab != base_label]
+    others = [lab for lab in rest if finals[lab].data["config"].get("agent") in (None, "model")] or rest
+    note += _task_set_note(finals)
     header = ["metric", *(_column_name(finals[lab]) for lab in labels), "noop floor", f"Δ vs {base_label}"]
     lines = [
         "# Ablation",
@@ -188,6 +189,10 @@ def ablation_table(entries: Sequence[Entry], baseline: str = "vanilla") -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {floor} | {delta} |")
     lines += ["", "Files:", ""]
     lines += [f"- {_column_name(e)}: `{e.path}`" for e in finals.values()]
+    shadowed = [e for e in entries if finals[e.label] is not e]
+    if shadowed:
+        lines += ["", "Earlier results of the same variants (in the by-step table and plot only):", ""]
+        lines += [f"- {_column_name(e)}: `{e.path}`" for e in shadowed]
     stepped = sorted({e.step for e in entries if e.step is not None})
     if stepped:
         by_step = {(e.label, e.step): e for e in entries}
@@ -198,6 +203,25 @@ def ablation_table(entries: Sequence[Entry], baseline: str = "vanilla") -> str:
                      for lab in labels]  # fmt: skip
             lines.append(f"| {step} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def task_sets(finals: dict[str, Entry]) -> dict[str, tuple[str, ...]]:
+    """The tasks each variant's final results file was evaluated on (``config.tasks``; all tasks when absent)."""
+    return {lab: tuple(str(t) for t in (e.data["config"].get("tasks") or ["all"])) for lab, e in finals.items()}
+
+
+def _task_set_note(finals: dict[str, Entry]) -> str:
+    """A warning line when the variants were evaluated on different tasks: their values are then not comparable."""
+    sets = task_sets(finals)
+    if len(set(sets.values())) <= 1:
+        return ""
+    sizes = ", ".join(f"{lab}: {len(tasks) if tasks != ('all',) else 'all'} tasks" for lab, tasks in sets.items())
+    message = (
+        f"**Not comparable: the variants were evaluated on different tasks** ({sizes}); evaluate them with "
+        "the same --tasks and --split to compare them."
+    )
+    logger.warning("%s", message.replace("**", ""))
+    return message + "\n\n"
 
 
 def _column_name(entry: Entry) -> str:
