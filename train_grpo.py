@@ -23,6 +23,7 @@ from airline_rl.cli import parse_or_exit, run_main
 from airline_rl.configs import GRPOScriptArguments, MultiTurnGRPOConfig
 from airline_rl.console import DropNoneLogs, install_first, silence_known_warnings, tied_missing_keys_are_expected
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
+from airline_rl.envs.prompt_style import compact_env, style_name, use_compact_prompt, write_prompt_style
 from airline_rl.envs.splits import get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.envs.users import get_user_simulator
@@ -66,6 +67,12 @@ def resolve_model_path(
     return str(build_tiny_model(directory, extra_texts=extra))
 
 
+def compact_prompt(script_args: GRPOScriptArguments, model_args: ModelConfig) -> bool:
+    """``--compact_prompt`` when given; else compact for the embedded default, else what the model records."""
+    embedded_default = bool(script_args.warmup_tasks and not model_args.model_name_or_path)
+    return use_compact_prompt(script_args.compact_prompt, model_args.model_name_or_path, default=embedded_default)
+
+
 def task_dataset(script_args: GRPOScriptArguments, env: AirlineEnv, system_prompt: str) -> datasets.Dataset:
     """One prompt row per (task, repeat); the trainer plays the episode, the prompt column only feeds TRL's logs."""
     split = get_split(script_args.split, script_args.split_file, frozenset(env.domain.tasks))
@@ -104,8 +111,7 @@ def run_fingerprint(
         "split_file": script_args.split_file,
         "user_simulator": script_args.user_simulator,
         "user_model": script_args.user_model,
-        "compact_prompt": script_args.compact_prompt
-        or bool(script_args.warmup_tasks and not model_args.model_name_or_path),
+        "compact_prompt": compact_prompt(script_args, model_args),
     }  # fmt: skip
 
 
@@ -115,9 +121,8 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     try:
         ensure_writable(script_args.hub_dir)
         env = AirlineEnv(script_args.data_dir, EnvConfig(script_args.max_turns, script_args.max_tool_errors))
-        if script_args.compact_prompt or (script_args.warmup_tasks and not model_args.model_name_or_path):
-            from airline_rl.data.default_policy import compact_env
-
+        compact = compact_prompt(script_args, model_args)
+        if compact:
             compact_env(env)
         train_dataset = task_dataset(script_args, env, env.system_prompt)
         user = get_user_simulator(script_args.user_simulator, **script_args.user_kwargs())
@@ -176,6 +181,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         "max_completion_length": training_args.max_completion_length,
         "split": script_args.split,
         "user_simulator": script_args.user_simulator,
+        "system_prompt": style_name(compact),
         **{k: getattr(training_args, k) for k in ("turn_discount_alpha", "prm_coef", "prm_clip", "turn_credit_coef")
            if getattr(training_args, k) is not None},
     }  # fmt: skip
@@ -195,6 +201,8 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
     trainer.save_model(training_args.output_dir)
+    if trainer.is_world_process_zero():
+        write_prompt_style(training_args.output_dir, compact)  # evaluate.py prompts the model as it was trained
     exported = hub.export(trainer.state)
     if exported is not None and trainer.is_world_process_zero():
         logger.info("local hub revision: %s", exported)

@@ -114,10 +114,12 @@ class GRPOScriptArguments(TrainingRunArguments):
                   "cached in <outputs>/default-policy-t<tasks>-e<epochs>). Implies --compact_prompt."},
     )  # fmt: skip
     warmup_epochs: int = field(default=48, metadata={"help": "--warmup_tasks: SFT epochs of the warm-up."})
-    compact_prompt: bool = field(
-        default=False,
+    compact_prompt: bool | None = field(
+        default=None,
         metadata={"help": "One-line system prompt without tool schemas (the tools still run): the embedded default's "
-                  "prompt on CPU, where the full ~4.4k-token prompt dominates every step."},
+                  "prompt on CPU, where the full ~4.4k-token prompt dominates every step. Default: the embedded "
+                  "default's (compact), else what --model_name_or_path records in airline_rl_prompt.json, else the "
+                  "full prompt."},
     )  # fmt: skip
 
 
@@ -366,6 +368,12 @@ class EvalArguments(EnvArguments):
         default=None,
         metadata={"help": "torch intra-op CPU threads (default: torch's). 1 is fastest for the tiny model, and on a "
                   "busy machine, where threads spin waiting for each other."},
+    )  # fmt: skip
+    compact_prompt: bool | None = field(
+        default=None,
+        metadata={"help": "Prompt the policy with the one-line system prompt and no tool schemas, as the embedded CPU "
+                  "default is trained. Default: what the model directory records (airline_rl_prompt.json, written "
+                  "by train_grpo.py and the default-policy build), else the full prompt."},
     )  # fmt: skip
     prefix_cache: bool = field(
         default=True,

@@ -118,6 +118,11 @@ def export_revision(trainer: Any, hub_dir: str | os.PathLike[str], run_name: str
     trainer.save_model(str(tmp))  # handles ZeRO-3 / FSDP gathering; writes on the main process
     if trainer.is_world_process_zero():
         (tmp / "README.md").write_text(model_card(run_name, step, info, hub_dir), encoding="utf-8")
+        style = info.get("config", {}).get("system_prompt")
+        if style is not None:  # the prompt the policy was trained with, for evaluate.py (envs/prompt_style.py)
+            from airline_rl.envs.prompt_style import COMPACT, write_prompt_style
+
+            write_prompt_style(tmp, style == COMPACT)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

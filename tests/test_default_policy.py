@@ -213,3 +213,7 @@ def test_warmup_data_mixes_the_teachers_and_steps_once_per_epoch(tmp_path, monke
     assert training_args.num_train_epochs == 3
     info = json.loads((out / BUILD_INFO_FILE).read_text())
     assert info["params"]["teachers"] == {"oracle": 1, "noop": 2} and info["trajectories"] == 6
+    # the policy records the prompt it was trained with, so evaluate.py and train_grpo.py prompt it the same way
+    from airline_rl.envs.prompt_style import PROMPT_STYLE_FILE, read_prompt_style
+
+    assert read_prompt_style(out) == "compact" and PROMPT_STYLE_FILE in info["files"]

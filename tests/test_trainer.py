@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +23,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import train_grpo
 from airline_rl.configs import MultiTurnGRPOConfig
+from airline_rl.envs.prompt_style import COMPACT_SYSTEM_PROMPT, read_prompt_style, write_prompt_style
 from airline_rl.envs.users import get_user_simulator
 from airline_rl.hub import HubError, ensure_writable, resolve_model
+from airline_rl.run_guard import RUN_CONFIG_FILE
 from airline_rl.trainers import multiturn_grpo
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 from airline_rl.trainers.variants import VARIANTS
@@ -277,6 +280,8 @@ def test_train_resume_and_hub_export(tmp_path, tiny_model_dir, short_env, monkey
         assert AutoTokenizer.from_pretrained(revision, local_files_only=True).eos_token == "<|im_end|>"
         card = (revision / "README.md").read_text()
         assert "`variant`: vanilla" in card and f"# {run} @ step {int(name[-6:])}" in card
+        assert "`system_prompt`: full" in card and read_prompt_style(revision) == "full"
+    assert read_prompt_style(run_dir) == "full"  # the final model in output_dir too
     assert resolve_model(run, hub) == hub / run / "step-000002"
     assert resolve_model(f"{run}@1", hub) == hub / run / "step-000001"
     assert resolve_model(f"{run}@step-000002", hub) == hub / run / "step-000002"
@@ -298,6 +303,27 @@ def test_train_resume_and_hub_export(tmp_path, tiny_model_dir, short_env, monkey
     for name, tensor in straight.items():
         torch.testing.assert_close(resumed[name], tensor, msg=f"resumed run diverged at {name}")
     assert json.loads((hub / run / "refs.json").read_text())["main"] == "step-000002"
+
+
+def test_a_model_trained_with_the_compact_prompt_keeps_it(tmp_path, tiny_model_dir, short_env, monkeypatch):
+    """GRPO from a model whose directory records the compact prompt trains with it and records it in its exports."""
+    monkeypatch.setattr(train_grpo, "AirlineEnv", lambda data_dir=None, config=None: short_env(config.max_turns))
+    seen: list[str] = []
+    original_init = MultiTurnGRPOTrainer.__init__
+
+    def spy_init(self, *args, **kwargs):
+        seen.append(kwargs["env"].system_prompt)
+        original_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(MultiTurnGRPOTrainer, "__init__", spy_init)
+    model = tmp_path / "compact-model"
+    shutil.copytree(tiny_model_dir, model)
+    write_prompt_style(model, compact=True)
+    train_grpo.main(*train_grpo.parse_args(cli(tmp_path, model, "--max_steps", "1")))
+    assert seen == [COMPACT_SYSTEM_PROMPT]
+    run_dir, revision = tmp_path / "run", tmp_path / "hub" / "tiny-run" / "step-000001"
+    assert json.loads((run_dir / RUN_CONFIG_FILE).read_text())["fingerprint"]["compact_prompt"] is True
+    assert read_prompt_style(run_dir) == read_prompt_style(revision) == "compact"
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ import torch
 
 from airline_rl.data.build_cache import cached_build
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
+from airline_rl.envs.prompt_style import COMPACT_SYSTEM_PROMPT, PROMPT_STYLE_FILE, compact_env, write_prompt_style
 from airline_rl.envs.tools import TOOL_SCHEMAS
 
 logger = logging.getLogger(__name__)
@@ -64,12 +65,8 @@ __all__ = [
 ]
 
 # Bump when the build recipe changes in a way that should invalidate cached builds.
-POLICY_BUILDER_VERSION = 2  # 2: mixed oracle + noop warm-up, one optimiser step per epoch
+POLICY_BUILDER_VERSION = 3  # 2: mixed oracle + noop warm-up, one optimiser step per epoch; 3: airline_rl_prompt.json
 DEFAULT_POLICY_DIR_NAME = "default-policy"
-COMPACT_SYSTEM_PROMPT = (
-    "You are an airline customer service agent. Help the user with their reservations using the tools, and follow "
-    "the airline policy: confirm before any change."
-)
 DEFAULT_WARMUP_EPOCHS = 96
 # Teacher → copies of its dialogues in the warm-up data (see the module docstring).
 WARMUP_TEACHERS: dict[str, int] = {"oracle": 1, "noop": 2}
@@ -80,13 +77,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # The files of the built policy (copied from the SFT output).
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                "tokenizer_config.json", "chat_template.jinja")  # fmt: skip
-
-
-def compact_env(env: AirlineEnv) -> AirlineEnv:
-    """Gives ``env`` the one-line system prompt and no tool schemas in the prompt (the tools still run)."""
-    env.system_prompt = COMPACT_SYSTEM_PROMPT
-    env.tools = []
-    return env
 
 
 def default_policy_dir(outputs_dir: str | os.PathLike[str], tasks: Sequence[str], epochs: int) -> Path:
@@ -157,7 +147,7 @@ def build_default_policy(
         lambda work, tmp_dir: _build(work, tmp_dir, tasks, params, data_dir),
         what="default-policy",
         force=force,
-        replaceable=MODEL_FILES,  # an SFT output copied in before the build was interrupted
+        replaceable=(*MODEL_FILES, PROMPT_STYLE_FILE),  # files copied in before the build was interrupted
         before_build=announce,
     )
     if info is None:
@@ -242,6 +232,7 @@ def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], 
     for name in MODEL_FILES:
         if (sft_dir / name).is_file():
             shutil.copy2(sft_dir / name, tmp_dir / name)
+    write_prompt_style(tmp_dir, compact=True)  # evaluate.py and train_grpo.py then prompt it as it was trained
     files = {p.name: p.stat().st_size for p in sorted(tmp_dir.iterdir()) if p.is_file()}
     metrics = outcome.get("metrics", {}) if isinstance(outcome, dict) else {}
     return {

@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from airline_rl.configs import EvalArguments
 from airline_rl.envs.agents import get_agent
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
+from airline_rl.envs.prompt_style import compact_env, style_name, use_compact_prompt
 from airline_rl.envs.runner import Agent, RunTimings, run_episodes
 from airline_rl.envs.splits import Split, get_split
 from airline_rl.envs.users import get_user_simulator
@@ -260,7 +261,23 @@ def episode_seed(seed: int, task_id: str, sample: int) -> int:
     return zlib.crc32(f"{seed}/{task_id}/{sample}".encode()) & 0x7FFFFFFF
 
 
-def build_config(args: EvalArguments, target: EvalTarget, task_ids: list[str]) -> dict[str, Any]:
+def prompt_style_of(args: EvalArguments, targets: list[EvalTarget]) -> bool:
+    """Whether the policies get the compact prompt: ``--compact_prompt``, else what their directories record."""
+    try:
+        styles = {use_compact_prompt(args.compact_prompt, t.model_path) for t in targets if t.kind == "model"}
+    except ValueError as err:
+        raise EvaluationError(f"--model: {err}") from None
+    if len(styles) > 1:
+        raise EvaluationError(
+            "--model/--steps: these revisions were trained with different system prompts (airline_rl_prompt.json); "
+            "evaluate them separately or pass --compact_prompt true/false"
+        )
+    return styles.pop() if styles else False
+
+
+def build_config(
+    args: EvalArguments, target: EvalTarget, task_ids: list[str], compact: bool = False
+) -> dict[str, Any]:
     """The results file's config section (FINGERPRINT_FIELDS decide whether a file may be resumed)."""
     policy = target.kind == "model"
     user: dict[str, Any] = {"simulator": args.user_simulator}
@@ -289,6 +306,7 @@ def build_config(args: EvalArguments, target: EvalTarget, task_ids: list[str]) -
         "top_p": args.top_p if policy else None,
         "max_new_tokens": args.max_new_tokens if policy else None,
         "max_turn_tokens": args.max_turn_tokens if policy else None,
+        "system_prompt": style_name(compact) if policy else None,
         "max_turns": args.max_turns,
         "max_tool_errors": args.max_tool_errors,
         "user": user,
@@ -448,10 +466,13 @@ def plan(args: EvalArguments) -> Plan:
     targets = resolve_targets(args)
     if args.backend == "vllm" and any(t.kind == "model" for t in targets):
         _require_vllm()
+    compact = prompt_style_of(args, targets)
+    if compact:
+        compact_env(env)
     paths = [t.results_path for t in targets]
     if len(set(paths)) != len(paths):
         raise EvaluationError(f"two evaluations would write the same results file: {paths}")
-    configs = [build_config(args, target, task_ids) for target in targets]
+    configs = [build_config(args, target, task_ids, compact) for target in targets]
     for config in configs:  # the generalization weights: the split's group sizes (not a fingerprint field)
         config["group_sizes"] = split_group_sizes(split)
     for target, config in zip(targets, configs, strict=True):

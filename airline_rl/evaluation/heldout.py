@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import datasets
 
 from airline_rl.envs.episode import AirlineEnv
+from airline_rl.envs.prompt_style import COMPACT_SYSTEM_PROMPT, style_name
 from airline_rl.envs.runner import RunTimings, run_episodes
 from airline_rl.envs.splits import Split
 from airline_rl.hub import revision_name
@@ -190,6 +191,7 @@ class HeldoutEvaluation:
             "top_p": args.top_p,
             "max_new_tokens": args.max_completion_length,
             "max_turn_tokens": args.max_turn_tokens,
+            "system_prompt": style_name(self.env.system_prompt == COMPACT_SYSTEM_PROMPT),
             "max_turns": self.env.config.max_turns,
             "max_tool_errors": self.env.config.max_tool_errors,
             "user": user_config(self.env_args),

@@ -58,6 +58,7 @@ FINGERPRINT_FIELDS = (
     "top_p",
     "max_new_tokens",
     "max_turn_tokens",
+    "system_prompt",
     "max_turns",
     "max_tool_errors",
     "user",
@@ -80,12 +81,20 @@ def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def fingerprint_value(config: Mapping[str, Any], key: str) -> Any:
+    """A fingerprint field of a config; files written before ``system_prompt`` was recorded prompted a model fully."""
+    if key == "system_prompt" and key not in config and config.get("agent") == "model":
+        return "full"
+    return config.get(key)
+
+
 def config_differences(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """'field: file has X, this run has Y' for every fingerprint field that differs."""
     differences = []
     for key in FINGERPRINT_FIELDS:
-        if stored.get(key) != current.get(key):
-            differences.append(f"{key}: file has {stored.get(key)!r}, this run has {current.get(key)!r}")
+        before, now = fingerprint_value(stored, key), fingerprint_value(current, key)
+        if before != now:
+            differences.append(f"{key}: file has {before!r}, this run has {now!r}")
     return differences
 
 
