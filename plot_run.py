@@ -16,6 +16,7 @@ from pathlib import Path
 from airline_rl.evaluation.learning_curve import (
     CURVE_FILE,
     PANELS,
+    event_files,
     plot_learning_curve,
     quarter_gain,
     read_run_scalars,
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None) -> Path:
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
     print(f"learning curve: {output}")
+    files = event_files(args.run_dir)
+    if len(files) > 1:  # a resumed (or stopped and rerun) run: one event file per start
+        print(f"merged {len(files)} event files (one per start of the run; a step logged twice keeps the later value)")
     outcome = [v for _, v in scalars.get(PANELS[0][1], [])]
     if outcome:
         first, last, gain = quarter_gain(outcome)

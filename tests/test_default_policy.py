@@ -144,7 +144,7 @@ def test_learning_curve_from_synthetic_events_with_heldout_pass1(tmp_path):
     assert [p.name for p in run.iterdir() if p.suffix == ".png"] == ["curve.png"]  # no temporary file left
 
 
-def test_resumed_run_events_are_merged_later_file_wins(tmp_path):
+def test_resumed_run_events_are_merged_later_file_wins(tmp_path, capsys):
     run = tmp_path / "run"
     _write_events(run / "runs" / "first", {"train/episode/outcome_reward": [0.1, 0.2, 0.3]})
     import os
@@ -156,6 +156,10 @@ def test_resumed_run_events_are_merged_later_file_wins(tmp_path):
         os.utime(path, (time.time() + 10, time.time() + 10))
     values = dict(read_run_scalars(run)["train/episode/outcome_reward"])
     assert values == pytest.approx({1: 0.1, 2: 0.9, 3: 0.3})
+    import plot_run
+
+    plot_run.main([str(run)])
+    assert "merged 2 event files (one per start of the run" in capsys.readouterr().out
 
 
 def test_plot_run_errors_name_the_directory(tmp_path):

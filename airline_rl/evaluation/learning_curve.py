@@ -27,13 +27,8 @@ PANELS: tuple[tuple[str, str], ...] = (
 Series = list[tuple[int, float]]
 
 
-def read_run_scalars(run_dir: str | os.PathLike[str]) -> dict[str, Series]:
-    """Every scalar under ``run_dir`` (all event files below it, e.g. ``<output_dir>/runs/*``), sorted by step.
-
-    A resumed run writes a second event file that repeats some steps: the later file's value wins.
-    """
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
+def event_files(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """The TensorBoard event files under ``run_dir``, oldest first (a resumed run adds one per restart)."""
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise FileNotFoundError(f"{run_dir} does not exist (pass a run's output_dir, e.g. outputs/grpo-cpu-smoke)")
@@ -41,8 +36,18 @@ def read_run_scalars(run_dir: str | os.PathLike[str]) -> dict[str, Series]:
     if not files:
         raise FileNotFoundError(f"no TensorBoard event file under {run_dir} (was the run started with report_to "
                                 "tensorboard?)")  # fmt: skip
+    return files
+
+
+def read_run_scalars(run_dir: str | os.PathLike[str]) -> dict[str, Series]:
+    """Every scalar under ``run_dir`` (all event files below it, e.g. ``<output_dir>/runs/*``), sorted by step.
+
+    A resumed run writes a second event file that repeats some steps: the later file's value wins.
+    """
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     merged: dict[str, dict[int, float]] = {}
-    for path in files:
+    for path in event_files(run_dir):
         accumulator = EventAccumulator(str(path), size_guidance={"scalars": 0})
         accumulator.Reload()
         for tag in accumulator.Tags().get("scalars", []):
