@@ -301,30 +301,20 @@ def build_tiny_model(
             f"hidden_size ({hidden_size}) must be divisible by num_attention_heads ({num_attention_heads}), "
             f"itself divisible by num_key_value_heads ({num_key_value_heads})"
         )
-    params = _build_params(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings,
-        seed=seed,
-        extra_texts=extra_texts,
-    )
+    shape = {  # what _build_model takes; the build params add the tokenizer's inputs and the versions
+        "hidden_size": hidden_size,
+        "num_layers": num_layers,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
+        "intermediate_size": intermediate_size,
+        "max_position_embeddings": max_position_embeddings,
+        "seed": seed,
+    }
+    params = _build_params(vocab_size=vocab_size, extra_texts=extra_texts, **shape)
 
     def build(_work: Path, tmp_dir: Path) -> dict[str, Any]:
         tokenizer = build_tiny_tokenizer(vocab_size, extra_texts, model_max_length=max_position_embeddings)
-        model = _build_model(
-            tokenizer,
-            hidden_size=hidden_size,
-            num_layers=num_layers,
-            num_attention_heads=num_attention_heads,
-            num_key_value_heads=num_key_value_heads,
-            intermediate_size=intermediate_size,
-            max_position_embeddings=max_position_embeddings,
-            seed=seed,
-        )
+        model = _build_model(tokenizer, **shape)
         model.save_pretrained(tmp_dir)
         tokenizer.save_pretrained(tmp_dir)
         return {
