@@ -96,6 +96,7 @@ def run_fingerprint(
     model_args: ModelConfig,
     model_path: str,
     task_ids: list[str],
+    compact: bool,
 ) -> dict:
     """What makes a GRPO run *this* run: a checkpoint of another fingerprint is never resumed (run_guard.py)."""
     return {
@@ -111,7 +112,7 @@ def run_fingerprint(
         "split_file": script_args.split_file,
         "user_simulator": script_args.user_simulator,
         "user_model": script_args.user_model,
-        "compact_prompt": compact_prompt(script_args, model_args),
+        "compact_prompt": compact,
     }  # fmt: skip
 
 
@@ -138,7 +139,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     model_path = resolve_model_path(model_args, script_args, training_args.output_dir, env)
     logger.info("policy model: %s; variant: %s; user simulator: %s", model_path, training_args.variant, user.name)
     task_ids = list(dict.fromkeys(train_dataset["task_id"]))
-    fingerprint = run_fingerprint(script_args, training_args, model_args, model_path, task_ids)
+    fingerprint = run_fingerprint(script_args, training_args, model_args, model_path, task_ids, compact)
     try:
         record = claim_output_dir(training_args, fingerprint, overwrite_output_dir=script_args.overwrite_output_dir)
     except RunGuardError as err:
