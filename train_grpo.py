@@ -30,6 +30,7 @@ from airline_rl.envs.users import get_user_simulator
 from airline_rl.evaluation.heldout import build_heldout
 from airline_rl.graceful_stop import train_or_stop
 from airline_rl.hub import HubError, LocalHubCallback, ensure_writable
+from airline_rl.optional import require_for_training
 from airline_rl.precision import check_update_precision
 from airline_rl.run_guard import RunGuardError, claim_output_dir, model_identity
 from airline_rl.script_setup import setup_run
@@ -120,6 +121,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     setup_run(training_args, logger)
     # Everything the user can get wrong is checked before any model is built or loaded; each message names its flag.
     try:
+        require_for_training(training_args)  # --use_vllm / DeepSpeed: here, where the run starts, not in the config
         ensure_writable(script_args.hub_dir)
         env = AirlineEnv(script_args.data_dir, EnvConfig(script_args.max_turns, script_args.max_tool_errors))
         compact = compact_prompt(script_args, model_args)

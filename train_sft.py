@@ -34,6 +34,7 @@ from airline_rl.envs.splits import SplitError, get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.graceful_stop import train_or_stop
 from airline_rl.hub import HubError, ensure_writable, write_json_atomic
+from airline_rl.optional import MissingDependencyError, require_for_training
 from airline_rl.precision import check_update_precision
 from airline_rl.run_guard import RunGuardError, claim_output_dir, model_identity
 from airline_rl.script_setup import setup_run
@@ -101,6 +102,10 @@ def save_final_model(trainer: SFTTrainer, tokenizer, output_dir: str, peft: bool
 
 def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig) -> dict:
     setup_run(training_args, logger)
+    try:
+        require_for_training(training_args)  # DeepSpeed asked for but not installed: one line, before any work
+    except MissingDependencyError as err:
+        raise SystemExit(f"error: {err}") from None
     ensure_writable(script_args.hub_dir)
     run_name = training_args.run_name or Path(training_args.output_dir).name
 

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from dataclasses import dataclass, field
 from typing import Literal
@@ -197,10 +196,6 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
             raise ValueError(f"--max_turn_tokens must be >= 1, got {self.max_turn_tokens}")
         if self.heldout_num_samples < 1 or self.heldout_uncovered_tasks < 0:
             raise ValueError("--heldout_num_samples must be >= 1 and --heldout_uncovered_tasks >= 0")
-        if self.use_vllm and importlib.util.find_spec("vllm") is None:
-            raise ValueError(
-                "--use_vllm needs vLLM, which is not installed: pip install -r requirements-gpu.txt (vllm==0.31.0)"
-            )
         self.loss_type = "luspo"
         super().__post_init__()
         if self.uses_prm and self.scale_rewards not in ("none", False):

@@ -130,13 +130,14 @@ def main(argv: list[str] | None = None) -> int:
             f"GPUs needed but --gpu-ids lists {len(gpu_ids)}"
         )
     env = server_env(gpu_ids, {"VLLM_SERVER_DEV_MODE": "1"})  # as trl vllm-serve: its weight-sync endpoints
+    if not args.dry_run:  # the pre-flight checks come before TRL's command builder, which imports vLLM if present
+        check_model_dir(args.model)
+        check_port_free(args.port, args.host)
+        require_vllm()
     command = build_command(args, extra)
     if args.dry_run:
         print(format_command(command, env))
         return 0
-    check_model_dir(args.model)
-    check_port_free(args.port, args.host)
-    require_vllm()
     url = base_url(args)
     return serve(
         command,

@@ -369,9 +369,43 @@ def test_unknown_task_fails_before_the_model_is_loaded(tmp_path, tiny_model_dir,
         train_grpo.main(*train_grpo.parse_args(cli(tmp_path, tiny_model_dir, "--tasks", "999")))
 
 
-def test_use_vllm_without_vllm_is_a_clear_error(hide_vllm: None):
-    with pytest.raises(ValueError, match="--use_vllm needs vLLM, which is not installed"):
-        MultiTurnGRPOConfig(output_dir="unused", variant="vanilla", use_vllm=True)
+def test_use_vllm_without_vllm_is_a_clear_error_where_the_run_starts(tmp_path, tiny_model_dir, monkeypatch, hide_vllm):
+    """A GPU recipe parses anywhere (its fields are only recorded); the run itself refuses, before any model loads."""
+    config = MultiTurnGRPOConfig(output_dir=str(tmp_path), variant="vanilla", use_vllm=True, bf16=False)
+    assert config.use_vllm
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the missing vLLM was reported")
+
+    monkeypatch.setattr(train_grpo.AutoModelForCausalLM, "from_pretrained", no_loading)
+    args = train_grpo.parse_args(cli(tmp_path, tiny_model_dir, "--use_vllm", "true"))
+    with pytest.raises(SystemExit, match=r"^error: --use_vllm needs vLLM, which is not installed: pip install -r "):
+        train_grpo.main(*args)
+    assert not (tmp_path / "run").exists()  # nothing was claimed or written
+
+
+def test_use_vllm_without_vllm_is_one_line_and_status_2(tmp_path, tiny_model_dir):
+    """The command line as a user meets it (vLLM hidden from the child with a ``sitecustomize`` shim)."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(
+        "import importlib.util\n"
+        "_real = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda name, *a: None if name == 'vllm' else _real(name, *a)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shim), str(REPO_ROOT)])}
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "train_grpo.py"), *cli(tmp_path, tiny_model_dir, "--use_vllm", "true")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert lines == ["error: --use_vllm needs vLLM, which is not installed: pip install -r requirements-gpu.txt "
+                     "(vllm==0.31.0)"], proc.stderr[-2000:]  # fmt: skip
+    assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -144,8 +144,8 @@ def test_variant_defaults_are_filled_and_loss_type_is_luspo(tmp_path):
     )
 
 
-def test_unknown_variant_and_vllm_without_vllm_fail_clearly(tmp_path, hide_vllm):
+def test_unknown_variant_fails_clearly_and_use_vllm_is_only_recorded(tmp_path, hide_vllm):
     with pytest.raises(ValueError, match="valid variants"):
         MultiTurnGRPOConfig(output_dir=str(tmp_path), variant="bogus", bf16=False)
-    with pytest.raises(ValueError, match="needs vLLM"):
-        MultiTurnGRPOConfig(output_dir=str(tmp_path), use_vllm=True, bf16=False)
+    # without vLLM a use_vllm config still parses and runs its own checks; the run refuses (test_trainer.py)
+    assert MultiTurnGRPOConfig(output_dir=str(tmp_path), use_vllm=True, bf16=False).use_vllm

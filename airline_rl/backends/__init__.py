@@ -12,12 +12,13 @@ per wave. The trainer uses its own backend over TRL's ``_generate_single_turn`` 
 from __future__ import annotations
 
 import gc
-import importlib.util
 import logging
 import time
 from typing import Any
 
 import torch
+
+from airline_rl.optional import require
 
 logger = logging.getLogger(__name__)
 
@@ -272,8 +273,7 @@ class TransformersBackend:
 
 def require_vllm(flag: str = "--backend vllm") -> None:
     """Fails at once, naming the flag, when vLLM is not installed."""
-    if importlib.util.find_spec("vllm") is None:
-        raise ValueError(f"{flag} needs vLLM, which is not installed: pip install -r requirements-gpu.txt")
+    require("vllm", flag)
 
 
 class VLLMBackend:
