@@ -78,7 +78,10 @@ class TransformersBackend:
         prefix_cache: bool = True,
         min_prefix_tokens: int = 256,
         generation_kwargs: dict[str, Any] | None = None,
+        generation_config: Any = None,
     ) -> None:
+        """``generation_config``: a ``GenerationConfig`` that decides the decoding rule instead of ``temperature`` and
+        ``top_p`` (the trainer passes TRL's, so rollouts sample exactly as ``GRPOTrainer`` would)."""
         self.model = model
         self.tokenizer = tokenizer
         self.temperature = temperature
@@ -92,6 +95,7 @@ class TransformersBackend:
         self.prefix_cache = prefix_cache
         self.min_prefix_tokens = max(1, min_prefix_tokens)
         self.generation_kwargs = dict(generation_kwargs or {})
+        self.generation_config = generation_config
         self._prefix: list[int] = []
         self._prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._prefix_weights: tuple[int, int] | None = None
@@ -121,6 +125,8 @@ class TransformersBackend:
 
     def _sampling_kwargs(self) -> dict[str, Any]:
         """``generate`` kwargs of the decoding rule; with per-row seeds, ``PerRowSampler`` draws the tokens."""
+        if self.generation_config is not None:
+            return {"generation_config": self.generation_config}
         sampling = self.temperature > 0
         seeds = self._chunk_seeds
         if sampling and seeds is not None:

@@ -44,6 +44,24 @@ def _full_bool_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     return sdpa_mask(*args, **kwargs)
 
 
+def grouped_decode_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor, scaling: float | None
+) -> tuple[torch.Tensor, None]:
+    """One decoding step of grouped-query attention with a mask, without repeating the keys and values per head.
+
+    transformers 5.17's sdpa path (the version vLLM 0.31 allows) falls back to ``repeat_kv`` whenever a mask is
+    given: every decoding step then copies the whole cache once per query head group, the cost that grows with the
+    batch and the prefix. Here the g query heads that share a key head become g query rows of that head (what later
+    transformers versions do for ``q_len == 1``), so sdpa reads each key head once. Returns [B, 1, H, d] like sdpa.
+    """
+    batch, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)  # [B, Hkv, g, d]: head h uses key head h // g
+    mask = attention_mask[:, :, :, -key.shape[2] :]  # [B, 1, 1, S]: the same row for every grouped query
+    out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(batch, 1, heads, dim), None
+
+
 def shared_prefix_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -61,6 +79,8 @@ def shared_prefix_attention(
     """
     prefix = getattr(module, PREFIX_ATTRIBUTE, None)
     if prefix is None:
+        if query.shape[2] == 1 and attention_mask is not None and query.shape[1] != key.shape[1] and not dropout:
+            return grouped_decode_attention(query, key, value, attention_mask, scaling)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     prefix_keys, prefix_values = prefix
     batch, heads, q_len, dim = query.shape

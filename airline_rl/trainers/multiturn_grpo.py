@@ -4,7 +4,8 @@ How it departs from textbook GRPO (single-turn, one completion per prompt):
 1. A rollout is a whole episode played by ``airline_rl.envs.runner.run_episodes`` (the same loop the evaluator and
    the trajectory collector use). All active episodes advance together: one batched call of TRL's own
    ``_generate_single_turn`` per wave of turns, so transformers ``generate`` (CPU/GPU) and vLLM (colocate or server)
-   both work unchanged.
+   both work unchanged; on the transformers path the waves reuse the shared system-prompt prefix instead
+   (``rollout_prefix_reuse``, TRL's decoding rule through ``airline_rl.backends.trl_prefix``).
 2. Token-in, token-out: a completion is the sampled ids of every policy turn, interleaved with the tokens of the
    user and tool messages obtained by rendering the chat template with and without the new messages
    (``airline_rl.render``). Decoded model text is never re-tokenised. Environment tokens get ``tool_mask`` 0.
@@ -39,6 +40,7 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
+from airline_rl.backends import trl_prefix
 from airline_rl.configs import MultiTurnGRPOConfig
 from airline_rl.envs.episode import AirlineEnv, Episode, EpisodeRecord
 from airline_rl.envs.runner import RunTimings, run_episodes
@@ -69,10 +71,18 @@ class TrainerBackend:
     In multi-process runs every rank must make the same number of generation calls (vLLM server mode and ZeRO-3 /
     FSDP generation are collectives): each wave first agrees on whether any rank still has work, and an idle rank
     joins with a 1-token dummy generation. ``drain`` keeps an idle rank in step until all ranks are done.
+
+    On the plain transformers path the waves go through ``airline_rl.backends.trl_prefix`` instead (TRL's decoding
+    rule, the shared system prompt prefilled once per rollout round and read once per decoding step) unless
+    ``trl_prefix.unavailable`` names a reason to keep TRL's own call; ``drain`` ends the round.
     """
 
     def __init__(self, trainer: MultiTurnGRPOTrainer) -> None:
         self.trainer = trainer
+        reason = trl_prefix.unavailable(trainer)
+        self.prefix_generation = trl_prefix.TrlPrefixGeneration(trainer) if reason is None else None
+        if reason is not None and not trainer.use_vllm:
+            logger.info("rollouts generate through TRL without prefix reuse: %s", reason)
 
     def _any_rank_busy(self, busy: bool) -> bool:
         accelerator = self.trainer.accelerator
@@ -89,6 +99,8 @@ class TrainerBackend:
             with self.trainer._max_new_tokens(1):
                 self.trainer._generate_single_turn([[pad]], None, {}, 1)
             return [], None
+        if self.prefix_generation is not None:
+            return self.prefix_generation.generate(prompts, max_new_tokens), None
         with self.trainer._max_new_tokens(max_new_tokens):
             return self.trainer._generate_single_turn(prompts, None, {}, 1)
 
@@ -97,6 +109,12 @@ class TrainerBackend:
             pad = self.trainer.processing_class.pad_token_id or 0
             with self.trainer._max_new_tokens(1):
                 self.trainer._generate_single_turn([[pad]], None, {}, 1)
+        self.close()
+
+    def close(self) -> None:
+        """Ends a rollout round: the model gets its own attention implementation back before the loss."""
+        if self.prefix_generation is not None:
+            self.prefix_generation.close()
 
 
 def _max_context(trainer: GRPOTrainer) -> int:
@@ -229,8 +247,11 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             agent.start(episode)
         timings = RunTimings()
         with self._vllm_awake_for_rollout():
-            records = run_episodes(self.env, agent, self.user, specs, timings=timings, episodes=episodes)
-            backend.drain()
+            try:
+                records = run_episodes(self.env, agent, self.user, specs, timings=timings, episodes=episodes)
+                backend.drain()
+            finally:
+                backend.close()
         prm_start = time.perf_counter()
         clip = self.args.prm_clip if self.args.prm_clip is not None else 0.5
         prm_results = [score_episode(record, clip=(-clip, clip)) for record in records]
