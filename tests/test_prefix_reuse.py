@@ -15,7 +15,8 @@ import torch
 
 from airline_rl.backends import TransformersBackend, trl_prefix
 from airline_rl.backends import shared_prefix as shared_prefix_module
-from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend, grouped_decode_attention
+from airline_rl.backends.attention import grouped_decode_attention
+from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend
 from airline_rl.configs import MultiTurnGRPOConfig
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.runner import run_episodes
@@ -41,6 +42,30 @@ def test_grouped_decode_attention_equals_sdpa_with_repeated_keys():
     repeated_v = value.repeat_interleave(heads // kv_heads, dim=1)
     expected = torch.nn.functional.scaled_dot_product_attention(query, repeated_k, repeated_v, attn_mask=mask)
     got, _ = grouped_decode_attention(query, key, value, mask, None)
+    torch.testing.assert_close(got, expected.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-cpu-kernel", "matmuls"])
+def test_shared_prefix_attention_equals_sdpa_over_prefix_and_rows(monkeypatch, fused):
+    """The cascade attention (prefix once, batch 1; each row's own keys masked) == sdpa over the concatenation."""
+    torch.manual_seed(1)
+    batch, heads, kv_heads, q_len, own_len, prefix_len, dim = 3, 4, 2, 5, 9, 40, 16
+    prefix = torch.randn(1, kv_heads, prefix_len, dim), torch.randn(1, kv_heads, prefix_len, dim)
+    module = torch.nn.Module()
+    setattr(module, shared_prefix_module.PREFIX_ATTRIBUTE, prefix)
+    query = torch.randn(batch, heads, q_len, dim)
+    key, value = torch.randn(batch, kv_heads, own_len, dim), torch.randn(batch, kv_heads, own_len, dim)
+    mask = torch.rand(batch, 1, q_len, own_len) > 0.3
+    mask[0, 0, 0] = False  # a query that sees none of its row's own keys (left padding): the prefix alone
+    if not fused:
+        monkeypatch.setattr(shared_prefix_module, "_FUSED_CPU", None)
+    monkeypatch.setattr(shared_prefix_module, "MAX_SCORE_ELEMENTS", 256)  # several query chunks
+    got, _ = shared_prefix_module.shared_prefix_attention(module, query, key, value, mask)
+    groups = heads // kv_heads
+    full_keys = torch.cat([prefix[0].expand(batch, -1, -1, -1), key], 2).repeat_interleave(groups, dim=1)
+    full_values = torch.cat([prefix[1].expand(batch, -1, -1, -1), value], 2).repeat_interleave(groups, dim=1)
+    full_mask = torch.cat([torch.ones(batch, 1, q_len, prefix_len, dtype=torch.bool), mask], -1)
+    expected = torch.nn.functional.scaled_dot_product_attention(query, full_keys, full_values, attn_mask=full_mask)
     torch.testing.assert_close(got, expected.transpose(1, 2), atol=1e-5, rtol=1e-5)
 
 

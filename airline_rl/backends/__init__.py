@@ -7,10 +7,13 @@ per wave. The trainer uses its own backend over TRL's ``_generate_single_turn`` 
 - ``VLLMBackend``: vLLM's offline ``LLM`` engine with token-id prompts and prefix caching (optional dependency).
 - ``shared_prefix.SharedPrefixTransformersBackend``: the transformers backend whose rows attend to one copy of the
   shared system-prompt prefix (the evaluator's default on the transformers path).
+- ``trl_prefix.TrlPrefixGeneration``: that backend with TRL's decoding rule, for the trainer's rollouts.
+- ``attention``: the grouped-query decoding both transformers backends switch to while they generate.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import logging
@@ -232,10 +235,24 @@ class TransformersBackend:
             "pad_token_id": self.pad_token_id,
             **self.generation_kwargs,
         }
-        output = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention.to(device), streamer=clock, **kwargs, **extra
-        )
+        with self._decode_attention():
+            output = self.model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention.to(device), streamer=clock, **kwargs, **extra
+            )
         return self._completions(output, input_ids.shape[1], clock)
+
+    def _decode_attention(self) -> contextlib.AbstractContextManager:
+        """Grouped-query decoding without per-step key/value copies (``airline_rl.backends.attention``) for an sdpa
+        model with fewer key-value heads than query heads; the model's own attention otherwise."""
+        config = self.model.config
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        heads, kv_heads = getattr(text, "num_attention_heads", None), getattr(text, "num_key_value_heads", None)
+        if config._attn_implementation != "sdpa" or not heads or not kv_heads or heads == kv_heads:
+            return contextlib.nullcontext()
+        from airline_rl.backends.attention import GROUPED_DECODE_NAME, register_grouped_decode, use_attention
+
+        register_grouped_decode()
+        return use_attention(self.model, GROUPED_DECODE_NAME)
 
     def _completions(self, output: torch.Tensor, prompt_width: int, clock: _StepClock) -> list[list[int]]:
         """Each row's sampled ids up to its first stop token (padding after it dropped); books the call's timings."""

@@ -8,8 +8,9 @@ benchmarks/rollout_bench.py: wave-batched like that is *slower* than one episode
 ``TrlPrefixGeneration`` gives the trainer's waves the evaluator's engine instead: a
 ``SharedPrefixTransformersBackend`` over the unwrapped policy (TRL's own ``unwrap_model_for_generation``, so
 gradient checkpointing is off during generation exactly as in TRL) that samples with TRL's ``generation_config``
-(temperature, top-p/k, min-p, eos and pad ids, the recipe's ``generation_kwargs``). It lives for one rollout round:
-``close`` (called by ``TrainerBackend.drain``) restores the model's attention implementation before the loss.
+(temperature, top-p/k, min-p, eos and pad ids, the recipe's ``generation_kwargs``). It lives for one rollout round
+(``close``, called by ``TrainerBackend.drain``, drops the cached prefix); the policy runs on its own attention
+implementation outside the generate calls, so the loss forward is TRL's unchanged.
 
 ``unavailable`` says when the trainer keeps TRL's path: vLLM or transformers continuous batching (they have their own
 prefix handling), sharded parameters (ZeRO-3, FSDP), a PEFT wrapper, a decoding rule that reads the prompt ids
@@ -93,7 +94,7 @@ class TrlPrefixGeneration:
         return ids
 
     def close(self) -> None:
-        """Restores the policy's attention implementation (before the loss sees the model)."""
+        """Ends the round: the cached prefix (stale after the optimiser step) is dropped."""
         backend, self.backend = self.backend, None
         if backend is not None:
             backend.close()

@@ -112,7 +112,7 @@ class TrainerBackend:
         self.close()
 
     def close(self) -> None:
-        """Ends a rollout round: the model gets its own attention implementation back before the loss."""
+        """Ends a rollout round (the prefix cache of these weights is dropped before the optimiser step)."""
         if self.prefix_generation is not None:
             self.prefix_generation.close()
 
