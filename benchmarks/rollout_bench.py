@@ -25,23 +25,30 @@ Also printed: prefill vs decode time inside ``generate``, what the engine (agent
 adds over raw batched ``model.generate`` calls on the same inputs, and decode milliseconds per step against the batch
 size (first-wave prompts) for the shared-prefix and the copied-prefix paths.
 
-Measured on 2 CPU cores shared with 4 other jobs, transformers 5.17.0, torch 2.13.0+cpu, one torch thread, defaults
-(identical transcripts in every mode): one at a time with plain generate 8–15 s; wave-batched plain generate 26 s
-(slower: with left padding the long prefill needs an explicit mask and loses the causal kernel's savings); one at a
-time with prefix reuse 4.5 s; wave-batched with prefix reuse 1.2–1.6 s: **5.5–6.9x** (CI's slow stage prints this
-line). Decode per step at batch 1 / 4 / 16: shared prefix 1.5 / 1.7 / 2.5 ms, copied prefix 1.4 / 4.2 / 31 ms. The
-trainer's rollouts: TRL's generate one at a time 8 s, wave-batched 26 s, wave-batched with prefix reuse 1.3 s.
+Measured on 2 CPU cores shared with 4 other jobs (load average 4-4.7), transformers 5.17.0, torch 2.13.0+cpu, one
+torch thread, defaults, identical transcripts in every mode, three runs: one at a time with plain generate 14-19 s;
+wave-batched plain generate 40 s (slower: with left padding the long prefill needs an explicit mask and loses the
+causal kernel's savings); one at a time with prefix reuse 9 s; wave-batched with prefix reuse 1.1-1.6 s: **8.8x,
+13.8x, 17.8x** (the last line; one episode at a time suffers more from the load, and on a quiet machine it took 8 s
+before this change, i.e. >= 5x at 1.6 s); copied prefix 3.4-4.7 s. Decode ms/step at batch 1 / 4 / 16: shared prefix
+3.1 / 3.8 / 4.8 (x1.6 for 16x the rows), copied prefix 3.0 / 6.1 / 20.9 (x6.9); a separate micro-run on a quieter
+machine: 1.4 / 2.3 / 3.2 and 1.4 / 3.3 / 12.8. The trainer's rollouts: TRL's generate one at a time 12.7-17.7 s,
+wave-batched 32.6 s, wave-batched with prefix reuse 1.5-1.6 s: **8.0x, 10.9x**. The engine adds under 5% over its
+generate calls.
 
-History: the wave-batched prefix-reuse mode used to be the copied-prefix path (``copied-batched`` now): 4.7x under
-transformers 5.24.0, 2.2–2.4x after the pin to 5.17.0 (vLLM 0.31 needs <5.18; measured side by side on the same
-code: 5.2x vs 2.4x). 5.17's sdpa path repeats every key/value head per query-head group whenever a mask is given
-(``repeat_kv``), so each decoding step copied the whole B-row cache twice more; 5.24 packs the query heads instead.
-The shared-prefix attention does that packing itself (``grouped_decode_attention``) and never copies the prefix.
+History (issue 24): the wave-batched prefix-reuse mode used to be the copied-prefix path (``copied-batched`` now):
+4.7x under transformers 5.24.0, 2.2-2.4x after the pin to 5.17.0 (vLLM 0.31 needs <5.18). Measured side by side on
+the same code and a quiet machine: 5.2x with 5.24.0, 2.4x with 5.17.0; copied-prefix decode at batch 16 8.9 vs
+31 ms/step. 5.17's sdpa repeats every key/value head per query-head group whenever a mask is given (``repeat_kv``),
+so each decoding step copied every row's whole cache twice more; 5.24 packs the query heads instead.
+``airline_rl.backends.attention`` now does that packing for both transformers backends, and the engine's
+shared-prefix attention never copies the prefix at all (its prefill goes through torch's fused CPU kernel).
 
 Usage: ``python benchmarks/rollout_bench.py [--episodes 16] [--turn-tokens 32] [--threads N] [--repeats N]
 [--modes plain-one,prefix-batched,...]``. The speed-up of the engine (wave-batched + prefix reuse) over one episode
 at a time with plain generate is the last line. On a machine shared with other jobs, use ``--repeats 2`` or more
-(the best wall time of each mode counts).
+(the best wall time of each mode counts). The short check (both speed-ups and the decode line, under a minute):
+``--modes plain-one,prefix-batched,trl-one,trl-prefix-batched``.
 """
 
 from __future__ import annotations
