@@ -167,3 +167,18 @@ def test_trainer_keeps_trls_call_when_the_decoding_rule_reads_the_prompt(tmp_pat
     trainer = _trainer(tmp_path, tiny_model_dir, tiny_tokenizer, prefix_reuse=True)
     trainer.generation_config.repetition_penalty = 1.2
     assert "repetition penalty" in trl_prefix.unavailable(trainer)
+
+
+def test_the_trl_internals_the_prefix_path_relies_on_still_exist(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """Pinned to trl==1.16.0: ``airline_rl.backends.trl_prefix`` reads these; a TRL upgrade must keep them."""
+    import inspect
+
+    from trl.models.utils import unwrap_model_for_generation
+
+    parameters = inspect.signature(unwrap_model_for_generation).parameters
+    for name in ("gather_deepspeed3_params", "generation_kwargs", "gradient_checkpointing_kwargs"):
+        assert name in parameters
+    trainer = _trainer(tmp_path, tiny_model_dir, tiny_tokenizer, prefix_reuse=True)
+    for name in ("generation_config", "generation_kwargs", "eos_token_ids", "use_vllm", "_dist", "model_wrapped"):
+        assert hasattr(trainer, name), name
+    assert hasattr(trainer._dist, "is_zero3") and hasattr(trainer.args, "ds3_gather_for_generation")

@@ -14,6 +14,7 @@ per wave. The trainer uses its own backend over TRL's ``_generate_single_turn`` 
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import importlib.util
 import logging
@@ -126,6 +127,23 @@ class TransformersBackend:
         self._chunk_seeds = None
         return results, None
 
+    def _generate_kwargs(self, max_new_tokens: int) -> dict[str, Any]:
+        """``generate`` kwargs: length, decoding rule, stop and pad ids, ``generation_kwargs`` (one config object
+        when a ``generation_config`` was given: transformers deprecates passing both)."""
+        kwargs = {
+            "max_new_tokens": max_new_tokens,
+            **self._sampling_kwargs(),
+            "eos_token_id": self.eos_token_ids,
+            "pad_token_id": self.pad_token_id,
+            **self.generation_kwargs,
+        }
+        config = kwargs.pop("generation_config", None)
+        if config is None:
+            return kwargs
+        config = copy.deepcopy(config)
+        unused = config.update(**kwargs)
+        return {"generation_config": config, **unused}
+
     def _sampling_kwargs(self) -> dict[str, Any]:
         """``generate`` kwargs of the decoding rule; with per-row seeds, ``PerRowSampler`` draws the tokens."""
         if self.generation_config is not None:
@@ -228,13 +246,7 @@ class TransformersBackend:
         if prefix_length:
             extra["past_key_values"] = self._prefix_cache_for(len(prompts))
         clock = _StepClock()
-        kwargs = {
-            "max_new_tokens": max_new_tokens,
-            **self._sampling_kwargs(),
-            "eos_token_id": self.eos_token_ids,
-            "pad_token_id": self.pad_token_id,
-            **self.generation_kwargs,
-        }
+        kwargs = self._generate_kwargs(max_new_tokens)
         with self._decode_attention():
             output = self.model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention.to(device), streamer=clock, **kwargs, **extra

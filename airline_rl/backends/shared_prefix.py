@@ -269,13 +269,7 @@ class SharedPrefixTransformersBackend(TransformersBackend):
                 return super()._generate_batch(prompts, max_new_tokens, prefix_length)
         device = self.model.device
         input_ids, attention, positions = self._inputs_after_prefix(prompts, prefix_length)
-        kwargs = {
-            "max_new_tokens": max_new_tokens,
-            **self._sampling_kwargs(),
-            "eos_token_id": self.eos_token_ids,
-            "pad_token_id": self.pad_token_id,
-            **self.generation_kwargs,
-        }
+        kwargs = self._generate_kwargs(max_new_tokens)
         clock = _StepClock()
         with self._prefix_attached(prefix_length):
             output = self.model.generate(

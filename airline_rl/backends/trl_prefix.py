@@ -19,7 +19,6 @@ prefix handling), sharded parameters (ZeRO-3, FSDP), a PEFT wrapper, a decoding 
 
 from __future__ import annotations
 
-import copy
 import logging
 from typing import Any
 
@@ -88,7 +87,7 @@ class TrlPrefixGeneration:
                     tokenizer,
                     eos_token_ids=list(trainer.eos_token_ids),
                     max_batch_size=10**6,  # TRL generates a wave in one call; so does this
-                    generation_config=copy.deepcopy(trainer.generation_config),
+                    generation_config=trainer.generation_config,  # copied per call
                 )
             ids, _ = self.backend.generate(prompts, max_new_tokens)
         return ids

@@ -65,6 +65,9 @@ def process(completions: list, episode: list[dict], **kwargs: Any) -> list[float
     return [None if ep["reward"]["user_error"] else float(ep["prm"]["process_score"]) for ep in episode]
 
 
+_LOGGED_REASONS: set[str] = set()  # why rollouts keep TRL's generate call, said once per process
+
+
 class TrainerBackend:
     """``GenerationBackend`` over the trainer's own ``_generate_single_turn`` (transformers or vLLM).
 
@@ -81,7 +84,8 @@ class TrainerBackend:
         self.trainer = trainer
         reason = trl_prefix.unavailable(trainer)
         self.prefix_generation = trl_prefix.TrlPrefixGeneration(trainer) if reason is None else None
-        if reason is not None and not trainer.use_vllm:
+        if reason is not None and not trainer.use_vllm and reason not in _LOGGED_REASONS:
+            _LOGGED_REASONS.add(reason)
             logger.info("rollouts generate through TRL without prefix reuse: %s", reason)
 
     def _any_rank_busy(self, busy: bool) -> bool:
