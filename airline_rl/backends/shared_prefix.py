@@ -9,9 +9,10 @@ is the cost, and batching 40 episodes saves next to nothing over playing them on
 This backend keeps the prefix's keys and values once (batch 1) and gives ``generate`` only the per-episode rest:
 the cache holds each row's own tokens, position ids start after the prefix, and a registered attention function
 ("airline_shared_prefix") attends to both parts and merges them exactly (cascade attention: one softmax over the
-concatenation, computed from the two partial log-sum-exps). The prefix part is one matrix product per layer with
-every row's queries stacked, so the prefix is read once per step whatever the batch size. Queries are processed in
-chunks to bound the score matrices. A batch of one row uses the parent's path (one copy of the prefix, fused sdpa).
+concatenation, computed from the two partial log-sum-exps). The prefix part is one attention call per layer with
+every row's queries stacked (torch's fused CPU kernel, which also returns the log-sum-exp; two matrix products on
+other devices), so the prefix is read once per step whatever the batch size. Queries are processed in chunks to bound
+the score matrices. A batch of one row uses the parent's path (one copy of the prefix, fused sdpa).
 The model runs on that attention only inside this backend's calls (``use_attention``); building the prefix, one-row
 batches and anything else the model does (the trainer's loss) keep its own implementation.
 

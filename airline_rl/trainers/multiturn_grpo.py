@@ -251,11 +251,8 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             agent.start(episode)
         timings = RunTimings()
         with self._vllm_awake_for_rollout():
-            try:
-                records = run_episodes(self.env, agent, self.user, specs, timings=timings, episodes=episodes)
-                backend.drain()
-            finally:
-                backend.close()
+            records = run_episodes(self.env, agent, self.user, specs, timings=timings, episodes=episodes)
+            backend.drain()
         prm_start = time.perf_counter()
         clip = self.args.prm_clip if self.args.prm_clip is not None else 0.5
         prm_results = [score_episode(record, clip=(-clip, clip)) for record in records]
