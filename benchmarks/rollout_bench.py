@@ -25,16 +25,16 @@ Also printed: prefill vs decode time inside ``generate``, what the engine (agent
 adds over raw batched ``model.generate`` calls on the same inputs, and decode milliseconds per step against the batch
 size (first-wave prompts) for the shared-prefix and the copied-prefix paths.
 
-Measured on 2 CPU cores shared with 4 other jobs (load average 4-4.7), transformers 5.17.0, torch 2.13.0+cpu, one
-torch thread, defaults, identical transcripts in every mode, three runs: one at a time with plain generate 14-19 s;
-wave-batched plain generate 40 s (slower: with left padding the long prefill needs an explicit mask and loses the
-causal kernel's savings); one at a time with prefix reuse 9 s; wave-batched with prefix reuse 1.1-1.6 s: **8.8x,
-13.8x, 17.8x** (the last line; one episode at a time suffers more from the load, and on a quiet machine it took 8 s
-before this change, i.e. >= 5x at 1.6 s); copied prefix 3.4-4.7 s. Decode ms/step at batch 1 / 4 / 16: shared prefix
-3.1 / 3.8 / 4.8 (x1.6 for 16x the rows), copied prefix 3.0 / 6.1 / 20.9 (x6.9); a separate micro-run on a quieter
-machine: 1.4 / 2.3 / 3.2 and 1.4 / 3.3 / 12.8. The trainer's rollouts: TRL's generate one at a time 12.7-17.7 s,
-wave-batched 32.6 s, wave-batched with prefix reuse 1.5-1.6 s: **8.0x, 10.9x**. The engine adds under 5% over its
-generate calls.
+Measured on 2 CPU cores shared with 4 other jobs (load average 4-6.6), transformers 5.17.0, torch 2.13.0+cpu, one
+torch thread, defaults, identical transcripts in every mode, four runs: one at a time with plain generate 14-22 s;
+wave-batched plain generate 40-53 s (slower: with left padding the long prefill needs an explicit mask and loses the
+causal kernel's savings); one at a time with prefix reuse 9-12 s; wave-batched with prefix reuse 1.1-1.9 s: **8.8x,
+11.5x, 13.8x, 17.8x** (the last line; one episode at a time suffers more from the load, and on a quiet machine it
+took 8 s before this change, i.e. >= 4x at up to 2 s); copied prefix 3.4-5.4 s. Decode ms/step at batch 1 / 4 / 16:
+shared prefix 3.0 / 3.7 / 4.6-4.8 (x1.5-1.6 for 16x the rows), copied prefix 3.0 / 6.0 / 19-21 (x6.2-6.9); a
+separate micro-run on a quieter machine: 1.4 / 2.3 / 3.2 and 1.4 / 3.3 / 12.8. The trainer's rollouts: TRL's
+generate one at a time 12.7-21.5 s, wave-batched 33-55 s, wave-batched with prefix reuse 1.5-1.7 s: **8.0x, 10.9x,
+13.1x**. The engine adds under 6% over its generate calls. A full run takes 3-8 minutes under that load.
 
 History (issue 24): the wave-batched prefix-reuse mode used to be the copied-prefix path (``copied-batched`` now):
 4.7x under transformers 5.24.0, 2.2-2.4x after the pin to 5.17.0 (vLLM 0.31 needs <5.18). Measured side by side on
@@ -47,7 +47,7 @@ shared-prefix attention never copies the prefix at all (its prefill goes through
 Usage: ``python benchmarks/rollout_bench.py [--episodes 16] [--turn-tokens 32] [--threads N] [--repeats N]
 [--modes plain-one,prefix-batched,...]``. The speed-up of the engine (wave-batched + prefix reuse) over one episode
 at a time with plain generate is the last line. On a machine shared with other jobs, use ``--repeats 2`` or more
-(the best wall time of each mode counts). The short check (both speed-ups and the decode line, under a minute):
+(the best wall time of each mode counts). The short check (both speed-ups and the decode line, 54 s at load 4.7):
 ``--modes plain-one,prefix-batched,trl-one,trl-prefix-batched``.
 """
 
