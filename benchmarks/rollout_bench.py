@@ -1,30 +1,54 @@
 """Rollout throughput: wave-batched episodes (one ``generate`` per wave for all episodes) vs one episode at a time,
-with and without reuse of the shared system-prompt prefix on the transformers path.
+with and without reuse of the shared system-prompt prefix, for the evaluator's engine and for the trainer's rollouts.
 
-Setup: the embedded tiny Qwen2 (random weights, vocab 4,096, built once in outputs/tiny-qwen2 exactly as
-train_grpo.py builds it), the real airline system prompt with the 14 tool schemas (~4.4k tokens), the scripted user,
-``--episodes`` tasks (default 16) with fixed seeds, ``max_turns=4`` and ``--turn-tokens`` tokens per turn (default
-32). Decoding is greedy and ``forced_eos_token_id`` closes every turn with ``<|im_end|>`` after ``--turn-tokens``
-tokens, so the random model plays full 4-turn episodes and every mode must produce the *same* transcripts (checked).
+Setup: the embedded tiny Qwen2 (random weights, vocab 4,096, 4 query / 2 key-value heads, built once in
+outputs/tiny-qwen2 exactly as train_grpo.py builds it), the real airline system prompt with the 14 tool schemas
+(~4.4k tokens), the scripted user, ``--episodes`` tasks (default 16) with fixed seeds, ``max_turns=4`` and
+``--turn-tokens`` tokens per turn (default 32). Decoding is greedy and ``forced_eos_token_id`` closes every turn with
+``<|im_end|>`` after ``--turn-tokens`` tokens, so the random model plays full 4-turn episodes and every mode must
+produce the *same* transcripts (checked).
 
-Modes (same episodes, same seeds):
-- one-at-a-time: ``run_episodes`` per episode, plain ``generate`` (what a naive loop does);
-- batched: one ``run_episodes`` call for all episodes, one ``generate`` per wave;
-- ... each with ``TransformersBackend(prefix_cache=True)``: the KV cache of the shared prefix is computed once and
-  every sequence of every wave starts from it, so only the per-episode rest is prefilled.
+Modes (same episodes, same seeds; ``--modes`` picks some):
+- ``plain-one``: ``run_episodes`` per episode, plain ``generate`` (what a naive loop does);
+- ``plain-batched``: one ``run_episodes`` call for all episodes, one ``generate`` per wave;
+- ``prefix-one`` / ``prefix-batched``: the same with ``SharedPrefixTransformersBackend`` (the evaluator's engine):
+  the KV cache of the shared prefix is computed once, only the per-episode rest is prefilled, and a wave's rows
+  attend to one copy of the prefix (read once per decoding step whatever the batch size);
+- ``copied-batched``: wave-batched with ``TransformersBackend(prefix_cache=True)``, the prefix cache copied into
+  every row (``generate`` then moves B × prefix bytes per decoding step);
+- ``trl-one`` / ``trl-batched`` / ``trl-prefix-batched``: the trainer's rollouts, ``MultiTurnGRPOTrainer``'s own
+  ``TrainerBackend`` over TRL's generation: ``_generate_single_turn`` on the full left-padded prompts
+  (``rollout_prefix_reuse: false``), or the default ``rollout_prefix_reuse`` path (``airline_rl.backends.trl_prefix``:
+  TRL's decoding rule through the shared-prefix backend).
 
-Also printed: prefill vs decode time inside ``generate`` and what the engine (agent + rendering + environment + user)
-adds over raw batched ``model.generate`` calls on the same inputs.
+Also printed: prefill vs decode time inside ``generate``, what the engine (agent + rendering + environment + user)
+adds over raw batched ``model.generate`` calls on the same inputs, and decode milliseconds per step against the batch
+size (first-wave prompts) for the shared-prefix and the copied-prefix paths.
 
-Measured on 2 shared CPU cores (best of 2; identical transcripts in all four modes): one at a time with plain
-generate 10–16 s, wave-batched plain generate 19–35 s (slower: with left padding the long prefill needs an explicit
-mask and loses the causal kernel's savings), one at a time with prefix reuse 6–9 s, wave-batched with prefix reuse
-2.2–3.3 s: 4.7x. The engine adds under 5% over its generate calls; the backend adds nothing measurable over raw
-batched ``model.generate`` on the same inputs.
+Measured on 2 CPU cores shared with 4 other jobs (load average 4-6.6), transformers 5.17.0, torch 2.13.0+cpu, one
+torch thread, defaults, identical transcripts in every mode, four runs: one at a time with plain generate 14-22 s;
+wave-batched plain generate 40-53 s (slower: with left padding the long prefill needs an explicit mask and loses the
+causal kernel's savings); one at a time with prefix reuse 9-12 s; wave-batched with prefix reuse 1.1-1.9 s: **8.8x,
+11.5x, 13.8x, 17.8x** (the last line; one episode at a time suffers more from the load, and on a quiet machine it
+took 8 s before this change, i.e. >= 4x at up to 2 s); copied prefix 3.4-5.4 s. Decode ms/step at batch 1 / 4 / 16:
+shared prefix 3.0 / 3.7 / 4.6-4.8 (x1.5-1.6 for 16x the rows), copied prefix 3.0 / 6.0 / 19-21 (x6.2-6.9); a
+separate micro-run on a quieter machine: 1.4 / 2.3 / 3.2 and 1.4 / 3.3 / 12.8. The trainer's rollouts: TRL's
+generate one at a time 12.7-21.5 s, wave-batched 33-55 s, wave-batched with prefix reuse 1.5-1.7 s: **8.0x, 10.9x,
+13.1x**. The engine adds under 6% over its generate calls. A full run takes 3-8 minutes under that load.
 
-Usage: ``python benchmarks/rollout_bench.py [--episodes 16] [--turn-tokens 32] [--threads N] [--repeats N]``.
-The speed-up of the engine (wave-batched + prefix reuse) over one episode at a time with plain generate is the last
-line. On a machine shared with other jobs, use ``--repeats 2`` or more (the best wall time of each mode counts).
+History (issue 24): the wave-batched prefix-reuse mode used to be the copied-prefix path (``copied-batched`` now):
+4.7x under transformers 5.24.0, 2.2-2.4x after the pin to 5.17.0 (vLLM 0.31 needs <5.18). Measured side by side on
+the same code and a quiet machine: 5.2x with 5.24.0, 2.4x with 5.17.0; copied-prefix decode at batch 16 8.9 vs
+31 ms/step. 5.17's sdpa repeats every key/value head per query-head group whenever a mask is given (``repeat_kv``),
+so each decoding step copied every row's whole cache twice more; 5.24 packs the query heads instead.
+``airline_rl.backends.attention`` now does that packing for both transformers backends, and the engine's
+shared-prefix attention never copies the prefix at all (its prefill goes through torch's fused CPU kernel).
+
+Usage: ``python benchmarks/rollout_bench.py [--episodes 16] [--turn-tokens 32] [--threads N] [--repeats N]
+[--modes plain-one,prefix-batched,...]``. The speed-up of the engine (wave-batched + prefix reuse) over one episode
+at a time with plain generate is the last line. On a machine shared with other jobs, use ``--repeats 2`` or more
+(the best wall time of each mode counts). The short check (both speed-ups and the decode line, 54 s at load 4.7):
+``--modes plain-one,prefix-batched,trl-one,trl-prefix-batched``.
 """
 
 from __future__ import annotations
@@ -32,7 +56,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +66,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from airline_rl.backends import TransformersBackend  # noqa: E402
+from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend  # noqa: E402
 from airline_rl.data.tiny_model import build_tiny_model, default_tiny_model_dir  # noqa: E402
 from airline_rl.envs.episode import AirlineEnv, EnvConfig  # noqa: E402
 from airline_rl.envs.runner import RunTimings, run_episodes  # noqa: E402
@@ -55,7 +83,7 @@ class TimedBackend:
     """Wraps a backend: seconds inside ``generate``; with ``raw`` it also times plain batched ``model.generate`` on
     exactly the same inputs right after each call (interleaved, so machine load drifts affect both alike)."""
 
-    def __init__(self, inner: TransformersBackend, raw: bool = False) -> None:
+    def __init__(self, inner: Any, raw: bool = False) -> None:
         self.inner = inner
         self.seconds = 0.0
         self.raw_seconds = 0.0 if raw else None
@@ -70,30 +98,35 @@ class TimedBackend:
             self.raw_seconds += raw_generate_seconds(self.inner.model, self.inner.tokenizer, prompts, max_new_tokens)
         return result
 
+    def drain(self) -> None:
+        if hasattr(self.inner, "drain"):
+            self.inner.drain()
 
-def play(env, tokenizer, model, specs, *, batched: bool, prefix_cache: bool, turn_tokens: int, raw: bool = False):
-    """Plays ``specs``; returns (wall seconds without the raw replays, per-episode completion ids, backend, stats)."""
+
+def engine_backend(model, tokenizer, kind: str) -> TransformersBackend:
+    """The evaluator-side backend of a mode: ``plain``, ``copied`` (prefix cache per row) or ``prefix`` (shared)."""
     eos = tokenizer.eos_token_id
-    inner = TransformersBackend(
-        model,
-        tokenizer,
-        temperature=0.0,
-        eos_token_ids=[eos],
-        prefix_cache=prefix_cache,
-        generation_kwargs={"forced_eos_token_id": eos},
-    )
-    backend = TimedBackend(inner, raw=raw)
-    context = model.config.max_position_embeddings
-    agent = TokenPolicyAgent(backend, tokenizer, env.tools, [eos], 8192, turn_tokens, context)
+    options = {"temperature": 0.0, "eos_token_ids": [eos], "generation_kwargs": {"forced_eos_token_id": eos}}
+    if kind == "prefix":
+        return SharedPrefixTransformersBackend(model, tokenizer, **options)
+    return TransformersBackend(model, tokenizer, prefix_cache=kind == "copied", **options)
+
+
+def play(env, tokenizer, make_agent: Callable[[], tuple[Any, Any]], specs, *, batched: bool):
+    """Plays ``specs``; returns (wall seconds without the raw replays, per-episode completion ids, stats)."""
     timings = RunTimings()
+    backend, agent = make_agent()
     start = time.perf_counter()
     episodes = []
     groups = [list(specs)] if batched else [[spec] for spec in specs]
     for group in groups:
         group_episodes = [env.reset(task_id, seed) for task_id, seed in group]
         run_episodes(env, agent, get_user_simulator("scripted"), group, timings=timings, episodes=group_episodes)
+        backend.drain()  # the trainer's backend ends its rollout round here (as MultiTurnGRPOTrainer._generate does)
         episodes.extend(group_episodes)
     wall = time.perf_counter() - start - (backend.raw_seconds or 0.0)
+    if hasattr(backend.inner, "close"):
+        backend.inner.close()  # the shared-prefix backend gives the model its attention implementation back
     completions = [ep.agent_state["completion_ids"] for ep in episodes]
     stats = {
         "turns": sum(len(ep.record.turns) for ep in episodes) / len(episodes),
@@ -102,6 +135,42 @@ def play(env, tokenizer, model, specs, *, batched: bool, prefix_cache: bool, tur
         "env_user": timings.env + timings.user + timings.reward,
     }
     return wall, completions, backend, stats
+
+
+def build_trainer(model, tokenizer, env, turn_tokens: int, prefix_reuse: bool, output_dir: str):
+    """A ``MultiTurnGRPOTrainer`` over ``model`` whose TRL generation config decodes like the engine modes."""
+    import datasets  # noqa: PLC0415 - only the trainer modes need it
+
+    from airline_rl.configs import MultiTurnGRPOConfig  # noqa: PLC0415
+    from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer  # noqa: PLC0415
+
+    args = MultiTurnGRPOConfig(
+        output_dir=output_dir,
+        variant="vanilla",
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8192,
+        max_turn_tokens=turn_tokens,
+        generation_kwargs={"do_sample": False, "forced_eos_token_id": tokenizer.eos_token_id},
+        rollout_prefix_reuse=prefix_reuse,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+    )
+    rows = [
+        {"prompt": [{"role": "system", "content": env.system_prompt}], "task_id": t}
+        for t in list(env.domain.tasks)[:4]
+    ]
+    return MultiTurnGRPOTrainer(
+        model=model,
+        args=args,
+        env=env,
+        user=get_user_simulator("scripted"),
+        train_dataset=datasets.Dataset.from_list(rows),
+        processing_class=tokenizer,
+        reward_funcs=[lambda completions, **kwargs: [0.0] * len(completions)],
+    )
 
 
 @torch.no_grad()
@@ -127,6 +196,46 @@ def raw_generate_seconds(model, tokenizer, prompts: list[list[int]], max_new_tok
     return time.perf_counter() - start
 
 
+def first_wave_prompts(env, tokenizer, specs, turn_tokens: int) -> list[list[int]]:
+    """Each episode's prompt at its first policy turn (system prompt, greeting, the user's opening message)."""
+    eos = tokenizer.eos_token_id
+    agent = TokenPolicyAgent(None, tokenizer, env.tools, [eos], 8192, turn_tokens)
+    prompts = []
+    for task_id, seed in specs:
+        episode = env.reset(task_id, seed)
+        agent.start(episode)
+        prompts.append(episode.agent_state["prompt_ids"] + agent._environment_ids(episode))
+    return prompts
+
+
+def decode_ms_per_step(model, tokenizer, kind: str, prompts: list[list[int]], turn_tokens: int, repeats: int) -> float:
+    """Best decode milliseconds per step of one wave of ``prompts`` (prefix built and checked in a warm-up call)."""
+    backend = engine_backend(model, tokenizer, kind)
+    try:
+        backend.generate(prompts, 2)
+        best = float("inf")
+        for _ in range(max(2, repeats)):
+            backend.timings["decode"] = 0.0
+            backend.generate(prompts, turn_tokens)  # forced eos: exactly turn_tokens tokens, turn_tokens - 1 steps
+            best = min(best, 1000 * backend.timings["decode"] / max(1, turn_tokens - 1))
+        return best
+    finally:
+        if hasattr(backend, "close"):
+            backend.close()
+
+
+MODES = {  # key: (label, batched, maker kind)
+    "plain-one": ("one-at-a-time, plain generate", False, "plain"),
+    "plain-batched": ("wave-batched, plain generate", True, "plain"),
+    "prefix-one": ("one-at-a-time, prefix reuse", False, "prefix"),
+    "prefix-batched": ("wave-batched, prefix reuse", True, "prefix"),
+    "copied-batched": ("wave-batched, copied prefix", True, "copied"),
+    "trl-one": ("trainer, one-at-a-time, TRL generate", False, "trl"),
+    "trl-batched": ("trainer, wave-batched, TRL generate", True, "trl"),
+    "trl-prefix-batched": ("trainer, wave-batched, prefix reuse", True, "trl-prefix"),
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=16)
@@ -140,7 +249,23 @@ def main() -> None:
         "machine shared with other jobs extra threads spin-wait and make every mode erratic",
     )
     parser.add_argument("--repeats", type=int, default=1, help="runs per mode; the best wall time counts")
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"comma-separated modes, the first is the reference: {', '.join(MODES)}",
+    )
+    parser.add_argument(
+        "--batch-sizes", default="1,4,16", help="batch sizes of the decode ms/step line (empty: skip it)"
+    )
     args = parser.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        parser.exit(2, f"error: --modes: unknown mode(s) {unknown or '(none)'}; valid modes: {', '.join(MODES)}\n")
+    try:
+        batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+    except ValueError:
+        parser.exit(2, f"error: --batch-sizes: expected comma-separated integers, got {args.batch_sizes!r}\n")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
 
@@ -153,42 +278,56 @@ def main() -> None:
     specs = [(task_id, seed) for seed, task_id in enumerate(sorted(env.domain.tasks, key=int)[: args.episodes])]
     print(
         f"model {model_dir} ({model.num_parameters():,} params, vocab {len(tokenizer)}), torch threads "
-        f"{torch.get_num_threads()}; {len(specs)} episodes x max 4 turns x {args.turn_tokens} tokens, greedy"
+        f"{torch.get_num_threads()}, transformers {transformers.__version__}, torch {torch.__version__}; "
+        f"{len(specs)} episodes x max 4 turns x {args.turn_tokens} tokens, greedy"
     )
+    eos = tokenizer.eos_token_id
+    context = model.config.max_position_embeddings
+    trainers: dict[str, Any] = {}
 
-    play(env, tokenizer, model, specs[:2], batched=True, prefix_cache=False, turn_tokens=4)  # warm-up
+    def maker(kind: str, raw: bool) -> Callable[[], tuple[Any, Any]]:
+        def make() -> tuple[Any, Any]:
+            if kind.startswith("trl"):
+                trainer = trainers[kind]
+                inner, agent = trainer.policy_agent(env.tools)
+                backend = TimedBackend(inner)
+                agent.backend = backend
+                return backend, agent
+            backend = TimedBackend(engine_backend(model, tokenizer, kind), raw=raw)
+            return backend, TokenPolicyAgent(backend, tokenizer, env.tools, [eos], 8192, args.turn_tokens, context)
 
-    modes = [
-        ("one-at-a-time, plain generate", False, False),
-        ("wave-batched, plain generate", True, False),
-        ("one-at-a-time, prefix reuse", False, True),
-        ("wave-batched, prefix reuse", True, True),
-    ]
-    results: dict[str, tuple] = {}
-    reference = None
-    for _ in range(args.repeats):  # round robin, best of N per mode: load bursts on a shared machine hit every mode
-        for name, batched, prefix in modes:
-            raw = batched and not prefix
-            run = play(
-                env,
-                tokenizer,
-                model,
-                specs,
-                batched=batched,
-                prefix_cache=prefix,
-                turn_tokens=args.turn_tokens,
-                raw=raw,
+        return make
+
+    with tempfile.TemporaryDirectory() as scratch:
+        for kind in {MODES[m][2] for m in modes if MODES[m][2].startswith("trl")}:
+            trainers[kind] = build_trainer(
+                model, tokenizer, env, args.turn_tokens, kind == "trl-prefix", str(Path(scratch) / kind)
             )
-            reference = reference or run[1]
-            if name not in results or run[0] < results[name][0]:
-                results[name] = run
-    for name, _, prefix in modes:
-        wall, completions, backend, stats = results[name]
+        model.eval()
+        play(env, tokenizer, maker("plain", False), specs[:2], batched=True)  # warm-up
+
+        results: dict[str, tuple] = {}
+        reference = None
+        for _ in range(
+            args.repeats
+        ):  # round robin, best of N per mode: load bursts on a shared machine hit every mode
+            for key in modes:
+                _, batched, kind = MODES[key]
+                raw = batched and kind == "plain"
+                run = play(env, tokenizer, maker(kind, raw), specs, batched=batched)
+                reference = reference or run[1]
+                if key not in results or run[0] < results[key][0]:
+                    results[key] = run
+    for key in modes:
+        name, _, kind = MODES[key]
+        wall, completions, backend, stats = results[key]
         same = sum(a == b for a, b in zip(completions, reference, strict=True))
-        t = backend.inner.timings
+        timing = ""
+        if hasattr(backend.inner, "timings"):
+            t = backend.inner.timings
+            timing = f" (prefix build {t['prefix']:.2f}s, prefill {t['prefill']:.2f}s, decode {t['decode']:.2f}s)"
         print(
-            f"{name:32s} wall {wall:7.2f}s | generate {backend.seconds:7.2f}s in {backend.calls:3d} calls "
-            f"(prefix build {t['prefix']:.2f}s, prefill {t['prefill']:.2f}s, decode {t['decode']:.2f}s) | "
+            f"{name:38s} wall {wall:7.2f}s | generate {backend.seconds:7.2f}s in {backend.calls:3d} calls{timing} | "
             f"env+user+reward {stats['env_user']:.2f}s | {stats['turns']:.2f} turns/episode, "
             f"{stats['sampled']} sampled tokens, max context {stats['context']} | "
             f"same transcripts as the first mode: {same}/{len(specs)}"
@@ -196,27 +335,54 @@ def main() -> None:
         if backend.raw_seconds is not None:
             raw = backend.raw_seconds
             print(
-                f"{'':32s} raw batched model.generate on the same {backend.calls} waves: {raw:.2f}s; the engine "
+                f"{'':38s} raw batched model.generate on the same {backend.calls} waves: {raw:.2f}s; the engine "
                 f"adds {100 * (wall - raw) / raw:+.1f}% (backend {100 * (backend.seconds - raw) / raw:+.1f}%, "
                 f"agent+env+user {100 * (wall - backend.seconds) / raw:+.1f}%)"
             )
-        if prefix:
+        if hasattr(backend.inner, "prefix_stats") and kind != "plain":
             s = backend.inner.prefix_stats
             overhead = 100 * (wall - backend.seconds) / backend.seconds
             print(
-                f"{'':32s} prefix cache: {s['built']} built ({s['prefix_tokens']} tokens), {s['reused']} reused; "
+                f"{'':38s} prefix cache: {s['built']} built ({s['prefix_tokens']} tokens), {s['reused']} reused; "
                 f"the engine adds {overhead:+.1f}% over its generate calls"
             )
 
-    base = results[modes[0][0]][0]
-    batched_plain = results[modes[1][0]][0]
-    seq_prefix = results[modes[2][0]][0]
-    engine = results[modes[3][0]][0]
-    print(
-        f"batching alone (plain generate): {base / batched_plain:.2f}x; batching with prefix reuse on both sides: "
-        f"{seq_prefix / engine:.2f}x; prefix reuse alone (batched): {batched_plain / engine:.2f}x"
-    )
-    print(f"speed-up, wave-batched + prefix reuse vs one episode at a time with plain generate: {base / engine:.2f}x")
+    if batch_sizes:
+        prompts = first_wave_prompts(env, tokenizer, specs, args.turn_tokens)
+        sizes = [b for b in batch_sizes if 0 < b <= len(prompts)]
+        line = []
+        for kind, label in (("prefix", "shared prefix"), ("copied", "copied prefix")):
+            ms = [
+                decode_ms_per_step(model, tokenizer, kind, prompts[:b], args.turn_tokens, args.repeats) for b in sizes
+            ]
+            growth = f"x{ms[-1] / ms[0]:.1f} for x{sizes[-1] // sizes[0]} rows" if len(sizes) > 1 else ""
+            line.append(f"{label} {' / '.join(f'{m:.2f}' for m in ms)} ({growth})")
+        print(f"decode ms/step at batch {' / '.join(map(str, sizes))}: {'; '.join(line)}")
+
+    wall = {key: results[key][0] for key in results}
+    if {"plain-one", "plain-batched", "prefix-one", "prefix-batched"} <= wall.keys():
+        print(
+            f"batching alone (plain generate): {wall['plain-one'] / wall['plain-batched']:.2f}x; batching with "
+            f"prefix reuse on both sides: {wall['prefix-one'] / wall['prefix-batched']:.2f}x; prefix reuse alone "
+            f"(batched): {wall['plain-batched'] / wall['prefix-batched']:.2f}x"
+        )
+    if {"prefix-batched", "copied-batched"} <= wall.keys():
+        print(f"shared vs copied prefix (wave-batched): {wall['copied-batched'] / wall['prefix-batched']:.2f}x")
+    if {"trl-one", "trl-prefix-batched"} <= wall.keys():
+        batched_trl = (
+            f"; TRL generate wave-batched {wall['trl-one'] / wall['trl-batched']:.2f}x"
+            if "trl-batched" in wall
+            else ""
+        )
+        print(
+            "speed-up of the trainer's rollouts, wave-batched + prefix reuse vs one episode at a time with TRL's "
+            f"generate: {wall['trl-one'] / wall['trl-prefix-batched']:.2f}x{batched_trl}"
+        )
+    if {"plain-one", "prefix-batched"} <= wall.keys():
+        print(
+            "speed-up, wave-batched + prefix reuse vs one episode at a time with plain generate: "
+            f"{wall['plain-one'] / wall['prefix-batched']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -7,10 +7,14 @@ per wave. The trainer uses its own backend over TRL's ``_generate_single_turn`` 
 - ``VLLMBackend``: vLLM's offline ``LLM`` engine with token-id prompts and prefix caching (optional dependency).
 - ``shared_prefix.SharedPrefixTransformersBackend``: the transformers backend whose rows attend to one copy of the
   shared system-prompt prefix (the evaluator's default on the transformers path).
+- ``trl_prefix.TrlPrefixGeneration``: that backend with TRL's decoding rule, for the trainer's rollouts.
+- ``attention``: the grouped-query decoding both transformers backends switch to while they generate.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import gc
 import logging
 import time
@@ -79,7 +83,10 @@ class TransformersBackend:
         prefix_cache: bool = True,
         min_prefix_tokens: int = 256,
         generation_kwargs: dict[str, Any] | None = None,
+        generation_config: Any = None,
     ) -> None:
+        """``generation_config``: a ``GenerationConfig`` that decides the decoding rule instead of ``temperature`` and
+        ``top_p`` (the trainer passes TRL's, so rollouts sample exactly as ``GRPOTrainer`` would)."""
         self.model = model
         self.tokenizer = tokenizer
         self.temperature = temperature
@@ -93,6 +100,7 @@ class TransformersBackend:
         self.prefix_cache = prefix_cache
         self.min_prefix_tokens = max(1, min_prefix_tokens)
         self.generation_kwargs = dict(generation_kwargs or {})
+        self.generation_config = generation_config
         self._prefix: list[int] = []
         self._prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._prefix_weights: tuple[int, int] | None = None
@@ -120,8 +128,27 @@ class TransformersBackend:
         self._chunk_seeds = None
         return results, None
 
+    def _generate_kwargs(self, max_new_tokens: int) -> dict[str, Any]:
+        """``generate`` kwargs: length, decoding rule, stop and pad ids, ``generation_kwargs`` (one config object
+        when a ``generation_config`` was given: transformers deprecates passing both)."""
+        kwargs = {
+            "max_new_tokens": max_new_tokens,
+            **self._sampling_kwargs(),
+            "eos_token_id": self.eos_token_ids,
+            "pad_token_id": self.pad_token_id,
+            **self.generation_kwargs,
+        }
+        config = kwargs.pop("generation_config", None)
+        if config is None:
+            return kwargs
+        config = copy.deepcopy(config)
+        unused = config.update(**kwargs)
+        return {"generation_config": config, **unused}
+
     def _sampling_kwargs(self) -> dict[str, Any]:
         """``generate`` kwargs of the decoding rule; with per-row seeds, ``PerRowSampler`` draws the tokens."""
+        if self.generation_config is not None:
+            return {"generation_config": self.generation_config}
         sampling = self.temperature > 0
         seeds = self._chunk_seeds
         if sampling and seeds is not None:
@@ -220,17 +247,25 @@ class TransformersBackend:
         if prefix_length:
             extra["past_key_values"] = self._prefix_cache_for(len(prompts))
         clock = _StepClock()
-        kwargs = {
-            "max_new_tokens": max_new_tokens,
-            **self._sampling_kwargs(),
-            "eos_token_id": self.eos_token_ids,
-            "pad_token_id": self.pad_token_id,
-            **self.generation_kwargs,
-        }
-        output = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention.to(device), streamer=clock, **kwargs, **extra
-        )
+        kwargs = self._generate_kwargs(max_new_tokens)
+        with self._decode_attention():
+            output = self.model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention.to(device), streamer=clock, **kwargs, **extra
+            )
         return self._completions(output, input_ids.shape[1], clock)
+
+    def _decode_attention(self) -> contextlib.AbstractContextManager:
+        """Grouped-query decoding without per-step key/value copies (``airline_rl.backends.attention``) for an sdpa
+        model with fewer key-value heads than query heads; the model's own attention otherwise."""
+        config = self.model.config
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        heads, kv_heads = getattr(text, "num_attention_heads", None), getattr(text, "num_key_value_heads", None)
+        if config._attn_implementation != "sdpa" or not heads or not kv_heads or heads == kv_heads:
+            return contextlib.nullcontext()
+        from airline_rl.backends.attention import GROUPED_DECODE_NAME, register_grouped_decode, use_attention
+
+        register_grouped_decode()
+        return use_attention(self.model, GROUPED_DECODE_NAME)
 
     def _completions(self, output: torch.Tensor, prompt_width: int, clock: _StepClock) -> list[list[int]]:
         """Each row's sampled ids up to its first stop token (padding after it dropped); books the call's timings."""

@@ -9,9 +9,12 @@ is the cost, and batching 40 episodes saves next to nothing over playing them on
 This backend keeps the prefix's keys and values once (batch 1) and gives ``generate`` only the per-episode rest:
 the cache holds each row's own tokens, position ids start after the prefix, and a registered attention function
 ("airline_shared_prefix") attends to both parts and merges them exactly (cascade attention: one softmax over the
-concatenation, computed from the two partial log-sum-exps). The prefix part is one matrix product per layer with
-every row's queries stacked, so the prefix is read once per step whatever the batch size. Queries are processed in
-chunks to bound the score matrices. A batch of one row uses the parent's path (one copy of the prefix, fused sdpa).
+concatenation, computed from the two partial log-sum-exps). The prefix part is one attention call per layer with
+every row's queries stacked (torch's fused CPU kernel, which also returns the log-sum-exp; two matrix products on
+other devices), so the prefix is read once per step whatever the batch size. Queries are processed in chunks to bound
+the score matrices. A batch of one row uses the parent's path (one copy of the prefix, fused sdpa).
+The model runs on that attention only inside this backend's calls (``use_attention``); building the prefix, one-row
+batches and anything else the model does (the trainer's loss) keep its own implementation.
 
 Correctness: on its first use the backend compares the next-token logits of one prompt through this path and through
 the parent's materialised-prefix path and falls back to the parent (with a warning) if they differ; models with
@@ -20,15 +23,18 @@ sliding-window layers use the parent directly. Outputs equal plain ``generate`` 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from transformers import AttentionInterface, DynamicCache
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: F401 - tests wrap it
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from airline_rl.backends import TransformersBackend, _StepClock
+from airline_rl.backends.attention import grouped_sdpa_attention, use_attention
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +48,27 @@ def _full_bool_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
     """``sdpa_mask`` that always materialises the boolean mask (the attention below needs it explicitly)."""
     kwargs["allow_is_causal_skip"] = False
     return sdpa_mask(*args, **kwargs)
+
+
+_FUSED_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+"""torch's fused CPU attention kernel; unlike ``scaled_dot_product_attention`` it also returns the log-sum-exp."""
+
+
+def _prefix_attention(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, fused: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of scaled ``queries`` [Hkv, N, d] over the whole prefix [Hkv, P, d]: (output, log-sum-exp).
+
+    On CPU the fused kernel never builds the [N, P] score matrix (measured 5x faster than the matmuls for a prefill
+    chunk of 16 rows); elsewhere two matrix products."""
+    if fused:
+        out, lse = _FUSED_CPU(queries.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), scale=1.0)
+        return out[0], lse[0]
+    scores = torch.bmm(queries, keys.transpose(1, 2))
+    top = scores.amax(-1, keepdim=True)
+    weights = scores.sub_(top).exp_()
+    total = weights.sum(-1, keepdim=True)
+    return torch.bmm(weights, values) / total, (top + total.log()).squeeze(-1)
 
 
 def shared_prefix_attention(
@@ -61,7 +88,7 @@ def shared_prefix_attention(
     """
     prefix = getattr(module, PREFIX_ATTRIBUTE, None)
     if prefix is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+        return grouped_sdpa_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     prefix_keys, prefix_values = prefix
     batch, heads, q_len, dim = query.shape
     kv_heads, own_len, prefix_len = key.shape[1], key.shape[2], prefix_keys.shape[2]
@@ -74,7 +101,10 @@ def shared_prefix_attention(
         if attention_mask.dtype != torch.bool:  # an additive float mask: keep the positions that are not -inf-like
             attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
         mask = attention_mask[..., -own_len:].expand(batch, 1, q_len, own_len)
-    chunk = max(1, MAX_SCORE_ELEMENTS // max(1, batch * heads * (prefix_len + own_len)))
+    fused = query.device.type == "cpu" and _FUSED_CPU is not None
+    # score elements one query builds: the own part, plus the prefix part unless a fused kernel attends to it
+    per_query = batch * heads * (own_len if fused else prefix_len + own_len)
+    chunk = max(1, MAX_SCORE_ELEMENTS // max(1, per_query))
     outputs = []
     pk, pv = prefix_keys[0].float(), prefix_values[0].float()  # [Hkv, P, d]
     own_keys, own_values = key.float().transpose(2, 3), value.float()
@@ -83,23 +113,22 @@ def shared_prefix_attention(
         c = q.shape[3]
         # prefix: every row's queries stacked per key head → one read of the prefix
         stacked = q.permute(1, 0, 2, 3, 4).reshape(kv_heads, batch * groups * c, dim)
-        prefix_scores = torch.bmm(stacked, pk.transpose(1, 2))  # [Hkv, B·g·c, P]
-        prefix_max = prefix_scores.amax(-1).view(kv_heads, batch, groups, c).permute(1, 0, 2, 3)
+        prefix_out, prefix_lse = _prefix_attention(stacked, pk, pv, fused)  # [Hkv, B·g·c, d], [Hkv, B·g·c]
+        prefix_out = prefix_out.view(kv_heads, batch, groups, c, dim).permute(1, 0, 2, 3, 4)
+        prefix_lse = prefix_lse.view(kv_heads, batch, groups, c).permute(1, 0, 2, 3)
         # own part: per row
         own_scores = torch.matmul(q.reshape(batch, kv_heads, groups * c, dim), own_keys)
         own_scores = own_scores.view(batch, kv_heads, groups, c, own_len)
         if mask is not None:
             own_scores.masked_fill_(~mask[:, :, start : start + c].unsqueeze(1), float("-inf"))
-        top = torch.maximum(prefix_max, own_scores.amax(-1))  # [B, Hkv, g, c], finite: the prefix is always visible
-        prefix_weights = prefix_scores.sub_(top.permute(1, 0, 2, 3).reshape(kv_heads, -1, 1)).exp_()
+        # merge the two softmaxes through the prefix's log-sum-exp; finite: the prefix is always visible
+        top = torch.maximum(prefix_lse, own_scores.amax(-1))  # [B, Hkv, g, c]
+        prefix_weight = (prefix_lse - top).exp()
         own_weights = own_scores.sub_(top.unsqueeze(-1)).exp_()
-        prefix_out = torch.bmm(prefix_weights, pv)  # [Hkv, B·g·c, d]
-        prefix_out = prefix_out.view(kv_heads, batch, groups, c, dim).permute(1, 0, 2, 3, 4)
         own_out = torch.matmul(own_weights.view(batch, kv_heads, groups * c, own_len), own_values)
         own_out = own_out.view(batch, kv_heads, groups, c, dim)
-        denominator = prefix_weights.sum(-1).view(kv_heads, batch, groups, c).permute(1, 0, 2, 3)
-        denominator = denominator + own_weights.sum(-1)
-        outputs.append((prefix_out + own_out) / denominator.unsqueeze(-1))
+        denominator = prefix_weight + own_weights.sum(-1)
+        outputs.append((prefix_out * prefix_weight.unsqueeze(-1) + own_out) / denominator.unsqueeze(-1))
     out = torch.cat(outputs, dim=3).reshape(batch, heads, q_len, dim).to(query.dtype)
     return out.transpose(1, 2).contiguous(), None
 
@@ -147,8 +176,6 @@ class SharedPrefixTransformersBackend(TransformersBackend):
             logger.warning("shared-prefix attention is off (%s): using the materialised prefix cache", reason)
             return
         register_attention()
-        self._original_attention = model.config._attn_implementation
-        model.set_attn_implementation(ATTENTION_NAME)
         self._layers = _attention_modules(model)
 
     # -- prefix attachment ----------------------------------------------------------------------------------------
@@ -158,8 +185,22 @@ class SharedPrefixTransformersBackend(TransformersBackend):
         for index, module in self._layers.items():
             keys, values = self._prefix_kv[index]
             # float32 once per call (a no-op for a float32 model), not once per layer and step
-            prefix = (keys[:, :, :prefix_length].float(), values[:, :, :prefix_length].float())
+            prefix = (
+                keys[:, :, :prefix_length].float().contiguous(),
+                values[:, :, :prefix_length].float().contiguous(),
+            )
             setattr(module, PREFIX_ATTRIBUTE, prefix)
+
+    @contextlib.contextmanager
+    def _prefix_attached(self, prefix_length: int) -> Iterator[None]:
+        """The model attends through ``shared_prefix_attention`` to the first ``prefix_length`` cached tokens inside
+        the block only: prefix building, one-row batches and the trainer's loss keep the model's own attention."""
+        self._attach(prefix_length)
+        try:
+            with use_attention(self.model, ATTENTION_NAME):
+                yield
+        finally:
+            self._detach()
 
     def _detach(self) -> None:
         for module in self._layers.values():
@@ -184,8 +225,7 @@ class SharedPrefixTransformersBackend(TransformersBackend):
     def _shared_logits(self, prompts: list[list[int]], prefix_length: int) -> torch.Tensor:
         input_ids, attention, positions = self._inputs_after_prefix(prompts, prefix_length)
         device = self.model.device
-        self._attach(prefix_length)
-        try:
+        with self._prefix_attached(prefix_length):
             output = self.model(
                 input_ids=input_ids.to(device),
                 attention_mask=attention.to(device),
@@ -194,8 +234,6 @@ class SharedPrefixTransformersBackend(TransformersBackend):
                 use_cache=True,
                 logits_to_keep=1,
             )
-        finally:
-            self._detach()
         return output.logits[:, -1].float()
 
     def _self_check(self, prompts: list[list[int]], prefix_length: int) -> None:
@@ -217,7 +255,6 @@ class SharedPrefixTransformersBackend(TransformersBackend):
                 tolerance,
             )
             self.enabled = False
-            self.model.set_attn_implementation(self._original_attention)
 
     # -- generation -----------------------------------------------------------------------------------------------
 
@@ -233,16 +270,9 @@ class SharedPrefixTransformersBackend(TransformersBackend):
                 return super()._generate_batch(prompts, max_new_tokens, prefix_length)
         device = self.model.device
         input_ids, attention, positions = self._inputs_after_prefix(prompts, prefix_length)
-        kwargs = {
-            "max_new_tokens": max_new_tokens,
-            **self._sampling_kwargs(),
-            "eos_token_id": self.eos_token_ids,
-            "pad_token_id": self.pad_token_id,
-            **self.generation_kwargs,
-        }
+        kwargs = self._generate_kwargs(max_new_tokens)
         clock = _StepClock()
-        self._attach(prefix_length)
-        try:
+        with self._prefix_attached(prefix_length):
             output = self.model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention.to(device),
@@ -251,12 +281,8 @@ class SharedPrefixTransformersBackend(TransformersBackend):
                 streamer=clock,
                 **kwargs,
             )
-        finally:
-            self._detach()
         return self._completions(output, input_ids.shape[1], clock)
 
     def close(self) -> None:
-        """Restores the model's attention implementation."""
+        """Drops the prefix tensors attached to the model (it runs on its own attention outside ``generate``)."""
         self._detach()
-        if self.enabled:
-            self.model.set_attn_implementation(self._original_attention)

@@ -4,7 +4,8 @@ How it departs from textbook GRPO (single-turn, one completion per prompt):
 1. A rollout is a whole episode played by ``airline_rl.envs.runner.run_episodes`` (the same loop the evaluator and
    the trajectory collector use). All active episodes advance together: one batched call of TRL's own
    ``_generate_single_turn`` per wave of turns, so transformers ``generate`` (CPU/GPU) and vLLM (colocate or server)
-   both work unchanged.
+   both work unchanged; on the transformers path the waves reuse the shared system-prompt prefix instead
+   (``rollout_prefix_reuse``, TRL's decoding rule through ``airline_rl.backends.trl_prefix``).
 2. Token-in, token-out: a completion is the sampled ids of every policy turn, interleaved with the tokens of the
    user and tool messages obtained by rendering the chat template with and without the new messages
    (``airline_rl.render``). Decoded model text is never re-tokenised. Environment tokens get ``tool_mask`` 0.
@@ -39,6 +40,7 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
+from airline_rl.backends import trl_prefix
 from airline_rl.configs import MultiTurnGRPOConfig
 from airline_rl.envs.episode import AirlineEnv, Episode, EpisodeRecord
 from airline_rl.envs.runner import RunTimings, run_episodes
@@ -63,16 +65,28 @@ def process(completions: list, episode: list[dict], **kwargs: Any) -> list[float
     return [None if ep["reward"]["user_error"] else float(ep["prm"]["process_score"]) for ep in episode]
 
 
+_LOGGED_REASONS: set[str] = set()  # why rollouts keep TRL's generate call, said once per process
+
+
 class TrainerBackend:
     """``GenerationBackend`` over the trainer's own ``_generate_single_turn`` (transformers or vLLM).
 
     In multi-process runs every rank must make the same number of generation calls (vLLM server mode and ZeRO-3 /
     FSDP generation are collectives): each wave first agrees on whether any rank still has work, and an idle rank
     joins with a 1-token dummy generation. ``drain`` keeps an idle rank in step until all ranks are done.
+
+    On the plain transformers path the waves go through ``airline_rl.backends.trl_prefix`` instead (TRL's decoding
+    rule, the shared system prompt prefilled once per rollout round and read once per decoding step) unless
+    ``trl_prefix.unavailable`` names a reason to keep TRL's own call; ``drain`` ends the round.
     """
 
     def __init__(self, trainer: MultiTurnGRPOTrainer) -> None:
         self.trainer = trainer
+        reason = trl_prefix.unavailable(trainer)
+        self.prefix_generation = trl_prefix.TrlPrefixGeneration(trainer) if reason is None else None
+        if reason is not None and not trainer.use_vllm and reason not in _LOGGED_REASONS:
+            _LOGGED_REASONS.add(reason)
+            logger.info("rollouts generate through TRL without prefix reuse: %s", reason)
 
     def _any_rank_busy(self, busy: bool) -> bool:
         accelerator = self.trainer.accelerator
@@ -89,6 +103,8 @@ class TrainerBackend:
             with self.trainer._max_new_tokens(1):
                 self.trainer._generate_single_turn([[pad]], None, {}, 1)
             return [], None
+        if self.prefix_generation is not None:
+            return self.prefix_generation.generate(prompts, max_new_tokens), None
         with self.trainer._max_new_tokens(max_new_tokens):
             return self.trainer._generate_single_turn(prompts, None, {}, 1)
 
@@ -97,6 +113,12 @@ class TrainerBackend:
             pad = self.trainer.processing_class.pad_token_id or 0
             with self.trainer._max_new_tokens(1):
                 self.trainer._generate_single_turn([[pad]], None, {}, 1)
+        self.close()
+
+    def close(self) -> None:
+        """Ends a rollout round (the prefix cache of these weights is dropped before the optimiser step)."""
+        if self.prefix_generation is not None:
+            self.prefix_generation.close()
 
 
 def _max_context(trainer: GRPOTrainer) -> int:

@@ -1,0 +1,99 @@
+"""Prefix reuse for the trainer's transformers rollouts: TRL's decoding rule through the shared-prefix backend.
+
+``GRPOTrainer._generate_single_turn`` (the regular, non-vLLM path) left-pads the whole prompt of every row and calls
+``model.generate`` on it, once per wave of a multi-turn rollout: every sequence prefills the ~4.4k-token system prompt
+again at every turn, and with left padding the long prefill needs an explicit mask (measured in
+benchmarks/rollout_bench.py: wave-batched like that is *slower* than one episode at a time on CPU).
+
+``TrlPrefixGeneration`` gives the trainer's waves the evaluator's engine instead: a
+``SharedPrefixTransformersBackend`` over the unwrapped policy (TRL's own ``unwrap_model_for_generation``, so
+gradient checkpointing is off during generation exactly as in TRL) that samples with TRL's ``generation_config``
+(temperature, top-p/k, min-p, eos and pad ids, the recipe's ``generation_kwargs``). It lives for one rollout round
+(``close``, called by ``TrainerBackend.drain``, drops the cached prefix); the policy runs on its own attention
+implementation outside the generate calls, so the loss forward is TRL's unchanged.
+
+``unavailable`` says when the trainer keeps TRL's path: vLLM or transformers continuous batching (they have their own
+prefix handling), sharded parameters (ZeRO-3, FSDP), a PEFT wrapper, a decoding rule that reads the prompt ids
+(repetition penalties: the shared-prefix path gives ``generate`` only the per-episode rest) or a custom cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend, supports_shared_prefix
+
+logger = logging.getLogger(__name__)
+
+PROMPT_READING_KWARGS = ("no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "sequence_bias")
+"""``generate`` options whose result depends on the prompt ids themselves (not only on the logits)."""
+
+
+def unavailable(trainer: Any) -> str | None:
+    """None when the trainer's rollouts can use prefix reuse, else why they keep TRL's generation path."""
+    if not getattr(trainer.args, "rollout_prefix_reuse", True):
+        return "--rollout_prefix_reuse is false"
+    if trainer.use_vllm:
+        return "vLLM generates (it has its own prefix cache)"
+    if getattr(trainer, "use_transformers_continuous_batching", False):
+        return "transformers continuous batching generates"
+    if getattr(trainer, "is_fsdp_enabled", False) or getattr(trainer._dist, "is_zero3", False):
+        return "the parameters are sharded (ZeRO-3 / FSDP)"
+    config = trainer.generation_config
+    if config.repetition_penalty not in (None, 1.0) or getattr(config, "encoder_repetition_penalty", None) not in (
+        None,
+        1.0,
+    ):
+        return "a repetition penalty reads the prompt ids"
+    if any(getattr(config, key, None) for key in PROMPT_READING_KWARGS):
+        return f"one of {', '.join(PROMPT_READING_KWARGS)} reads the prompt ids"
+    if getattr(config, "cache_implementation", None):
+        return f"--cache_implementation {config.cache_implementation}"
+    model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    if not hasattr(model, "set_attn_implementation") or type(model).__name__.startswith("Peft"):
+        return "the policy is wrapped (PEFT)"
+    return supports_shared_prefix(model)
+
+
+class TrlPrefixGeneration:
+    """One rollout round's generation through ``SharedPrefixTransformersBackend`` with TRL's decoding rule."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+        self.backend: SharedPrefixTransformersBackend | None = None
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """Sampled ids per prompt, each ending at its first eos id (TRL's trimming)."""
+        from trl.models.utils import unwrap_model_for_generation  # noqa: PLC0415 - trl is heavy to import
+
+        trainer = self.trainer
+        with unwrap_model_for_generation(
+            trainer.model_wrapped,
+            trainer.accelerator,
+            gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+            generation_kwargs=trainer.generation_kwargs,
+            gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
+        ) as model:
+            if self.backend is None or self.backend.model is not model:
+                self.close()
+                tokenizer = trainer.processing_class
+                tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's tokenizer
+                self.backend = SharedPrefixTransformersBackend(
+                    model,
+                    tokenizer,
+                    eos_token_ids=list(trainer.eos_token_ids),
+                    max_batch_size=10**6,  # TRL generates a wave in one call; so does this
+                    generation_config=trainer.generation_config,  # copied per call
+                )
+            ids, _ = self.backend.generate(prompts, max_new_tokens)
+        return ids
+
+    def close(self) -> None:
+        """Ends the round: the cached prefix (stale after the optimiser step) is dropped."""
+        backend, self.backend = self.backend, None
+        if backend is not None:
+            backend.close()
