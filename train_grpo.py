@@ -29,7 +29,7 @@ from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.envs.users import get_user_simulator
 from airline_rl.evaluation.heldout import build_heldout
 from airline_rl.graceful_stop import train_or_stop
-from airline_rl.hub import HubError, LocalHubCallback, ensure_writable
+from airline_rl.hub import HubError, LocalHubCallback, claim_hub_run, ensure_writable
 from airline_rl.precision import check_update_precision
 from airline_rl.run_guard import RunGuardError, claim_output_dir, model_identity
 from airline_rl.script_setup import setup_run
@@ -130,6 +130,10 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     except (HubError, KeyError, ValueError) as err:  # bad --hub_dir, --data_dir, --split, --tasks or --user_* flags
         raise SystemExit(f"error: {err.args[0] if isinstance(err, KeyError) else err}") from None
     run_name = training_args.run_name or Path(training_args.output_dir).name
+    try:  # hub/<run_name> of another run (the recipes fix run_name) would be overwritten by this run's exports
+        claim_hub_run(script_args.hub_dir, run_name, training_args.output_dir, overwrite=script_args.overwrite_hub)
+    except HubError as err:
+        raise SystemExit(f"error: {err}") from None
 
     try:  # held-out pass^k at eval steps (eval_strategy: steps); None when evaluation is off
         split = get_split(script_args.split, script_args.split_file, frozenset(env.domain.tasks))

@@ -33,7 +33,7 @@ from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.splits import SplitError, get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.graceful_stop import train_or_stop
-from airline_rl.hub import HubError, ensure_writable, write_json_atomic
+from airline_rl.hub import HubError, claim_hub_run, ensure_writable, write_json_atomic
 from airline_rl.precision import check_update_precision
 from airline_rl.run_guard import RunGuardError, claim_output_dir, model_identity
 from airline_rl.script_setup import setup_run
@@ -103,6 +103,8 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     setup_run(training_args, logger)
     ensure_writable(script_args.hub_dir)
     run_name = training_args.run_name or Path(training_args.output_dir).name
+    # hub/<run_name> of another run (another output_dir) would be replaced by this run's export
+    claim_hub_run(script_args.hub_dir, run_name, training_args.output_dir, overwrite=script_args.overwrite_hub)
 
     env = AirlineEnv(script_args.data_dir, EnvConfig(script_args.max_turns, script_args.max_tool_errors))
     split = get_split(script_args.split, script_args.split_file, frozenset(env.domain.tasks))

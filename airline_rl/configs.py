@@ -89,6 +89,11 @@ class TrainingRunArguments(EnvArguments):
         metadata={"help": "Start over in an output_dir that holds checkpoints (default: resume them when they are "
                   "of this configuration, refuse when they are not; see airline_rl/run_guard.py)."},
     )  # fmt: skip
+    overwrite_hub: bool = field(
+        default=False,
+        metadata={"help": "Replace the local-hub revisions of hub/<run_name> even when another run (another "
+                  "output_dir) wrote them (default: refuse; see airline_rl/hub.py)."},
+    )  # fmt: skip
 
 
 @dataclass
@@ -243,6 +248,11 @@ class CollectArguments(EnvArguments):
         default=None, metadata={"help": "Name in the local hub, hub/datasets/<name> (default: the output_dir name)."}
     )
     hub_dir: str = field(default="hub", metadata={"help": "Local hub directory."})
+    overwrite_hub: bool = field(
+        default=False,
+        metadata={"help": "Replace hub/datasets/<name> even when another collection (another output_dir) exported "
+                  "it (default: refuse)."},
+    )  # fmt: skip
     allow_test_tasks: bool = field(
         default=False, metadata={"help": "Allow test-split tasks (leak guard: off by default)."}
     )

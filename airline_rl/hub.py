@@ -4,11 +4,17 @@ Layout (offline, plain directories; ``from_pretrained`` reads each revision dire
 
     hub/<run_name>/step-000050/   config.json, weights, tokenizer files, README.md (model card)
     hub/<run_name>/step-000100/
-    hub/<run_name>/refs.json      {"main": "step-000100", "revisions": {"step-000050": 50, ...}}
+    hub/<run_name>/refs.json      {"main": "step-000100", "revisions": {"step-000050": 50, ...},
+                                   "written_by": {"step-000050": "../../outputs/my-run", ...}}
 
 ``resolve_model("<run_name>@100", hub_dir)`` gives the step-100 directory, ``"<run_name>"`` the newest one.
 A revision is written to a temporary sibling and renamed into place, and refs.json is replaced atomically, so an
 interrupted save never leaves a revision that looks complete.
+
+Each revision records which run wrote it (``written_by``: that run's ``output_dir``, relative to the hub's run
+directory so that moving the whole tree keeps it). The recipes fix ``run_name``, so two runs in different output dirs
+share ``hub/<run_name>``; ``claim_hub_run`` refuses, before any work, a hub run holding another run's revisions (an
+export would silently replace them) unless ``--overwrite_hub true``.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from transformers import TrainerCallback
 logger = logging.getLogger(__name__)
 
 REFS_FILE = "refs.json"
+WRITERS_KEY = "written_by"
 
 
 class HubError(ValueError):
@@ -62,6 +69,73 @@ def read_refs(run_dir: Path) -> dict[str, Any]:
     if not refs_path.is_file():
         return {"main": None, "revisions": {}}
     return json.loads(refs_path.read_text(encoding="utf-8"))
+
+
+def writer_id(output_dir: str | os.PathLike[str], owner_dir: str | os.PathLike[str]) -> str:
+    """How a revision records the run that wrote it: its ``output_dir`` relative to ``owner_dir`` (the hub's run dir,
+    or a hub dataset's directory), POSIX-style; absolute when no relative path exists."""
+    target, base = Path(output_dir).resolve(), Path(owner_dir).resolve()
+    try:
+        return Path(os.path.relpath(target, base)).as_posix()
+    except ValueError:  # another drive (Windows)
+        return target.as_posix()
+
+
+def writer_path(writer: str, owner_dir: str | os.PathLike[str]) -> str:
+    """The output_dir a ``writer_id`` names, as a path a user can read (relative to the working directory)."""
+    path = Path(os.path.normpath(Path(owner_dir).resolve() / writer))
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return str(path)
+
+
+def check_writer(
+    recorded: str | None,
+    output_dir: str | os.PathLike[str],
+    owner_dir: str | os.PathLike[str],
+    *,
+    what: str,
+    rename_flag: str,
+    overwrite: bool,
+) -> None:
+    """Refuses (``HubError``, one line) when ``what`` in ``owner_dir`` was written by a run other than the one in
+    ``output_dir``; ``recorded`` is its ``writer_id`` (None: written before writers were recorded)."""
+    if overwrite or recorded == writer_id(output_dir, owner_dir):
+        return
+    other = "a run that did not record its output_dir" if recorded is None else writer_path(recorded, owner_dir)
+    raise HubError(
+        f"{what} holds the export of another run ({other}), not of this one (--output_dir {output_dir}): pass "
+        f"another {rename_flag}, or --overwrite_hub true to replace it"
+    )
+
+
+def claim_hub_run(
+    hub_dir: str | os.PathLike[str], run_name: str, output_dir: str | os.PathLike[str], *, overwrite: bool = False
+) -> None:
+    """Refuses, before a training run starts, ``<hub_dir>/<run_name>`` when it holds revisions of another run."""
+    run_dir = Path(hub_dir) / run_name
+    refs = read_refs(run_dir)
+    writers = refs.get(WRITERS_KEY) or {}
+    for name in sorted(refs.get("revisions") or {}):
+        if (run_dir / name).is_dir():
+            check_writer(
+                writers.get(name), output_dir, run_dir, what=f"{run_dir}/{name}", rename_flag="--run_name",
+                overwrite=overwrite,
+            )  # fmt: skip
+
+
+def record_revision(run_dir: Path, name: str, step: int, output_dir: str | os.PathLike[str] | None) -> None:
+    """Adds a revision (and the run that wrote it) to ``refs.json`` and moves ``main`` to the newest step."""
+    refs = read_refs(run_dir)
+    refs["revisions"][name] = step
+    refs["main"] = max(refs["revisions"], key=refs["revisions"].get)
+    writers = refs.setdefault(WRITERS_KEY, {})
+    if output_dir is not None:
+        writers[name] = writer_id(output_dir, run_dir)
+    else:
+        writers.pop(name, None)
+    write_json_atomic(run_dir / REFS_FILE, refs)
 
 
 def load_snippet(run_name: str, step: int, hub_dir: str | os.PathLike[str] = "hub") -> list[str]:
@@ -126,10 +200,7 @@ def export_revision(trainer: Any, hub_dir: str | os.PathLike[str], run_name: str
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        refs = read_refs(run_dir)
-        refs["revisions"][final.name] = step
-        refs["main"] = max(refs["revisions"], key=refs["revisions"].get)
-        write_json_atomic(run_dir / REFS_FILE, refs)
+        record_revision(run_dir, final.name, step, trainer.args.output_dir)
         logger.info("exported %s", final)
     trainer.accelerator.wait_for_everyone()
     return final
