@@ -22,19 +22,27 @@ Several processes (accelerate): rank 0 opens (or resumes) the step's results fil
 (an idle rank joins with dummy generations); after each chunk the sample records are gathered and rank 0 saves the
 file. The metrics are computed on rank 0 and broadcast, so every rank returns the same numbers. An interrupted
 evaluation resumes from the saved chunks; a complete file is never rewritten.
+
+The evaluation leaves the training run as it found it: the Python, NumPy, torch and CUDA random states are saved
+before it and restored after it (``training_rng_untouched``), so the same seeds give the same training numbers with
+the evaluation on or off (its sampling draws from the training generators otherwise: an eval at step 1 moved step 2's
+reward from 0.438 to 0.312).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import datasets
+import numpy as np
+import torch
 
 from airline_rl.envs.episode import AirlineEnv
 from airline_rl.envs.prompt_style import COMPACT_SYSTEM_PROMPT, style_name
@@ -126,6 +134,22 @@ def log_values(metrics: Mapping[str, Any], prefix: str = "eval") -> dict[str, fl
         }
     )
     return {f"{prefix}_{key}": float(value) for key, value in values.items() if value is not None}
+
+
+@contextlib.contextmanager
+def training_rng_untouched() -> Iterator[None]:
+    """Restores the Python, NumPy, torch (CPU) and CUDA random states on exit: what runs inside draws nothing from
+    the training run's generators (``torch.random.fork_rng`` covers torch and the initialised CUDA devices)."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    devices = (
+        list(range(torch.cuda.device_count())) if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    )
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
 
 
 class HeldoutEvaluation:
@@ -222,7 +246,12 @@ class HeldoutEvaluation:
     # -- the evaluation ------------------------------------------------------------------------------------------
 
     def run(self, trainer: MultiTurnGRPOTrainer, prefix: str = "eval") -> dict[str, float]:
-        """Plays the missing episodes of this step (sharded over ranks), saves the results file, logs the metrics."""
+        """Plays the missing episodes of this step (sharded over ranks), saves the results file, logs the metrics;
+        the training run's random states are the same afterwards (``training_rng_untouched``)."""
+        with training_rng_untouched():
+            return self._run(trainer, prefix)
+
+    def _run(self, trainer: MultiTurnGRPOTrainer, prefix: str) -> dict[str, float]:
         from accelerate.utils import broadcast_object_list, gather_object
 
         from airline_rl.evaluation.evaluator import episode_seed
