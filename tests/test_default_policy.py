@@ -221,3 +221,29 @@ def test_warmup_data_mixes_the_teachers_and_steps_once_per_epoch(tmp_path, monke
     from airline_rl.envs.prompt_style import PROMPT_STYLE_FILE, read_prompt_style
 
     assert read_prompt_style(out) == "compact" and PROMPT_STYLE_FILE in info["files"]
+
+
+def test_a_real_build_leaves_the_callers_log_levels_and_random_state_alone(tmp_path) -> None:
+    """Issue 23.5: after the default policy was built in-process (train_sft.main at --log_level warning), the
+    caller's "held-out eval at step N" and "exported hub/..." INFO lines were never printed; the build also reseeded
+    Python's and NumPy's generators. One warm-up epoch (shrunk from 96): a few seconds."""
+    import logging
+    import random
+
+    import numpy as np
+    import torch
+    import transformers
+
+    ours = logging.getLogger("airline_rl")
+    level, verbosity = ours.level, transformers.utils.logging.get_verbosity()
+    ours.setLevel(logging.INFO)
+    try:
+        random.seed(123), np.random.seed(123), torch.manual_seed(123)
+        default_policy.build_default_policy(tmp_path / "policy", ["3"], epochs=1)
+        assert ours.level == logging.INFO and logging.getLogger("airline_rl.hub").isEnabledFor(logging.INFO)
+        assert transformers.utils.logging.get_verbosity() == verbosity
+        after = random.random(), float(np.random.random()), float(torch.rand(1))
+        random.seed(123), np.random.seed(123), torch.manual_seed(123)
+        assert after == (random.random(), float(np.random.random()), float(torch.rand(1)))
+    finally:
+        ours.setLevel(level)

@@ -24,31 +24,29 @@ file. The metrics are computed on rank 0 and broadcast, so every rank returns th
 evaluation resumes from the saved chunks; a complete file is never rewritten.
 
 The evaluation leaves the training run as it found it: the Python, NumPy, torch and CUDA random states are saved
-before it and restored after it (``training_rng_untouched``), so the same seeds give the same training numbers with
+before it and restored after it (``keep_random_state``), so the same seeds give the same training numbers with
 the evaluation on or off (its sampling draws from the training generators otherwise: an eval at step 1 moved step 2's
 reward from 0.438 to 0.312).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import random
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import datasets
-import numpy as np
-import torch
 
 from airline_rl.envs.episode import AirlineEnv
 from airline_rl.envs.prompt_style import COMPACT_SYSTEM_PROMPT, style_name
 from airline_rl.envs.runner import RunTimings, run_episodes
 from airline_rl.envs.splits import Split
 from airline_rl.hub import revision_name
+from airline_rl.script_setup import keep_random_state
 
 from .metrics import GROUPS, STRATA, task_order
 from .results import (
@@ -134,22 +132,6 @@ def log_values(metrics: Mapping[str, Any], prefix: str = "eval") -> dict[str, fl
         }
     )
     return {f"{prefix}_{key}": float(value) for key, value in values.items() if value is not None}
-
-
-@contextlib.contextmanager
-def training_rng_untouched() -> Iterator[None]:
-    """Restores the Python, NumPy, torch (CPU) and CUDA random states on exit: what runs inside draws nothing from
-    the training run's generators (``torch.random.fork_rng`` covers torch and the initialised CUDA devices)."""
-    python_state, numpy_state = random.getstate(), np.random.get_state()
-    devices = (
-        list(range(torch.cuda.device_count())) if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-    )
-    try:
-        with torch.random.fork_rng(devices=devices):
-            yield
-    finally:
-        random.setstate(python_state)
-        np.random.set_state(numpy_state)
 
 
 class HeldoutEvaluation:
@@ -247,8 +229,8 @@ class HeldoutEvaluation:
 
     def run(self, trainer: MultiTurnGRPOTrainer, prefix: str = "eval") -> dict[str, float]:
         """Plays the missing episodes of this step (sharded over ranks), saves the results file, logs the metrics;
-        the training run's random states are the same afterwards (``training_rng_untouched``)."""
-        with training_rng_untouched():
+        the training run's random states are the same afterwards (``keep_random_state``)."""
+        with keep_random_state():
             return self._run(trainer, prefix)
 
     def _run(self, trainer: MultiTurnGRPOTrainer, prefix: str) -> dict[str, float]:
