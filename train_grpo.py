@@ -196,7 +196,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     trainer.add_callback(hub)
     check_update_precision(trainer, script_args.allow_rounded_updates)  # refuses bf16 weights that would not move
     add_update_monitor(trainer)
-    use_step_lines(trainer, str(Path(script_args.hub_dir) / run_name))
+    step_lines = use_step_lines(trainer, str(Path(script_args.hub_dir) / run_name))
 
     checkpoint = record.decision.checkpoint
     if checkpoint:
@@ -213,6 +213,8 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         logger.info("local hub revision: %s", exported)
     if trainer.is_world_process_zero():
         record.mark_complete(trainer.state.global_step)
+        revision = exported or hub.last_exported
+        print(step_lines.summary(trainer.state, training_args.output_dir, revision), flush=True)
 
 
 def make_parser() -> TrlParser:

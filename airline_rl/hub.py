@@ -240,6 +240,7 @@ class LocalHubCallback(TrainerCallback):
         self.run_name = run_name
         self.config = config
         self.exported: set[int] = set()
+        self.last_exported: Path | None = None
 
     def _info(self, state: Any) -> dict[str, Any]:
         metrics = {}
@@ -253,7 +254,10 @@ class LocalHubCallback(TrainerCallback):
         if state.global_step in self.exported:
             return None
         self.exported.add(state.global_step)
-        return export_revision(self.trainer, self.hub_dir, self.run_name, state.global_step, self._info(state))
+        self.last_exported = export_revision(
+            self.trainer, self.hub_dir, self.run_name, state.global_step, self._info(state)
+        )
+        return self.last_exported
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.export(state)
