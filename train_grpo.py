@@ -29,7 +29,7 @@ from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.envs.users import get_user_simulator
 from airline_rl.evaluation.heldout import build_heldout
 from airline_rl.graceful_stop import train_or_stop
-from airline_rl.hub import HubError, LocalHubCallback, claim_hub_run, ensure_writable
+from airline_rl.hub import HubError, LocalHubCallback, check_model_dir, claim_hub_run, ensure_writable
 from airline_rl.precision import check_update_precision
 from airline_rl.run_guard import RunGuardError, claim_output_dir, model_identity
 from airline_rl.script_setup import setup_run
@@ -51,6 +51,10 @@ def resolve_model_path(
                 f"error: --model_name_or_path {path} does not exist: pass a local model directory "
                 "(nothing is downloaded)"
             )
+        try:
+            check_model_dir(path, "--model_name_or_path")
+        except HubError as err:
+            raise SystemExit(f"error: {err}") from None
         return str(path)
     if script_args.warmup_tasks:
         from airline_rl.data.default_policy import build_default_policy, default_policy_dir

@@ -107,10 +107,12 @@ def one_line_argparse_errors(parser: argparse.ArgumentParser) -> argparse.Argume
 
 
 def parse_or_exit(parser: Any, argv: list[str] | None = None) -> Any:
-    """``parser.parse_args_and_config(argv)`` (TrlParser); a bad ``--config`` or field value is one line."""
+    """``parser.parse_args_and_config(argv)`` (TrlParser); a bad ``--config`` or field value is one line, and an
+    abbreviated flag is unknown (argparse took ``--learning_rat`` for ``--learning_rate`` without a word)."""
     import yaml
 
     one_line_argparse_errors(parser)
+    parser.allow_abbrev = False  # read at parse time; TrlParser builds its argparse parser without the option
     try:
         return parser.parse_args_and_config(args=argv)
     except FileNotFoundError as err:

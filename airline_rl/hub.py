@@ -206,11 +206,50 @@ def export_revision(trainer: Any, hub_dir: str | os.PathLike[str], run_name: str
     return final
 
 
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")  # fmt: skip
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def missing_model_files(path: str | os.PathLike[str]) -> list[str]:
+    """What a local model directory lacks for ``from_pretrained`` (config, weights, tokenizer); [] when complete.
+    An adapter directory (``adapter_config.json``) needs no tokenizer of its own."""
+    path = Path(path)
+    adapter = (path / "adapter_config.json").is_file()
+    missing = []
+    if not adapter and not (path / "config.json").is_file():
+        missing.append("config.json")
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        missing.append(f"weights ({' or '.join(WEIGHT_FILES[:3])})")
+    if not adapter and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        missing.append(f"a tokenizer ({' or '.join(TOKENIZER_FILES)})")
+    return missing
+
+
+def check_model_dir(path: str | os.PathLike[str], flag: str) -> None:
+    """Refuses (``HubError``, one line) a model directory ``from_pretrained`` cannot load, naming what is missing
+    (an empty directory used to end in a 45-line traceback blaming sentencepiece)."""
+    if not Path(path).is_dir():
+        raise HubError(f"{flag} {path} is not a directory: pass a model directory written by save_pretrained")
+    missing = missing_model_files(path)
+    if missing:
+        empty = " (it is empty)" if not any(Path(path).iterdir()) else ""
+        raise HubError(
+            f"{flag} {path} is not a complete model directory{empty}: it lacks {', '.join(missing)}; pass a "
+            "directory written by save_pretrained (a training run's output_dir, a hub revision)"
+        )
+
+
 def resolve_model(spec: str, hub_dir: str | os.PathLike[str] = "hub") -> Path:
     """A model directory from a path, ``<run>`` (newest revision) or ``<run>@<step|revision>`` in the local hub."""
     as_path = Path(spec)
     if as_path.is_dir() and any((as_path / name).exists() for name in ("config.json", "adapter_config.json")):
+        check_model_dir(as_path, "--model")
         return as_path
+    in_hub = Path(hub_dir) / spec.partition("@")[0]
+    hub_run = in_hub.is_dir() and (in_hub / REFS_FILE).is_file()
+    if as_path.is_dir() and not (as_path / REFS_FILE).is_file() and not hub_run:
+        check_model_dir(as_path, "--model")  # a directory that is neither a model nor a hub run: say what it lacks
     run, _, revision = spec.partition("@")
     run_dir = Path(hub_dir) / run
     if not run_dir.is_dir():
