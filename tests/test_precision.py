@@ -208,6 +208,8 @@ def test_monitor_says_when_a_low_step_had_near_zero_loss_instead_of_blaming_prec
             state.global_step, callback.fraction = step, 0.304
             logs = {"loss": 1e-9, "grad_norm": 2e-7, "frac_reward_zero_std": 1.0}
             callback.on_log(trainer.args, state, trainer.control, logs=logs)
-    expected = "step 2: the optimiser step changed only 30.4% of the sampled weights, but the step had (near) zero loss"
+    expected = (
+        "step 2: the optimiser step changed only 30.4% of the sampled weights, but the step had (near) zero loss"
+    )
     assert expected in caplog.text
     assert "frac_reward_zero_std 1.00" in caplog.text and "rounded away" not in caplog.text
