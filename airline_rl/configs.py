@@ -433,6 +433,8 @@ class EvalArguments(EnvArguments):
         metadata={"help": "Compare mode: results.json files or folders holding them ('label=path' renames a "
                   "variant); writes the ablation table and plots to --output_dir instead of evaluating."},
     )  # fmt: skip
-    baseline: str = field(
-        default="vanilla", metadata={"help": "Compare mode: the variant the last table column is relative to."}
-    )
+    baseline: str | None = field(
+        default=None,
+        metadata={"help": "Compare mode: the variant the last table column is relative to (default: vanilla when "
+                  "present, else the first variant)."},
+    )  # fmt: skip
