@@ -162,14 +162,20 @@ def test_resumed_run_events_are_merged_later_file_wins(tmp_path, capsys):
     assert "merged 2 event files (one per start of the run" in capsys.readouterr().out
 
 
-def test_plot_run_errors_name_the_directory(tmp_path):
+def test_plot_run_errors_name_the_directory(tmp_path, capsys):
+    """One line naming the directory, exit 2 as every other tool (issue 23.7: plot_run.py exited 1)."""
     import plot_run
 
-    with pytest.raises(SystemExit, match="does not exist"):
-        plot_run.main([str(tmp_path / "missing")])
+    for argv, expected in (([str(tmp_path / "missing")], "does not exist"), ([], "run_dir"),
+                           ([str(tmp_path), "--out", "x.png"], "--out")):  # fmt: skip
+        with pytest.raises(SystemExit) as info:
+            plot_run.main(argv)
+        err = capsys.readouterr().err.strip()
+        assert info.value.code == 2 and expected in err and "\n" not in err and "usage" not in err, err
     (tmp_path / "empty").mkdir()
-    with pytest.raises(SystemExit, match="no TensorBoard event file"):
+    with pytest.raises(SystemExit) as info:
         plot_run.main([str(tmp_path / "empty")])
+    assert info.value.code == 2 and "no TensorBoard event file" in capsys.readouterr().err
 
 
 def test_leftovers_of_a_killed_build_are_cleaned(tmp_path, fake_build):
