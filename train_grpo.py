@@ -60,7 +60,8 @@ def resolve_model_path(
         from airline_rl.data.default_policy import build_default_policy, default_policy_dir
 
         tasks = [t.strip() for t in script_args.warmup_tasks.split(",") if t.strip()]
-        directory = default_policy_dir(Path(output_dir).parent, tasks, script_args.warmup_epochs)
+        # one cache wherever --output_dir is (it used to be built again next to an output_dir outside outputs/)
+        directory = default_policy_dir(script_args.warmup_cache_dir, tasks, script_args.warmup_epochs)
         return str(
             build_default_policy(directory, tasks, epochs=script_args.warmup_epochs, data_dir=script_args.data_dir)
         )

@@ -116,9 +116,14 @@ class GRPOScriptArguments(TrainingRunArguments):
         default=None,
         metadata={"help": "Embedded default only (no --model_name_or_path): warm the tiny model up by SFT on oracle "
                   "dialogues of these comma-separated train tasks (airline_rl/data/default_policy.py; built once, "
-                  "cached in <outputs>/default-policy-t<tasks>-e<epochs>). Implies --compact_prompt."},
+                  "cached in --warmup_cache_dir). Implies --compact_prompt."},
     )  # fmt: skip
     warmup_epochs: int = field(default=48, metadata={"help": "--warmup_tasks: SFT epochs of the warm-up."})
+    warmup_cache_dir: str = field(
+        default="outputs",
+        metadata={"help": "--warmup_tasks: where the default policy is cached, <this>/default-policy-t<tasks>-"
+                  "e<epochs> (one cache for every --output_dir)."},
+    )  # fmt: skip
     compact_prompt: bool | None = field(
         default=None,
         metadata={"help": "One-line system prompt without tool schemas (the tools still run): the embedded default's "

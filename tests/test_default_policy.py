@@ -253,3 +253,21 @@ def test_a_real_build_leaves_the_callers_log_levels_and_random_state_alone(tmp_p
         assert after == (random.random(), float(np.random.random()), float(torch.rand(1)))
     finally:
         ours.setLevel(level)
+
+
+def test_an_output_dir_outside_outputs_reuses_the_default_policy_cache(tmp_path, monkeypatch):
+    """Issue 23.7: ``--output_dir /elsewhere/run`` built the default policy again in /elsewhere/."""
+    import train_grpo
+
+    built = []
+    monkeypatch.setattr(default_policy, "build_default_policy", lambda directory, *a, **k: built.append(directory))
+    recipe = str(Path(__file__).resolve().parent.parent / "recipes" / "grpo" / "cpu_smoke.yaml")
+    for output_dir in ("outputs/grpo-cpu-smoke", str(tmp_path / "elsewhere" / "run")):
+        argv = ["--config", recipe, "--output_dir", output_dir]
+        script_args, training_args, model_args = train_grpo.parse_args(argv)
+        train_grpo.resolve_model_path(model_args, script_args, training_args.output_dir, None)
+    assert built == [Path("outputs") / "default-policy-t3_40-e96"] * 2
+    argv = ["--config", recipe, "--warmup_cache_dir", str(tmp_path / "cache")]
+    script_args, training_args, model_args = train_grpo.parse_args(argv)
+    train_grpo.resolve_model_path(model_args, script_args, training_args.output_dir, None)
+    assert built[-1] == tmp_path / "cache" / "default-policy-t3_40-e96"
