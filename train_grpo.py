@@ -21,7 +21,13 @@ from trl import ModelConfig, TrlParser, get_peft_config
 
 from airline_rl.cli import parse_or_exit, run_main
 from airline_rl.configs import GRPOScriptArguments, MultiTurnGRPOConfig
-from airline_rl.console import DropNoneLogs, install_first, silence_known_warnings, tied_missing_keys_are_expected
+from airline_rl.console import (
+    DropNoneLogs,
+    install_first,
+    ratio_steps_are_no_mismatch,
+    silence_known_warnings,
+    tied_missing_keys_are_expected,
+)
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.prompt_style import compact_env, style_name, use_compact_prompt, write_prompt_style
 from airline_rl.envs.splits import get_split
@@ -168,6 +174,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         attn_implementation=model_args.attn_implementation,
     )
     silence_known_warnings()  # TRL's luspo/importance-sampling advice does not apply to per-token advantages
+    ratio_steps_are_no_mismatch(training_args.max_steps)  # "eval_steps: 0.5 != 3" on every resume
     trainer = MultiTurnGRPOTrainer(
         model=model,
         args=training_args,

@@ -26,7 +26,7 @@ from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
 from airline_rl.cli import parse_or_exit, run_main
 from airline_rl.configs import CollectArguments, SFTScriptArguments
-from airline_rl.console import tied_missing_keys_are_expected
+from airline_rl.console import ratio_steps_are_no_mismatch, tied_missing_keys_are_expected
 from airline_rl.data.collect import CollectError, collect, load_trajectories, parse_task_list
 from airline_rl.envs.data import DomainDataError
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
@@ -172,6 +172,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     check_update_precision(trainer, script_args.allow_rounded_updates)  # refuses bf16 weights that would not move
     add_update_monitor(trainer)
     tied_missing_keys_are_expected(trainer)  # no lm_head.weight warning on resume for tied embeddings
+    ratio_steps_are_no_mismatch(training_args.max_steps)  # "save_steps: 0.5 != 3" on every resume
     checkpoint = record.decision.checkpoint
     if checkpoint:
         logger.info("resuming from %s", checkpoint)

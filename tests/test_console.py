@@ -94,3 +94,24 @@ def test_the_run_ends_with_one_summary_line(tmp_path: Path) -> None:
     assert "reward 0.000 → 1.000 (+1.000, first → last quarter)" in line
     assert f"last checkpoint {tmp_path / 'checkpoint-8'}" in line and "hub revision hub/r/step-000008" in line
     assert f"TensorBoard {tmp_path / 'runs' / 'x'}" in line and f"python plot_run.py {tmp_path}" in line
+
+
+def test_a_ratio_of_max_steps_is_not_reported_as_a_mismatch_on_resume(caplog) -> None:
+    """Issue 23.7: every resume printed transformers' "eval_steps: 0.5 (from args) != 3 (from trainer_state.json)"."""
+    from types import SimpleNamespace
+
+    from transformers.trainer_callback import TrainerState
+    from transformers.trainer_utils import compare_trainer_and_checkpoint_args
+
+    from airline_rl.console import ratio_steps_are_no_mismatch
+
+    ratio_steps_are_no_mismatch(max_steps=6)
+    state = TrainerState(logging_steps=1, eval_steps=3, save_steps=2, train_batch_size=4)
+    same = SimpleNamespace(logging_steps=1, eval_steps=0.5, save_steps=2, per_device_train_batch_size=4, n_gpu=0)
+    with caplog.at_level(logging.WARNING, logger="transformers.trainer_utils"):
+        compare_trainer_and_checkpoint_args(same, state)
+        assert "do not match" not in caplog.text
+        other = SimpleNamespace(**{**vars(same), "save_steps": 5, "logging_steps": 0.5})  # a real change stays
+        compare_trainer_and_checkpoint_args(other, state)
+    assert "save_steps: 5 (from args) != 2" in caplog.text and "eval_steps" not in caplog.text
+    assert "logging_steps: 0.5 (from args) != 1" in caplog.text  # ceil(0.5 × 6) = 3, not the stored 1
