@@ -16,7 +16,8 @@ launcher would die of it at once (its own traceback, the shell's prompt back whi
 way to send the second Ctrl-C). So a training process started by ``accelerate launch`` in the foreground of a
 terminal moves into its own process group and takes the terminal's foreground (``take_terminal_from_launcher``):
 Ctrl-C then reaches the trainer only, and the launcher waits for it as usual; the foreground goes back to the
-launcher's group when the process exits.
+launcher's group when the process exits. (Ctrl-Z is declined with one line then: it would suspend the trainer alone,
+behind the shell's back.)
 torchrun (multi-GPU) forwards SIGTERM to its workers itself but kills them after its own grace period (30 s by
 default, ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``), which a long step exceeds: the callback warns once, naming the setting,
 when a step takes more than half of it.
@@ -73,6 +74,9 @@ def take_terminal_from_launcher() -> bool:
         os.close(tty)
         return False
     _terminal_taken = True
+    # Ctrl-Z would stop only this process group: the shell, waiting for the launcher, would not see a stopped job
+    # and the terminal would hang. So it is declined with one line (Ctrl-C stops with a checkpoint; a rerun resumes).
+    signal.signal(signal.SIGTSTP, _decline_suspend)
 
     def give_back() -> None:
         try:
@@ -83,6 +87,15 @@ def take_terminal_from_launcher() -> bool:
 
     atexit.register(give_back)
     return True
+
+
+def _decline_suspend(signum: int, frame: Any) -> None:
+    print(
+        "Ctrl-Z: a training run started by accelerate launch holds the terminal and is not suspended; Ctrl-C stops it "
+        "with a checkpoint (rerun the same command to resume)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _set_foreground(tty: int, group: int) -> None:

@@ -226,7 +226,7 @@ def test_ctrl_c_in_a_terminal_checkpoints_prints_one_line_and_a_second_stops_at_
                         break
                     text += chunk
                 if sent < presses and text.count(b"| loss ") >= 1 + sent:  # after a step line: Ctrl-C
-                    os.write(master, b"\x03")
+                    os.write(master, b"\x1a\x03" if sent == 0 else b"\x03")  # Ctrl-Z first, the first time
                     sent += 1
             _, status = os.waitpid(pid, 0)
         finally:
@@ -238,6 +238,7 @@ def test_ctrl_c_in_a_terminal_checkpoints_prints_one_line_and_a_second_stops_at_
         return text.decode(errors="replace"), os.waitstatus_to_exitcode(status)
 
     text, _ = launch(tmp_path / "once", 1)
+    assert "Ctrl-Z: a training run started by accelerate launch holds the terminal and is not suspended" in text
     assert "KeyboardInterrupt" not in text and "SIGINT received: saving a checkpoint" in text, text[-3000:]
     assert "stopped by SIGINT at step" in text and "rerun the same command to resume" in text, text[-3000:]
     (checkpoint,) = sorted((tmp_path / "once").glob("checkpoint-*"))
