@@ -21,7 +21,13 @@ from trl import ModelConfig, TrlParser, get_peft_config
 
 from airline_rl.cli import parse_or_exit, run_main
 from airline_rl.configs import GRPOScriptArguments, MultiTurnGRPOConfig
-from airline_rl.console import DropNoneLogs, install_first, silence_known_warnings, tied_missing_keys_are_expected
+from airline_rl.console import (
+    DropNoneLogs,
+    install_first,
+    ratio_steps_are_no_mismatch,
+    silence_known_warnings,
+    tied_missing_keys_are_expected,
+)
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.prompt_style import compact_env, style_name, use_compact_prompt, write_prompt_style
 from airline_rl.envs.splits import get_split
@@ -29,7 +35,7 @@ from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.envs.users import get_user_simulator
 from airline_rl.evaluation.heldout import build_heldout
 from airline_rl.graceful_stop import train_or_stop
-from airline_rl.hub import HubError, LocalHubCallback, ensure_writable
+from airline_rl.hub import HubError, LocalHubCallback, check_model_dir, claim_hub_run, ensure_writable
 from airline_rl.optional import require_for_training
 from airline_rl.precision import check_update_precision
 from airline_rl.run_guard import RunGuardError, claim_output_dir, model_identity
@@ -52,12 +58,17 @@ def resolve_model_path(
                 f"error: --model_name_or_path {path} does not exist: pass a local model directory "
                 "(nothing is downloaded)"
             )
+        try:
+            check_model_dir(path, "--model_name_or_path")
+        except HubError as err:
+            raise SystemExit(f"error: {err}") from None
         return str(path)
     if script_args.warmup_tasks:
         from airline_rl.data.default_policy import build_default_policy, default_policy_dir
 
         tasks = [t.strip() for t in script_args.warmup_tasks.split(",") if t.strip()]
-        directory = default_policy_dir(Path(output_dir).parent, tasks, script_args.warmup_epochs)
+        # one cache wherever --output_dir is (it used to be built again next to an output_dir outside outputs/)
+        directory = default_policy_dir(script_args.warmup_cache_dir, tasks, script_args.warmup_epochs)
         return str(
             build_default_policy(directory, tasks, epochs=script_args.warmup_epochs, data_dir=script_args.data_dir)
         )
@@ -132,6 +143,10 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     except (HubError, KeyError, ValueError) as err:  # bad --hub_dir, --data_dir, --split, --tasks or --user_* flags
         raise SystemExit(f"error: {err.args[0] if isinstance(err, KeyError) else err}") from None
     run_name = training_args.run_name or Path(training_args.output_dir).name
+    try:  # hub/<run_name> of another run (the recipes fix run_name) would be overwritten by this run's exports
+        claim_hub_run(script_args.hub_dir, run_name, training_args.output_dir, overwrite=script_args.overwrite_hub)
+    except HubError as err:
+        raise SystemExit(f"error: {err}") from None
 
     try:  # held-out pass^k at eval steps (eval_strategy: steps); None when evaluation is off
         split = get_split(script_args.split, script_args.split_file, frozenset(env.domain.tasks))
@@ -161,6 +176,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         attn_implementation=model_args.attn_implementation,
     )
     silence_known_warnings()  # TRL's luspo/importance-sampling advice does not apply to per-token advantages
+    ratio_steps_are_no_mismatch(training_args.max_steps)  # "eval_steps: 0.5 != 3" on every resume
     trainer = MultiTurnGRPOTrainer(
         model=model,
         args=training_args,
@@ -194,7 +210,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     trainer.add_callback(hub)
     check_update_precision(trainer, script_args.allow_rounded_updates)  # refuses bf16 weights that would not move
     add_update_monitor(trainer)
-    use_step_lines(trainer, str(Path(script_args.hub_dir) / run_name))
+    step_lines = use_step_lines(trainer, str(Path(script_args.hub_dir) / run_name))
 
     checkpoint = record.decision.checkpoint
     if checkpoint:
@@ -211,6 +227,8 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         logger.info("local hub revision: %s", exported)
     if trainer.is_world_process_zero():
         record.mark_complete(trainer.state.global_step)
+        revision = exported or hub.last_exported
+        print(step_lines.summary(trainer.state, training_args.output_dir, revision), flush=True)
 
 
 def make_parser() -> TrlParser:

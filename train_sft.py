@@ -26,14 +26,14 @@ from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
 from airline_rl.cli import parse_or_exit, run_main
 from airline_rl.configs import CollectArguments, SFTScriptArguments
-from airline_rl.console import tied_missing_keys_are_expected
+from airline_rl.console import ratio_steps_are_no_mismatch, tied_missing_keys_are_expected
 from airline_rl.data.collect import CollectError, collect, load_trajectories, parse_task_list
 from airline_rl.envs.data import DomainDataError
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.splits import SplitError, get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.graceful_stop import train_or_stop
-from airline_rl.hub import HubError, ensure_writable, write_json_atomic
+from airline_rl.hub import HubError, check_model_dir, claim_hub_run, ensure_writable, write_json_atomic
 from airline_rl.optional import MissingDependencyError, require_for_training
 from airline_rl.precision import check_update_precision
 from airline_rl.run_guard import RunGuardError, claim_output_dir, model_identity
@@ -44,17 +44,23 @@ from airline_rl.update_monitor import add_update_monitor
 logger = logging.getLogger(__name__)
 
 
+def check_model_path(model_args: ModelConfig) -> None:
+    """A given ``--model_name_or_path`` must be a complete local model directory (checked before any work)."""
+    path = Path(model_args.model_name_or_path)
+    if not path.exists():
+        raise SystemExit(
+            f"--model_name_or_path {path} does not exist: pass a local model directory (nothing is downloaded)"
+        )
+    check_model_dir(path, "--model_name_or_path")  # a HubError naming the missing files
+
+
 def resolve_model_path(
     model_args: ModelConfig, script_args: SFTScriptArguments, output_dir: str, env: AirlineEnv
 ) -> str:
     """The model to fine-tune: the given path, or the embedded tiny model (built once and cached)."""
     if model_args.model_name_or_path:
-        path = Path(model_args.model_name_or_path)
-        if not path.exists():
-            raise SystemExit(
-                f"--model_name_or_path {path} does not exist: pass a local model directory (nothing is downloaded)"
-            )
-        return str(path)
+        check_model_path(model_args)
+        return str(model_args.model_name_or_path)
     from airline_rl.data.tiny_model import build_tiny_model, default_tiny_model_dir
 
     hidden, layers = script_args.tiny_hidden_size, script_args.tiny_num_layers
@@ -107,7 +113,11 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     except MissingDependencyError as err:
         raise SystemExit(f"error: {err}") from None
     ensure_writable(script_args.hub_dir)
+    if model_args.model_name_or_path:
+        check_model_path(model_args)
     run_name = training_args.run_name or Path(training_args.output_dir).name
+    # hub/<run_name> of another run (another output_dir) would be replaced by this run's export
+    claim_hub_run(script_args.hub_dir, run_name, training_args.output_dir, overwrite=script_args.overwrite_hub)
 
     env = AirlineEnv(script_args.data_dir, EnvConfig(script_args.max_turns, script_args.max_tool_errors))
     split = get_split(script_args.split, script_args.split_file, frozenset(env.domain.tasks))
@@ -167,6 +177,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     check_update_precision(trainer, script_args.allow_rounded_updates)  # refuses bf16 weights that would not move
     add_update_monitor(trainer)
     tied_missing_keys_are_expected(trainer)  # no lm_head.weight warning on resume for tied embeddings
+    ratio_steps_are_no_mismatch(training_args.max_steps)  # "save_steps: 0.5 != 3" on every resume
     checkpoint = record.decision.checkpoint
     if checkpoint:
         logger.info("resuming from %s", checkpoint)

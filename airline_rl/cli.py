@@ -83,7 +83,12 @@ def _repeat_after_launcher(line: str) -> None:
 
 def exit_with_error(message: str, code: int = EXIT_USAGE) -> NoReturn:
     """Prints the one-line error and exits with ``code`` (2: bad input)."""
-    line = error_line(message)
+    exit_with_line(error_line(message), code)
+
+
+def exit_with_line(line: str, code: int) -> NoReturn:
+    """Prints ``line`` (to stderr) and exits with ``code``; under a live ``accelerate launch`` the line is repeated
+    once the launcher has printed its own traceback and exited."""
     print(line, file=sys.stderr, flush=True)
     if os.environ.get("LOCAL_RANK", "0") == "0" and _parent_is_accelerate_launcher():
         sys.stdout.flush()
@@ -102,10 +107,12 @@ def one_line_argparse_errors(parser: argparse.ArgumentParser) -> argparse.Argume
 
 
 def parse_or_exit(parser: Any, argv: list[str] | None = None) -> Any:
-    """``parser.parse_args_and_config(argv)`` (TrlParser); a bad ``--config`` or field value is one line."""
+    """``parser.parse_args_and_config(argv)`` (TrlParser); a bad ``--config`` or field value is one line, and an
+    abbreviated flag is unknown (argparse took ``--learning_rat`` for ``--learning_rate`` without a word)."""
     import yaml
 
     one_line_argparse_errors(parser)
+    parser.allow_abbrev = False  # read at parse time; TrlParser builds its argparse parser without the option
     try:
         return parser.parse_args_and_config(args=argv)
     except FileNotFoundError as err:
@@ -126,5 +133,7 @@ def run_main(main: Callable[[], T], input_errors: tuple[type[BaseException], ...
         if isinstance(exc.code, str):
             exit_with_error(exc.code)
         raise
+    except KeyboardInterrupt:  # Ctrl-C outside training (which stops gracefully): one line, not a traceback
+        exit_with_line("interrupted (Ctrl-C); rerun the same command to resume from what was saved", 130)
     except input_errors as err:
         exit_with_error(str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err))

@@ -88,6 +88,11 @@ class TrainingRunArguments(EnvArguments):
         metadata={"help": "Start over in an output_dir that holds checkpoints (default: resume them when they are "
                   "of this configuration, refuse when they are not; see airline_rl/run_guard.py)."},
     )  # fmt: skip
+    overwrite_hub: bool = field(
+        default=False,
+        metadata={"help": "Replace the local-hub revisions of hub/<run_name> even when another run (another "
+                  "output_dir) wrote them (default: refuse; see airline_rl/hub.py)."},
+    )  # fmt: skip
 
 
 @dataclass
@@ -110,9 +115,14 @@ class GRPOScriptArguments(TrainingRunArguments):
         default=None,
         metadata={"help": "Embedded default only (no --model_name_or_path): warm the tiny model up by SFT on oracle "
                   "dialogues of these comma-separated train tasks (airline_rl/data/default_policy.py; built once, "
-                  "cached in <outputs>/default-policy-t<tasks>-e<epochs>). Implies --compact_prompt."},
+                  "cached in --warmup_cache_dir). Implies --compact_prompt."},
     )  # fmt: skip
     warmup_epochs: int = field(default=48, metadata={"help": "--warmup_tasks: SFT epochs of the warm-up."})
+    warmup_cache_dir: str = field(
+        default="outputs",
+        metadata={"help": "--warmup_tasks: where the default policy is cached, <this>/default-policy-t<tasks>-"
+                  "e<epochs> (one cache for every --output_dir)."},
+    )  # fmt: skip
     compact_prompt: bool | None = field(
         default=None,
         metadata={"help": "One-line system prompt without tool schemas (the tools still run): the embedded default's "
@@ -244,6 +254,11 @@ class CollectArguments(EnvArguments):
         default=None, metadata={"help": "Name in the local hub, hub/datasets/<name> (default: the output_dir name)."}
     )
     hub_dir: str = field(default="hub", metadata={"help": "Local hub directory."})
+    overwrite_hub: bool = field(
+        default=False,
+        metadata={"help": "Replace hub/datasets/<name> even when another collection (another output_dir) exported "
+                  "it (default: refuse)."},
+    )  # fmt: skip
     allow_test_tasks: bool = field(
         default=False, metadata={"help": "Allow test-split tasks (leak guard: off by default)."}
     )
@@ -424,6 +439,8 @@ class EvalArguments(EnvArguments):
         metadata={"help": "Compare mode: results.json files or folders holding them ('label=path' renames a "
                   "variant); writes the ablation table and plots to --output_dir instead of evaluating."},
     )  # fmt: skip
-    baseline: str = field(
-        default="vanilla", metadata={"help": "Compare mode: the variant the last table column is relative to."}
-    )
+    baseline: str | None = field(
+        default=None,
+        metadata={"help": "Compare mode: the variant the last table column is relative to (default: vanilla when "
+                  "present, else the first variant)."},
+    )  # fmt: skip

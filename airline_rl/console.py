@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import math
+import re
 from typing import Any
 
 from transformers import TrainerCallback
@@ -69,3 +71,40 @@ def tied_missing_keys_are_expected(trainer: Any) -> None:
         original(load_result)
 
     trainer._issue_warnings_after_load = issue_warnings_after_load
+
+
+_MISMATCH = re.compile(r"\n\t(\w+_steps): ([0-9.eE+-]+) \(from args\) != ([0-9.eE+-]+) \(from trainer_state.json\)")
+
+
+class _RatioStepsAreNoMismatch(logging.Filter):
+    """See ``ratio_steps_are_no_mismatch``."""
+
+    def __init__(self, max_steps: int) -> None:
+        super().__init__()
+        self.max_steps = max_steps
+
+    def _same(self, match: re.Match[str]) -> bool:
+        arg, stored = float(match.group(2)), float(match.group(3))
+        return 0 < arg < 1 and self.max_steps > 0 and math.ceil(self.max_steps * arg) == stored
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.getMessage())
+        if "do not match the ones in the `trainer_state.json`" not in message:
+            return True
+        kept = _MISMATCH.sub(lambda m: "" if self._same(m) else m.group(0), message)
+        if kept == message:
+            return True
+        if "\n\t" not in kept:  # nothing else differed
+            return False
+        record.msg, record.args = kept, ()
+        return True
+
+
+def ratio_steps_are_no_mismatch(max_steps: int) -> None:
+    """On every resume transformers warns "eval_steps: 0.5 (from args) != 3 (from trainer_state.json)": it compares
+    the recipe's ratio of ``max_steps`` with the step count the checkpoint stored for it. A ratio that resolves to the
+    stored count is the same setting, so that line is dropped (and the warning, when nothing else differs)."""
+    target = logging.getLogger("transformers.trainer_utils")
+    for earlier in [f for f in target.filters if isinstance(f, _RatioStepsAreNoMismatch)]:
+        target.removeFilter(earlier)  # one per process: the latest run's max_steps
+    target.addFilter(_RatioStepsAreNoMismatch(max_steps))

@@ -6,8 +6,18 @@ child is orphaned. So the training process asks the kernel for SIGTERM when its 
 the end of the step. Processes agree on the stop (a max-reduce each step) so no rank waits in a collective alone.
 The same stop often arrives twice: a signal to the whole process group (a terminal's ``kill %1``, the ablation driver,
 SLURM's ``scancel``, systemd) reaches the trainer and its launcher, and the launcher's death (or torchrun's
-forwarding) relays a second SIGTERM a moment later. So a repeated stop signal is not "stop now" (it used to be, and
-killed the trainer mid-step in 3 of 4 group signals under load); Ctrl-C (SIGINT) or SIGKILL stop at once.
+forwarding) relays a second SIGTERM a moment later. So a repeated SIGTERM is not "stop now" (it used to be, and
+killed the trainer mid-step in 3 of 4 group signals under load).
+
+Ctrl-C (SIGINT) is the same graceful stop the first time (it used to print two KeyboardInterrupt tracebacks, ~150
+lines, and lose every step since the last checkpoint); a second Ctrl-C while stopping stops at once (one line, exit
+130), as does SIGKILL. In a terminal a Ctrl-C goes to the whole foreground process group, so accelerate's simple
+launcher would die of it at once (its own traceback, the shell's prompt back while the trainer still saves, and no
+way to send the second Ctrl-C). So a training process started by ``accelerate launch`` in the foreground of a
+terminal moves into its own process group and takes the terminal's foreground (``take_terminal_from_launcher``):
+Ctrl-C then reaches the trainer only, and the launcher waits for it as usual; the foreground goes back to the
+launcher's group when the process exits. (Ctrl-Z is declined with one line then: it would suspend the trainer alone,
+behind the shell's back.)
 torchrun (multi-GPU) forwards SIGTERM to its workers itself but kills them after its own grace period (30 s by
 default, ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``), which a long step exceeds: the callback warns once, naming the setting,
 when a step takes more than half of it.
@@ -15,24 +25,86 @@ when a step takes more than half of it.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import logging
 import math
+import os
 import signal
+import sys
 import time
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
 
-from airline_rl.cli import _parent_is_accelerate_launcher
+from airline_rl.cli import _parent_is_accelerate_launcher, exit_with_line
 from airline_rl.launch_env import SHUTDOWN_TIMEOUT_ENV, torchrun_shutdown_timeout_s
 
 logger = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 PR_SET_PDEATHSIG = 1
 EXIT_STOPPED = 128 + signal.SIGTERM  # the shell's convention for "terminated by SIGTERM"
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # "terminated by SIGINT": a second Ctrl-C
+_terminal_taken = False
+
+
+def take_terminal_from_launcher() -> bool:
+    """Moves this process into its own process group and makes it the terminal's foreground group, when it was
+    started by ``accelerate launch`` in the foreground of a terminal; True when done (see the module docstring).
+
+    The launcher's group gets the foreground back when this process exits (``atexit``; after a SIGKILL the shell
+    takes it back when the launcher, which waits for us, exits)."""
+    global _terminal_taken
+    if _terminal_taken or not _parent_is_accelerate_launcher():
+        return False
+    try:
+        tty = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)  # the controlling terminal, if there is one
+    except OSError:
+        return False
+    launcher_group = os.getpgrp()
+    try:
+        if os.tcgetpgrp(tty) != launcher_group:  # not in the foreground (a background job, nohup, a pipeline...)
+            os.close(tty)
+            return False
+        os.setpgid(0, 0)
+        _set_foreground(tty, os.getpgrp())
+    except OSError:
+        os.close(tty)
+        return False
+    _terminal_taken = True
+    # Ctrl-Z would stop only this process group: the shell, waiting for the launcher, would not see a stopped job
+    # and the terminal would hang. So it is declined with one line (Ctrl-C stops with a checkpoint; a rerun resumes).
+    signal.signal(signal.SIGTSTP, _decline_suspend)
+
+    def give_back() -> None:
+        try:
+            if os.tcgetpgrp(tty) == os.getpgrp():
+                _set_foreground(tty, launcher_group)
+        except OSError:
+            pass
+
+    atexit.register(give_back)
+    return True
+
+
+def _decline_suspend(signum: int, frame: Any) -> None:
+    print(
+        "Ctrl-Z: a training run started by accelerate launch holds the terminal and is not suspended; Ctrl-C stops it "
+        "with a checkpoint (rerun the same command to resume)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _set_foreground(tty: int, group: int) -> None:
+    """``tcsetpgrp`` from a background group: SIGTTOU would stop us, so it is blocked around the call."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
+    try:
+        os.tcsetpgrp(tty, group)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def die_with_launcher(sig: int = signal.SIGTERM) -> bool:
@@ -61,6 +133,7 @@ class GracefulStop(TrainerCallback):
     def install(self) -> GracefulStop:
         self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
         die_with_launcher()
+        take_terminal_from_launcher()
         return self
 
     def uninstall(self) -> None:
@@ -74,14 +147,31 @@ class GracefulStop(TrainerCallback):
 
     def _handle(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
+        if self.signal_name is not None and signum == signal.SIGINT:  # a second Ctrl-C: the user means now
+            self.stop_now(name)
         if self.signal_name is not None:  # the same stop relayed by the launcher, or an impatient repeat
             if not self._repeat_noted:
                 self._repeat_noted = True
-                logger.warning("%s again: already stopping at the end of this step (Ctrl-C or SIGKILL stop at once)",
+                logger.warning("%s again: already stopping at the end of this step (Ctrl-C again stops at once)",
                                name)  # fmt: skip
             return
         self.signal_name = name
-        logger.warning("%s received: saving a checkpoint at the end of this step, then stopping", name)
+        logger.warning(
+            "%s received: saving a checkpoint at the end of this step, then stopping (Ctrl-C again stops at once, "
+            "without it)",
+            name,
+        )
+
+    def stop_now(self, name: str) -> None:
+        """Exits at once (no checkpoint, no traceback): one line saying what is lost."""
+        print(
+            f"{name} again: stopped at once without a checkpoint; the steps since the last checkpoint are lost "
+            "(rerun the same command to resume from it)",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stdout.flush()
+        os._exit(EXIT_INTERRUPTED)
 
     def _agreed(self) -> bool:
         requested = self.signal_name is not None
@@ -129,11 +219,11 @@ def train_or_stop(trainer: Any, checkpoint: str | None) -> Any:
     trainer.add_callback(stop)
     result = trainer.train(resume_from_checkpoint=checkpoint)
     if stop.stopped:
-        logger.warning(
-            "stopped by %s at step %d: checkpoint saved in %s; rerun the same command to resume",
-            stop.signal_name,
-            stop.stopped_at,
-            trainer.args.output_dir,
+        line = (
+            f"stopped by {stop.signal_name} at step {stop.stopped_at}: checkpoint saved in {trainer.args.output_dir}"
+            f"/checkpoint-{stop.stopped_at}; rerun the same command to resume"
         )
+        if trainer.is_world_process_zero():
+            exit_with_line(line, EXIT_STOPPED)  # repeated after a live launcher's own exit traceback
         raise SystemExit(EXIT_STOPPED)
     return result

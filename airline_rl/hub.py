@@ -4,11 +4,17 @@ Layout (offline, plain directories; ``from_pretrained`` reads each revision dire
 
     hub/<run_name>/step-000050/   config.json, weights, tokenizer files, README.md (model card)
     hub/<run_name>/step-000100/
-    hub/<run_name>/refs.json      {"main": "step-000100", "revisions": {"step-000050": 50, ...}}
+    hub/<run_name>/refs.json      {"main": "step-000100", "revisions": {"step-000050": 50, ...},
+                                   "written_by": {"step-000050": "../../outputs/my-run", ...}}
 
 ``resolve_model("<run_name>@100", hub_dir)`` gives the step-100 directory, ``"<run_name>"`` the newest one.
 A revision is written to a temporary sibling and renamed into place, and refs.json is replaced atomically, so an
 interrupted save never leaves a revision that looks complete.
+
+Each revision records which run wrote it (``written_by``: that run's ``output_dir``, relative to the hub's run
+directory so that moving the whole tree keeps it). The recipes fix ``run_name``, so two runs in different output dirs
+share ``hub/<run_name>``; ``claim_hub_run`` refuses, before any work, a hub run holding another run's revisions (an
+export would silently replace them) unless ``--overwrite_hub true``.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from transformers import TrainerCallback
 logger = logging.getLogger(__name__)
 
 REFS_FILE = "refs.json"
+WRITERS_KEY = "written_by"
 
 
 class HubError(ValueError):
@@ -62,6 +69,73 @@ def read_refs(run_dir: Path) -> dict[str, Any]:
     if not refs_path.is_file():
         return {"main": None, "revisions": {}}
     return json.loads(refs_path.read_text(encoding="utf-8"))
+
+
+def writer_id(output_dir: str | os.PathLike[str], owner_dir: str | os.PathLike[str]) -> str:
+    """How a revision records the run that wrote it: its ``output_dir`` relative to ``owner_dir`` (the hub's run dir,
+    or a hub dataset's directory), POSIX-style; absolute when no relative path exists."""
+    target, base = Path(output_dir).resolve(), Path(owner_dir).resolve()
+    try:
+        return Path(os.path.relpath(target, base)).as_posix()
+    except ValueError:  # another drive (Windows)
+        return target.as_posix()
+
+
+def writer_path(writer: str, owner_dir: str | os.PathLike[str]) -> str:
+    """The output_dir a ``writer_id`` names, as a path a user can read (relative to the working directory)."""
+    path = Path(os.path.normpath(Path(owner_dir).resolve() / writer))
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return str(path)
+
+
+def check_writer(
+    recorded: str | None,
+    output_dir: str | os.PathLike[str],
+    owner_dir: str | os.PathLike[str],
+    *,
+    what: str,
+    rename_flag: str,
+    overwrite: bool,
+) -> None:
+    """Refuses (``HubError``, one line) when ``what`` in ``owner_dir`` was written by a run other than the one in
+    ``output_dir``; ``recorded`` is its ``writer_id`` (None: written before writers were recorded)."""
+    if overwrite or recorded == writer_id(output_dir, owner_dir):
+        return
+    other = "a run that did not record its output_dir" if recorded is None else writer_path(recorded, owner_dir)
+    raise HubError(
+        f"{what} holds the export of another run ({other}), not of this one (--output_dir {output_dir}): pass "
+        f"another {rename_flag}, or --overwrite_hub true to replace it"
+    )
+
+
+def claim_hub_run(
+    hub_dir: str | os.PathLike[str], run_name: str, output_dir: str | os.PathLike[str], *, overwrite: bool = False
+) -> None:
+    """Refuses, before a training run starts, ``<hub_dir>/<run_name>`` when it holds revisions of another run."""
+    run_dir = Path(hub_dir) / run_name
+    refs = read_refs(run_dir)
+    writers = refs.get(WRITERS_KEY) or {}
+    for name in sorted(refs.get("revisions") or {}):
+        if (run_dir / name).is_dir():
+            check_writer(
+                writers.get(name), output_dir, run_dir, what=f"{run_dir}/{name}", rename_flag="--run_name",
+                overwrite=overwrite,
+            )  # fmt: skip
+
+
+def record_revision(run_dir: Path, name: str, step: int, output_dir: str | os.PathLike[str] | None) -> None:
+    """Adds a revision (and the run that wrote it) to ``refs.json`` and moves ``main`` to the newest step."""
+    refs = read_refs(run_dir)
+    refs["revisions"][name] = step
+    refs["main"] = max(refs["revisions"], key=refs["revisions"].get)
+    writers = refs.setdefault(WRITERS_KEY, {})
+    if output_dir is not None:
+        writers[name] = writer_id(output_dir, run_dir)
+    else:
+        writers.pop(name, None)
+    write_json_atomic(run_dir / REFS_FILE, refs)
 
 
 def load_snippet(run_name: str, step: int, hub_dir: str | os.PathLike[str] = "hub") -> list[str]:
@@ -126,20 +200,56 @@ def export_revision(trainer: Any, hub_dir: str | os.PathLike[str], run_name: str
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        refs = read_refs(run_dir)
-        refs["revisions"][final.name] = step
-        refs["main"] = max(refs["revisions"], key=refs["revisions"].get)
-        write_json_atomic(run_dir / REFS_FILE, refs)
+        record_revision(run_dir, final.name, step, trainer.args.output_dir)
         logger.info("exported %s", final)
     trainer.accelerator.wait_for_everyone()
     return final
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")  # fmt: skip
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def missing_model_files(path: str | os.PathLike[str]) -> list[str]:
+    """What a local model directory lacks for ``from_pretrained`` (config, weights, tokenizer); [] when complete.
+    An adapter directory (``adapter_config.json``) needs no tokenizer of its own."""
+    path = Path(path)
+    adapter = (path / "adapter_config.json").is_file()
+    missing = []
+    if not adapter and not (path / "config.json").is_file():
+        missing.append("config.json")
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        missing.append(f"weights ({' or '.join(WEIGHT_FILES[:3])})")
+    if not adapter and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        missing.append(f"a tokenizer ({' or '.join(TOKENIZER_FILES)})")
+    return missing
+
+
+def check_model_dir(path: str | os.PathLike[str], flag: str) -> None:
+    """Refuses (``HubError``, one line) a model directory ``from_pretrained`` cannot load, naming what is missing
+    (an empty directory used to end in a 45-line traceback blaming sentencepiece)."""
+    if not Path(path).is_dir():
+        raise HubError(f"{flag} {path} is not a directory: pass a model directory written by save_pretrained")
+    missing = missing_model_files(path)
+    if missing:
+        empty = " (it is empty)" if not any(Path(path).iterdir()) else ""
+        raise HubError(
+            f"{flag} {path} is not a complete model directory{empty}: it lacks {', '.join(missing)}; pass a "
+            "directory written by save_pretrained (a training run's output_dir, a hub revision)"
+        )
 
 
 def resolve_model(spec: str, hub_dir: str | os.PathLike[str] = "hub") -> Path:
     """A model directory from a path, ``<run>`` (newest revision) or ``<run>@<step|revision>`` in the local hub."""
     as_path = Path(spec)
     if as_path.is_dir() and any((as_path / name).exists() for name in ("config.json", "adapter_config.json")):
+        check_model_dir(as_path, "--model")
         return as_path
+    in_hub = Path(hub_dir) / spec.partition("@")[0]
+    hub_run = in_hub.is_dir() and (in_hub / REFS_FILE).is_file()
+    if as_path.is_dir() and not (as_path / REFS_FILE).is_file() and not hub_run:
+        check_model_dir(as_path, "--model")  # a directory that is neither a model nor a hub run: say what it lacks
     run, _, revision = spec.partition("@")
     run_dir = Path(hub_dir) / run
     if not run_dir.is_dir():
@@ -169,6 +279,7 @@ class LocalHubCallback(TrainerCallback):
         self.run_name = run_name
         self.config = config
         self.exported: set[int] = set()
+        self.last_exported: Path | None = None
 
     def _info(self, state: Any) -> dict[str, Any]:
         metrics = {}
@@ -182,7 +293,10 @@ class LocalHubCallback(TrainerCallback):
         if state.global_step in self.exported:
             return None
         self.exported.add(state.global_step)
-        return export_revision(self.trainer, self.hub_dir, self.run_name, state.global_step, self._info(state))
+        self.last_exported = export_revision(
+            self.trainer, self.hub_dir, self.run_name, state.global_step, self._info(state)
+        )
+        return self.last_exported
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.export(state)

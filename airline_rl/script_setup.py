@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import random
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import datasets
+import numpy as np
 import torch
 import transformers
 from transformers import set_seed
@@ -29,3 +33,35 @@ def setup_run(training_args: Any, script_logger: logging.Logger) -> None:
     transformers.utils.logging.set_verbosity(log_level)
     if training_args.bf16 and not torch.cuda.is_available():
         raise SystemExit("error: --bf16 true needs a GPU; on CPU pass --bf16 false (the CPU recipes do)")
+
+
+@contextlib.contextmanager
+def keep_log_levels(*names: str) -> Iterator[None]:
+    """Restores the levels of our loggers (and the ``names`` given) and of transformers' and datasets' verbosity:
+    a script run in-process (the default-policy build runs ``train_sft.main`` at ``--log_level warning``) would
+    otherwise leave them at its level, and the caller's INFO lines (held-out evals, hub exports) would vanish."""
+    loggers = [logging.getLogger(name) for name in ("airline_rl", *names)]
+    levels = [logger.level for logger in loggers]
+    verbosity = transformers.utils.logging.get_verbosity(), datasets.utils.logging.get_verbosity()
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+        transformers.utils.logging.set_verbosity(verbosity[0])
+        datasets.utils.logging.set_verbosity(verbosity[1])
+
+
+@contextlib.contextmanager
+def keep_random_state() -> Iterator[None]:
+    """Restores the Python, NumPy, torch (CPU) and CUDA random states on exit: what runs inside draws nothing from
+    the caller's generators (``torch.random.fork_rng`` covers torch and the initialised CUDA devices). The held-out
+    evaluation runs inside it, and the in-process default-policy build (whose ``train_sft.main`` reseeds them all)."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    try:
+        with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else []):
+            yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)

@@ -27,6 +27,7 @@ METRIC = "update/changed_fraction"
 MAX_TENSORS = 8
 WARN_BELOW = 0.5
 WARN_EVERY = 50  # steps between repeated warnings while the fraction stays low
+NEAR_ZERO = 1e-6  # |loss| or grad norm below this: the step had (almost) nothing to learn from
 
 
 def _pick(named: list[tuple[str, torch.nn.Parameter]], count: int) -> list[tuple[str, torch.nn.Parameter]]:
@@ -110,17 +111,43 @@ class UpdateFractionCallback(TrainerCallback):
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1][METRIC] = self.fraction  # Trainer.log stored its copy before calling us
         # a zero gradient (GRPO: every group's rewards equal) leaves the weights alone by design, not by rounding;
-        # two low steps in a row: LoRA's A matrices get no gradient in the first step (B starts at zero)
+        # so does a (near) zero-loss step: Adam turns a 1e-9 gradient into tiny updates that leave most weights as
+        # they were (the README's SFT → GRPO chain, every group saturated). Two low steps in a row: LoRA's A matrices
+        # get no gradient in the first step (B starts at zero).
         low = self.fraction < self.warn_below and logs.get("grad_norm") != 0
+        near_zero = low and _near_zero(logs)
         self.low_streak = self.low_streak + 1 if low else 0
         due = self.last_warning_step is None or state.global_step - self.last_warning_step >= WARN_EVERY
         if self.low_streak >= 2 and due:
             self.last_warning_step = state.global_step
+            if near_zero:
+                saturated = logs.get("frac_reward_zero_std")
+                why = (
+                    f"; every group's rewards were equal (frac_reward_zero_std {saturated:.2f})"
+                    if isinstance(saturated, int | float) and saturated >= 1.0
+                    else ""
+                )
+                logger.warning(
+                    "step %d: the optimiser step changed only %.1f%% of the sampled weights, but the step had "
+                    "(near) zero loss (loss %.3g, grad_norm %.3g%s): nothing to learn from, not a precision problem",
+                    state.global_step, 100 * self.fraction, float(logs.get("loss", 0.0)),
+                    float(logs.get("grad_norm", 0.0)), why,
+                )  # fmt: skip
+                return
             logger.warning(
                 "step %d: the optimiser step changed only %.1f%% of the sampled weights (%s); updates are "
                 "rounded away or the learning rate is below the weights' precision (airline_rl/precision.py)",
                 state.global_step, 100 * self.fraction, ", ".join(n for n, _ in self.tensors or []),
             )  # fmt: skip
+
+
+def _near_zero(logs: dict) -> bool:
+    """Whether the logged step had (almost) nothing to learn from: |loss| or its gradient norm below ``NEAR_ZERO``,
+    or (GRPO) every group's rewards equal."""
+    loss, grad = logs.get("loss"), logs.get("grad_norm")
+    if isinstance(logs.get("frac_reward_zero_std"), int | float) and logs["frac_reward_zero_std"] >= 1.0:
+        return True
+    return any(isinstance(v, int | float) and abs(v) < NEAR_ZERO for v in (loss, grad))
 
 
 def add_update_monitor(trainer: Any, warn_below: float = WARN_BELOW) -> UpdateFractionCallback:

@@ -57,6 +57,7 @@ def main() -> None:
         "--output_dir", str(output_dir),
         "--run_name", output_dir.name,
         "--hub_dir", str(Path(args.outputs) / "cpu-learning-hub"),
+        "--warmup_cache_dir", str(args.outputs),
     ]  # fmt: skip
     script_args, training_args, model_args = train_grpo.parse_args(argv)
 

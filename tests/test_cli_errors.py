@@ -152,3 +152,38 @@ def test_under_accelerate_launch_our_line_is_the_last_thing_printed(tmp_path: Pa
     assert done.returncode != 0 and "returned non-zero exit status 2" in done.stderr
     assert ": error: argument --variant: invalid choice: 'foo'" in lines[-1]
     assert "usage:" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("script", "flag"),
+    [(train_grpo.cli, "--learning_rat"), (train_sft.cli, "--learning_rat"), (evaluate.cli, "--num_sampl")],
+)  # the training scripts: on CPU, else the bf16 check of the config comes first
+def test_an_abbreviated_flag_is_refused_not_taken_for_the_full_one(script, flag, tmp_path: Path, capsys) -> None:
+    """Issue 23.6: ``--learning_rat 1e-4`` silently became ``--learning_rate``."""
+    cpu = [] if script is evaluate.cli else CPU
+    err = one_line_exit(capsys, script, [flag, "3", "--output_dir", str(tmp_path / "o"), *cpu])
+    assert flag in err and "not used" in err, err
+
+
+@pytest.mark.parametrize("contents", [[], ["config.json"], ["config.json", "model.safetensors"]])
+def test_an_incomplete_model_directory_names_the_missing_files(contents, tmp_path: Path, capsys) -> None:
+    """Issue 23.6: an empty ``--model_name_or_path`` directory ended in a 45-line traceback blaming sentencepiece,
+    and evaluate.py called it "a hub run with no exported revision"."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in contents:
+        (model / name).write_text("{}")
+    argv = ["--model_name_or_path", str(model), "--output_dir", str(tmp_path / "o"), "--hub_dir",
+            str(tmp_path / "hub"), *CPU]  # fmt: skip
+    for script in (train_grpo.cli, train_sft.cli):
+        err = one_line_exit(capsys, script, argv)
+        assert err.startswith(f"error: --model_name_or_path {model} is not a complete model directory"), err
+        lacks = err.split("it lacks ")[1]
+        assert "a tokenizer (tokenizer.json or tokenizer_config.json)" in lacks
+        assert ("weights (model.safetensors" in lacks) == ("model.safetensors" not in contents)
+        assert lacks.startswith("config.json") == (not contents)
+        assert ("(it is empty)" in err) == (not contents)
+    assert evaluate.cli(["--model", str(model), "--output_dir", str(tmp_path / "e")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--model {model} is not a complete model directory" in err and "exported revision" not in err, err
+    assert "\n" not in err

@@ -162,14 +162,20 @@ def test_resumed_run_events_are_merged_later_file_wins(tmp_path, capsys):
     assert "merged 2 event files (one per start of the run" in capsys.readouterr().out
 
 
-def test_plot_run_errors_name_the_directory(tmp_path):
+def test_plot_run_errors_name_the_directory(tmp_path, capsys):
+    """One line naming the directory, exit 2 as every other tool (issue 23.7: plot_run.py exited 1)."""
     import plot_run
 
-    with pytest.raises(SystemExit, match="does not exist"):
-        plot_run.main([str(tmp_path / "missing")])
+    for argv, expected in (([str(tmp_path / "missing")], "does not exist"), ([], "run_dir"),
+                           ([str(tmp_path), "--out", "x.png"], "--out")):  # fmt: skip
+        with pytest.raises(SystemExit) as info:
+            plot_run.main(argv)
+        err = capsys.readouterr().err.strip()
+        assert info.value.code == 2 and expected in err and "\n" not in err and "usage" not in err, err
     (tmp_path / "empty").mkdir()
-    with pytest.raises(SystemExit, match="no TensorBoard event file"):
+    with pytest.raises(SystemExit) as info:
         plot_run.main([str(tmp_path / "empty")])
+    assert info.value.code == 2 and "no TensorBoard event file" in capsys.readouterr().err
 
 
 def test_leftovers_of_a_killed_build_are_cleaned(tmp_path, fake_build):
@@ -221,3 +227,47 @@ def test_warmup_data_mixes_the_teachers_and_steps_once_per_epoch(tmp_path, monke
     from airline_rl.envs.prompt_style import PROMPT_STYLE_FILE, read_prompt_style
 
     assert read_prompt_style(out) == "compact" and PROMPT_STYLE_FILE in info["files"]
+
+
+def test_a_real_build_leaves_the_callers_log_levels_and_random_state_alone(tmp_path) -> None:
+    """Issue 23.5: after the default policy was built in-process (train_sft.main at --log_level warning), the
+    caller's "held-out eval at step N" and "exported hub/..." INFO lines were never printed; the build also reseeded
+    Python's and NumPy's generators. One warm-up epoch (shrunk from 96): a few seconds."""
+    import logging
+    import random
+
+    import numpy as np
+    import torch
+    import transformers
+
+    ours = logging.getLogger("airline_rl")
+    level, verbosity = ours.level, transformers.utils.logging.get_verbosity()
+    ours.setLevel(logging.INFO)
+    try:
+        random.seed(123), np.random.seed(123), torch.manual_seed(123)
+        default_policy.build_default_policy(tmp_path / "policy", ["3"], epochs=1)
+        assert ours.level == logging.INFO and logging.getLogger("airline_rl.hub").isEnabledFor(logging.INFO)
+        assert transformers.utils.logging.get_verbosity() == verbosity
+        after = random.random(), float(np.random.random()), float(torch.rand(1))
+        random.seed(123), np.random.seed(123), torch.manual_seed(123)
+        assert after == (random.random(), float(np.random.random()), float(torch.rand(1)))
+    finally:
+        ours.setLevel(level)
+
+
+def test_an_output_dir_outside_outputs_reuses_the_default_policy_cache(tmp_path, monkeypatch):
+    """Issue 23.7: ``--output_dir /elsewhere/run`` built the default policy again in /elsewhere/."""
+    import train_grpo
+
+    built = []
+    monkeypatch.setattr(default_policy, "build_default_policy", lambda directory, *a, **k: built.append(directory))
+    recipe = str(Path(__file__).resolve().parent.parent / "recipes" / "grpo" / "cpu_smoke.yaml")
+    for output_dir in ("outputs/grpo-cpu-smoke", str(tmp_path / "elsewhere" / "run")):
+        argv = ["--config", recipe, "--output_dir", output_dir]
+        script_args, training_args, model_args = train_grpo.parse_args(argv)
+        train_grpo.resolve_model_path(model_args, script_args, training_args.output_dir, None)
+    assert built == [Path("outputs") / "default-policy-t3_40-e96"] * 2
+    argv = ["--config", recipe, "--warmup_cache_dir", str(tmp_path / "cache")]
+    script_args, training_args, model_args = train_grpo.parse_args(argv)
+    train_grpo.resolve_model_path(model_args, script_args, training_args.output_dir, None)
+    assert built[-1] == tmp_path / "cache" / "default-policy-t3_40-e96"

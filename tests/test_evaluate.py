@@ -407,19 +407,21 @@ def test_llm_user_accounting_goes_into_results(tmp_path: Path) -> None:
 # compare mode
 
 
-def synthetic_results(path: Path, label: str, step: int | None, rate: float, variant: str | None = None) -> Path:
-    """A results file whose task t succeeds in the first round(rate × 4) of 4 samples (task-dependent offset)."""
+def synthetic_results(
+    path: Path, label: str, step: int | None, rate: float, variant: str | None = None, samples: int = 4
+) -> Path:
+    """A results file whose task t succeeds in the first round(rate × 4) of ``samples`` (task-dependent offset)."""
     tasks, meta = [str(i) for i in range(12)], {}
     for index, task_id in enumerate(tasks):
         group = ("covered_seen", "uncovered_seen", "unseen")[index % 3]
         meta[task_id] = {"group": group, "writes": index % 2 == 0, "communicate": False,
                          "refusal_passes": index % 2 == 1}  # fmt: skip
     config = {"format": 1, "agent": "model", "model": label, "label": label, "variant": variant or label,
-              "step": step, "tasks": tasks, "num_samples": 4, "seed": 0, "bootstrap_samples": 200}  # fmt: skip
+              "step": step, "tasks": tasks, "num_samples": samples, "seed": 0, "bootstrap_samples": 200}  # fmt: skip
     results = ResultsFile.open(path, config, meta)
     for index, task_id in enumerate(tasks):
         wins = min(4, max(0, round(rate * 4) + (index % 3) - 1))
-        for sample in range(4):
+        for sample in range(samples):
             errors = int(sample == 3 and index % 2 == 0)
             results.add(task_id, {"sample": sample, "success": sample < wins, "tool_calls": 3, "tool_errors": errors,
                                   "policy_tokens": [40 + 10 * index], "turns": 2, "termination": "user_stop",
@@ -488,3 +490,15 @@ def test_compare_flags_different_task_sets_shadowed_files_and_compares_scripted_
     assert "**Not comparable: the variants were evaluated on different tasks** (noop: 12 tasks, sft2: 2 tasks)" in (
         table
     )
+
+
+def test_compare_lists_pass_k_up_to_4_and_mentions_no_baseline_nobody_asked_for(tmp_path: Path) -> None:
+    """Issue 23.7: 32 samples gave 32 pass^k rows (mostly 0.000), and a "Baseline 'vanilla'" note nobody passed."""
+    for name, rate in (("grpo-a", 0.25), ("grpo-b", 0.5)):
+        synthetic_results(tmp_path / name / "results.json", name, None, rate, "joint", samples=32)
+    table = run_compare([str(tmp_path / "grpo-a"), str(tmp_path / "grpo-b")], tmp_path / "c")["table"].read_text()
+    rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| pass^") and "overall" in line]
+    assert rows == ["| pass^1 overall", "| pass^2 overall", "| pass^3 overall", "| pass^4 overall"]
+    assert "Baseline" not in table and "Δ vs grpo-a" in table  # the first variant, silently
+    asked = run_compare([str(tmp_path / "grpo-a"), str(tmp_path / "grpo-b")], tmp_path / "d", baseline="lata")
+    assert "Baseline 'lata' is not among the variants" in asked["table"].read_text()

@@ -156,3 +156,96 @@ def test_torch_reads_the_shutdown_timeout_this_project_documents(monkeypatch: py
 
     monkeypatch.setenv(SHUTDOWN_TIMEOUT_ENV, "900")
     assert LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2).shutdown_timeout == 900
+
+
+def test_a_first_ctrl_c_stops_like_sigterm_and_a_second_stops_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23.4: Ctrl-C printed two KeyboardInterrupt tracebacks and lost every step since the last checkpoint."""
+    from transformers import TrainerControl, TrainerState
+
+    from airline_rl import graceful_stop
+    from airline_rl.graceful_stop import EXIT_INTERRUPTED, STOP_SIGNALS, GracefulStop
+
+    class StoppedNow(Exception):
+        pass
+
+    def fake_exit(code: int) -> None:
+        raise StoppedNow(code)
+
+    monkeypatch.setattr(graceful_stop.os, "_exit", fake_exit)
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        stop = GracefulStop().install()
+        control, state = TrainerControl(), TrainerState(global_step=5)
+        os.kill(os.getpid(), signal.SIGINT)  # handled: no KeyboardInterrupt
+        stop.on_step_end(None, state, control)
+        assert control.should_save and control.should_training_stop and stop.signal_name == "SIGINT"
+        os.kill(os.getpid(), signal.SIGTERM)  # the launcher's relayed stop: absorbed
+        with pytest.raises(StoppedNow) as stopped:
+            os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C
+        assert stopped.value.args == (EXIT_INTERRUPTED,)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_terminal_checkpoints_prints_one_line_and_a_second_stops_at_once(
+    tmp_path: Path,
+    model_dir: Path,  # noqa: F811
+) -> None:
+    """The README's command in a terminal (a pseudo-terminal here): Ctrl-C reaches the foreground process group.
+    The first one: the trainer saves the step's checkpoint and says how to resume, no traceback; the launcher waits
+    for it. Then a run with two Ctrl-C: it stops at once with one line."""
+    import pty
+    import select
+
+    def launch(out: Path, presses: int) -> tuple[str, int]:
+        argv = [
+            sys.executable, "-m", "accelerate.commands.launch", *LAUNCHERS["simple"], "train_grpo.py",
+            "--model_name_or_path", str(model_dir), "--output_dir", str(out), "--hub_dir", str(tmp_path / "hub"),
+            "--run_name", out.name, "--tasks", "0", "--task_repeats", "64", "--num_generations", "2",
+            "--per_device_train_batch_size", "2", "--max_steps", "40", "--save_steps", "1000", "--max_turns", "2",
+            "--max_turn_tokens", "8", "--max_completion_length", "128", "--use_cpu", "true", "--bf16", "false",
+            "--report_to", "none", "--variant", "vanilla", "--gradient_checkpointing", "false", "--logging_steps", "1",
+        ]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}
+        pid, master = pty.fork()  # the child: a new session whose controlling terminal is the pty (a shell's job)
+        if pid == 0:
+            os.chdir(REPO_ROOT)
+            os.execve(sys.executable, argv, env)
+        text, sent, deadline = b"", 0, time.monotonic() + 500
+        try:
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([master], [], [], 1.0)
+                if ready:
+                    try:
+                        chunk = os.read(master, 65536)
+                    except OSError:  # EIO: every process holding the terminal exited
+                        break
+                    if not chunk:
+                        break
+                    text += chunk
+                if sent < presses and text.count(b"| loss ") >= 1 + sent:  # after a step line: Ctrl-C
+                    os.write(master, b"\x1a\x03" if sent == 0 else b"\x03")  # Ctrl-Z first, the first time
+                    sent += 1
+            _, status = os.waitpid(pid, 0)
+        finally:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.close(master)
+        return text.decode(errors="replace"), os.waitstatus_to_exitcode(status)
+
+    text, _ = launch(tmp_path / "once", 1)
+    assert "Ctrl-Z: a training run started by accelerate launch holds the terminal and is not suspended" in text
+    assert "KeyboardInterrupt" not in text and "SIGINT received: saving a checkpoint" in text, text[-3000:]
+    assert "stopped by SIGINT at step" in text and "rerun the same command to resume" in text, text[-3000:]
+    (checkpoint,) = sorted((tmp_path / "once").glob("checkpoint-*"))
+    assert (checkpoint / "trainer_state.json").is_file()
+    assert text.rstrip().splitlines()[-1].startswith("stopped by SIGINT"), text[-3000:]  # the last thing shown
+
+    text, code = launch(tmp_path / "twice", 2)
+    assert "KeyboardInterrupt" not in text, text[-3000:]
+    assert "SIGINT again: stopped at once without a checkpoint" in text, text[-3000:]
+    assert not list((tmp_path / "twice").glob("checkpoint-*")) and code != 0

@@ -176,6 +176,50 @@ def test_step_files_of_another_configuration_are_refused_before_training(
         other.heldout.check_existing(other)
 
 
+def train_numbers(trainer: MultiTurnGRPOTrainer) -> list[dict[str, float]]:
+    """Every training log entry's numbers, wall-clock ones left out (they differ between any two runs)."""
+    timing = ("time", "timing", "seconds", "runtime", "per_second", "speed")
+    return [
+        {k: v for k, v in entry.items() if isinstance(v, int | float) and not any(t in k for t in timing)}
+        for entry in trainer.state.log_history
+        if "loss" in entry
+    ]
+
+
+def test_the_heldout_evaluation_does_not_change_the_training_run(
+    tmp_path, tiny_model_dir, tiny_tokenizer, short_env
+) -> None:
+    """Same seeds, evaluation on or off: the same training numbers (issue 23.2: an eval at step 1 moved step 2's
+    reward from 0.438 to 0.312, because the evaluation drew from the training RNG)."""
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    class Completions(TrainerCallback):
+        """What the policy wrote in each training step's episodes (a random tiny model's rewards are all 0)."""
+
+        def __init__(self, trainer: MultiTurnGRPOTrainer) -> None:
+            self.trainer, self.texts = trainer, []
+
+        def on_step_end(self, args, state, control, **kwargs) -> None:
+            episodes = self.trainer._rollout_episodes
+            self.texts.append([[m.get("content") for m in e.messages if m["role"] == "assistant"] for e in episodes])
+
+    runs = {}
+    for name, overrides in {"off": {"eval_strategy": "no"}, "on": {"eval_strategy": "steps", "eval_steps": 1}}.items():
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        trainer = make_trainer(tmp_path / name, model, tiny_tokenizer, short_env, max_steps=3, report_to="none",
+                               **overrides)  # fmt: skip
+        completions = Completions(trainer)
+        trainer.add_callback(completions)
+        trainer.train()
+        runs[name] = (trainer, train_numbers(trainer), completions.texts)
+    evaluated = [e for e in runs["on"][0].state.log_history if "eval_pass^1" in e]
+    assert [e["step"] for e in evaluated] == [1, 2, 3]  # the evaluation did run, between the training steps
+    assert len(runs["off"][1]) == 3 and runs["on"][1] == runs["off"][1]
+    texts = runs["off"][2]
+    assert len(texts) == 3 and texts[1] != texts[0]  # the comparison has something to compare
+    assert runs["on"][2] == texts
+
+
 def test_eval_strategy_no_builds_nothing(tiny_tokenizer) -> None:
     args = MultiTurnGRPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none")
     assert build_heldout(EnvArguments(), args, None, None, TINY_SPLIT, "run") is None

@@ -195,3 +195,21 @@ def test_monitor_does_not_blame_rounding_for_a_zero_gradient(tmp_path, caplog) -
             state.global_step, callback.fraction = step, 0.0
             callback.on_log(trainer.args, state, trainer.control, logs={"grad_norm": 0.3})
     assert "step 5: the optimiser step changed only 0.0%" in caplog.text
+
+
+def test_monitor_says_when_a_low_step_had_near_zero_loss_instead_of_blaming_precision(tmp_path, caplog) -> None:
+    """Issue 23.6: in the README's SFT → GRPO chain every group is saturated (reward 0, loss ~1e-9) and the monitor
+    said "changed only 30.4% ... rounded away"."""
+    trainer = _trainer(tmp_path, torch.float32, 1e-4)
+    callback = UpdateFractionCallback(trainer)
+    state = trainer.state
+    with caplog.at_level(logging.WARNING, logger="airline_rl.update_monitor"):
+        for step in (1, 2):
+            state.global_step, callback.fraction = step, 0.304
+            logs = {"loss": 1e-9, "grad_norm": 2e-7, "frac_reward_zero_std": 1.0}
+            callback.on_log(trainer.args, state, trainer.control, logs=logs)
+    expected = (
+        "step 2: the optimiser step changed only 30.4% of the sampled weights, but the step had (near) zero loss"
+    )
+    assert expected in caplog.text
+    assert "frac_reward_zero_std 1.00" in caplog.text and "rounded away" not in caplog.text

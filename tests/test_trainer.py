@@ -273,7 +273,8 @@ def test_train_resume_and_hub_export(tmp_path, tiny_model_dir, short_env, monkey
     # (d) the local hub: one loadable revision per save, a model card, refs.json pointing at the newest
     hub, run = tmp_path / "hub", "tiny-run"
     refs = json.loads((hub / run / "refs.json").read_text())
-    assert refs == {"main": "step-000002", "revisions": {"step-000001": 1, "step-000002": 2}}
+    assert refs == {"main": "step-000002", "revisions": {"step-000001": 1, "step-000002": 2},
+                    "written_by": {"step-000001": "../../run", "step-000002": "../../run"}}  # fmt: skip
     for name in ("step-000001", "step-000002"):
         revision = hub / run / name
         assert AutoModelForCausalLM.from_pretrained(revision, local_files_only=True).config.vocab_size > 0

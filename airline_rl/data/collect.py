@@ -52,7 +52,7 @@ from airline_rl.envs.episode import USER_ERROR, AirlineEnv, EnvConfig, EpisodeRe
 from airline_rl.envs.runner import run_episodes
 from airline_rl.envs.splits import Split, get_split
 from airline_rl.envs.users import get_user_simulator
-from airline_rl.hub import ensure_writable, write_json_atomic
+from airline_rl.hub import WRITERS_KEY, check_writer, ensure_writable, write_json_atomic, writer_id
 
 logger = logging.getLogger(__name__)
 
@@ -312,9 +312,36 @@ def dataset_card(name: str, info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def export_dataset(dataset: datasets.Dataset, hub_dir: str | os.PathLike[str], name: str, info: dict) -> Path:
-    """Writes ``<hub_dir>/datasets/<name>/`` (parquet shard, dataset card, collect_info.json), swapped in whole."""
-    final = Path(hub_dir) / HUB_DATASETS_DIR / name
+def hub_dataset_dir(hub_dir: str | os.PathLike[str], name: str) -> Path:
+    return Path(hub_dir) / HUB_DATASETS_DIR / name
+
+
+def claim_hub_dataset(hub_dir: str | os.PathLike[str], name: str, output_dir: Path, *, overwrite: bool) -> None:
+    """Refuses, before anything is played, ``<hub_dir>/datasets/<name>`` exported by another collection (another
+    output_dir with the same name): the export would replace it (``HubError``, one line)."""
+    final = hub_dataset_dir(hub_dir, name)
+    info_path = final / INFO_FILE
+    if not final.is_dir():
+        return
+    try:
+        recorded = json.loads(info_path.read_text(encoding="utf-8")).get(WRITERS_KEY)
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    check_writer(recorded, output_dir, final, what=str(final), rename_flag="--dataset_name", overwrite=overwrite)
+
+
+def export_dataset(
+    dataset: datasets.Dataset,
+    hub_dir: str | os.PathLike[str],
+    name: str,
+    info: dict,
+    output_dir: str | os.PathLike[str] | None = None,
+) -> Path:
+    """Writes ``<hub_dir>/datasets/<name>/`` (parquet shard, dataset card, collect_info.json), swapped in whole;
+    its collect_info.json records the collection (``output_dir``) that wrote it."""
+    final = hub_dataset_dir(hub_dir, name)
+    if output_dir is not None:
+        info = {**info, WRITERS_KEY: writer_id(output_dir, final)}
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
@@ -405,6 +432,7 @@ def collect(
     output_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args)
     name = args.dataset_name or output_dir.name
     ensure_writable(args.hub_dir)
+    claim_hub_dataset(args.hub_dir, name, output_dir, overwrite=args.overwrite_hub)
     output_dir.mkdir(parents=True, exist_ok=True)
     settings = _settings(args)
 
@@ -474,7 +502,7 @@ def collect(
             f"no episode in {output_dir} reached reward >= {args.min_reward} with well-formed tool calls "
             f"({dict(result.counts)}); the dataset would be empty. Check the teacher, or lower --min_reward."
         )
-    result.hub_path = str(export_dataset(dataset, args.hub_dir, name, info))
+    result.hub_path = str(export_dataset(dataset, args.hub_dir, name, info, output_dir))
     result.seconds = round(time.perf_counter() - start, 3)
     logger.info(
         "%d rows over %d covered tasks in %s (hub: %s); %s",

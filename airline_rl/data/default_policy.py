@@ -46,12 +46,12 @@ from pathlib import Path
 from typing import Any
 
 import datasets
-import torch
 
 from airline_rl.data.build_cache import cached_build
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.prompt_style import COMPACT_SYSTEM_PROMPT, PROMPT_STYLE_FILE, compact_env, write_prompt_style
 from airline_rl.envs.tools import TOOL_SCHEMAS
+from airline_rl.script_setup import keep_log_levels, keep_random_state
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +225,8 @@ def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], 
         "--seed", str(params["seed"]),
     ]  # fmt: skip
     script_args, training_args, model_args = train_sft.make_parser().parse_args_and_config(args=argv)
-    with torch.random.fork_rng(devices=[]):  # the caller's RNG state is its own
+    # the caller's random state and log levels are its own (train_sft.main sets both)
+    with keep_random_state(), keep_log_levels("__main__", "train_grpo"):
         outcome = train_sft.main(script_args, training_args, model_args)
     tmp_dir.mkdir(parents=True)
     sft_dir = work / "sft"

@@ -22,6 +22,11 @@ Several processes (accelerate): rank 0 opens (or resumes) the step's results fil
 (an idle rank joins with dummy generations); after each chunk the sample records are gathered and rank 0 saves the
 file. The metrics are computed on rank 0 and broadcast, so every rank returns the same numbers. An interrupted
 evaluation resumes from the saved chunks; a complete file is never rewritten.
+
+The evaluation leaves the training run as it found it: the Python, NumPy, torch and CUDA random states are saved
+before it and restored after it (``keep_random_state``), so the same seeds give the same training numbers with
+the evaluation on or off (its sampling draws from the training generators otherwise: an eval at step 1 moved step 2's
+reward from 0.438 to 0.312).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from airline_rl.envs.prompt_style import COMPACT_SYSTEM_PROMPT, style_name
 from airline_rl.envs.runner import RunTimings, run_episodes
 from airline_rl.envs.splits import Split
 from airline_rl.hub import revision_name
+from airline_rl.script_setup import keep_random_state
 
 from .metrics import GROUPS, STRATA, task_order
 from .results import (
@@ -222,7 +228,12 @@ class HeldoutEvaluation:
     # -- the evaluation ------------------------------------------------------------------------------------------
 
     def run(self, trainer: MultiTurnGRPOTrainer, prefix: str = "eval") -> dict[str, float]:
-        """Plays the missing episodes of this step (sharded over ranks), saves the results file, logs the metrics."""
+        """Plays the missing episodes of this step (sharded over ranks), saves the results file, logs the metrics;
+        the training run's random states are the same afterwards (``keep_random_state``)."""
+        with keep_random_state():
+            return self._run(trainer, prefix)
+
+    def _run(self, trainer: MultiTurnGRPOTrainer, prefix: str) -> dict[str, float]:
         from accelerate.utils import broadcast_object_list, gather_object
 
         from airline_rl.evaluation.evaluator import episode_seed

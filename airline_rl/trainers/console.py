@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from typing import Any
 
@@ -29,15 +30,53 @@ STEP_FIELDS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def format_step_line(step: int, max_steps: int, logs: dict[str, Any], seconds: float | None) -> str:
-    """``step 3/20 | reward 0.250 | std 0.433 | ... | loss 0.0123 | 21.4 s`` from one log dict."""
+def format_step_line(
+    step: int, max_steps: int, logs: dict[str, Any], seconds: float | None, extras: list[tuple[str, float]] = ()
+) -> str:
+    """``step 3/20 | reward 0.250 | std 0.433 | ... | loss 0.0123 | 21.4 s`` from one log dict; ``extras`` are
+    (what, seconds) that the time includes besides the step itself (``184.0 s incl. eval 150.2 s + save 3.1 s``)."""
     parts = [f"step {step}/{max_steps}" if max_steps > 0 else f"step {step}"]
     for label, key, fmt in STEP_FIELDS:
         value = logs.get(key)
         if isinstance(value, int | float) and not (isinstance(value, float) and math.isnan(value)):
             parts.append(f"{label} {fmt.format(value)}")
     if seconds is not None:
-        parts.append(f"{seconds:.1f} s")
+        included = " + ".join(f"{what} {took:.1f} s" for what, took in extras)
+        parts.append(f"{seconds:.1f} s" + (f" incl. {included}" if included else ""))
+    return " | ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+
+
+def summary_line(
+    log_history: list[dict[str, Any]],
+    output_dir: str,
+    hub_revision: str | None,
+    tensorboard_dir: str | None,
+    seconds: float | None,
+) -> str:
+    """The run's last line: its length, outcome reward first → last quarter of the steps, and where the last
+    checkpoint, the hub revision, the TensorBoard events and the learning-curve picture are."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from airline_rl.evaluation.learning_curve import CURVE_FILE, quarter_gain
+
+    steps = [e for e in log_history if "loss" in e and "step" in e]
+    parts = [f"done: {steps[-1]['step'] if steps else 0} steps" + (f" in {_duration(seconds)}" if seconds else "")]
+    rewards = [float(e[STEP_FIELDS[0][1]]) for e in steps if isinstance(e.get(STEP_FIELDS[0][1]), int | float)]
+    if rewards:
+        first, last, gain = quarter_gain(rewards)
+        parts.append(f"reward {first:.3f} → {last:.3f} ({gain:+.3f}, first → last quarter)")
+    checkpoint = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    parts.append(f"last checkpoint {checkpoint}" if checkpoint else f"final model {output_dir}")
+    if hub_revision:
+        parts.append(f"hub revision {hub_revision}")
+    if tensorboard_dir:
+        parts.append(f"TensorBoard {tensorboard_dir}")
+        parts.append(f"picture: python plot_run.py {output_dir} → {os.path.join(output_dir, CURVE_FILE)}")
     return " | ".join(parts)
 
 
@@ -48,14 +87,19 @@ class StepLineCallback(TrainerCallback):
         self.hub_dir = hub_dir
         self.callback_handler = callback_handler  # to find the TensorBoard callback's event directory
         self._last: float | None = None
+        self._mark: float | None = None  # the end of the last thing timed (a step line, an evaluation, a save)
+        self._extras: list[tuple[str, float]] = []  # evaluations and saves since the last step line
+        self.started: float | None = None
+        self.tensorboard_dir: str | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._last = time.perf_counter()
+        self._last = self._mark = self.started = time.perf_counter()
         if not state.is_world_process_zero:
             return
         tensorboard = None
         for callback in getattr(self.callback_handler, "callbacks", []):
             tensorboard = getattr(callback, "logging_dir", None) or tensorboard
+        self.tensorboard_dir = tensorboard
         print(f"checkpoints: {args.output_dir}/checkpoint-<step> (every {args.save_steps} steps)", flush=True)
         if tensorboard:
             print(f"TensorBoard events: {tensorboard}  (tensorboard --logdir {args.output_dir}/runs)", flush=True)
@@ -67,8 +111,28 @@ class StepLineCallback(TrainerCallback):
             return  # the end-of-training summary (train_runtime, ...) is printed by log_metrics
         now = time.perf_counter()
         seconds = None if self._last is None else now - self._last
-        self._last = now
-        print(format_step_line(state.global_step, state.max_steps, logs, seconds), flush=True)
+        self._last = self._mark = now
+        extras, self._extras = self._extras, []
+        print(format_step_line(state.global_step, state.max_steps, logs, seconds, extras), flush=True)
+
+    def _timed(self, what: str) -> None:
+        """An evaluation or a save just ended: the next step line's time includes it, and says so. (The Trainer
+        evaluates and saves after logging a step, so their time lands in the next step's interval.)"""
+        now = time.perf_counter()
+        if self._mark is not None:
+            self._extras.append((what, now - self._mark))
+        self._mark = now
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._timed("eval")
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._timed("save")
+
+    def summary(self, state: Any, output_dir: str, hub_revision: str | None) -> str:
+        """The end-of-run line (``summary_line``) for this run."""
+        seconds = None if self.started is None else time.perf_counter() - self.started
+        return summary_line(state.log_history, output_dir, hub_revision, self.tensorboard_dir, seconds)
 
 
 def use_step_lines(trainer: Any, hub_dir: str | None = None) -> StepLineCallback:

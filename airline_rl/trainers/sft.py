@@ -29,7 +29,7 @@ import torch
 from airline_rl.data.collect import REQUIRED_COLUMNS, decode_rows, task_sort_key
 from airline_rl.envs.splits import Split
 from airline_rl.envs.tool_calls import TOOL_CALL_OPEN
-from airline_rl.hub import REFS_FILE, load_snippet, read_refs, revision_name, write_json_atomic
+from airline_rl.hub import load_snippet, record_revision, revision_name
 from airline_rl.render import TemplateNotPrefixPreserving, UnmaskableTurn, assistant_mask_rows, trained_turns
 
 logger = logging.getLogger(__name__)
@@ -375,8 +375,5 @@ def export_model_dir(
         os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    refs = read_refs(run_dir)
-    refs["revisions"][final.name] = step
-    refs["main"] = max(refs["revisions"], key=refs["revisions"].get)
-    write_json_atomic(run_dir / REFS_FILE, refs)
+    record_revision(run_dir, final.name, step, model_dir)  # the SFT run's output_dir wrote it
     return final
