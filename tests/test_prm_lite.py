@@ -271,6 +271,7 @@ CASES: dict[str, tuple[str, list[Any], int, int]] = {
 GRD_BASIC = "Let me check that reservation. " + call("get_reservation_details", reservation_id="AIXC49")
 CANCEL_BASIC = "Cancelling it now. " + call("cancel_reservation", reservation_id="AIXC49")
 ASK_BASIC = "Shall I cancel reservation AIXC49? (yes/no)"
+NUMBER_REFUSAL = "I'm sorry, but I cannot change the number of passengers on a reservation."
 
 
 def bags_on(reservation_id: str, total: int, nonfree: int) -> str:
@@ -307,7 +308,7 @@ V2_CASES: dict[str, tuple[str, list[Any], int, int]] = {
     "P5-opening-request": ("P5", [user("Hi, I am mia_li_3668, please cancel NO6JO3."), CANCEL], 0, 1),
     "P5-not-yet": ("P5", [HELLO, GUD, GRD, ASK, user("No, not yet."), CANCEL], 3, 1),
     # P7: a refusal the policy always makes is not premature
-    "P7-policy-refusal": ("P7", [HELLO, "I'm sorry, but I cannot change the number of passengers on a reservation."], 0, 0),
+    "P7-policy-refusal": ("P7", [HELLO, NUMBER_REFUSAL], 0, 0),
     "P7-blind-refusal": ("P7", [HELLO, "I'm sorry, but I can't help with that request. Goodbye!"], 0, 1),
     # P8: reads and failures past the budget cost, a write does not
     "P8-ninth-read": ("P8", [HELLO, calcs(8), GUD], 1, 1),
@@ -378,7 +379,7 @@ def test_v1_and_v2_differ_where_the_real_set_said(env: AirlineEnv) -> None:
     policy and a confirmation in other words; v2 does the opposite."""
     forbidden = play(env, [HELLO, GUD, GRD_BASIC, ASK_BASIC, YES, CANCEL_BASIC])
     assert score_episode(forbidden, rules="v1").process_score > 0 > score_episode(forbidden, rules="v2").process_score
-    refusal = play(env, [HELLO, "I'm sorry, but I cannot change the number of passengers on a reservation."])
+    refusal = play(env, [HELLO, NUMBER_REFUSAL])
     assert score_episode(refusal, rules="v1").process_score < 0 == score_episode(refusal, rules="v2").process_score
     agreed = play(env, [HELLO, GUD, GRD, ASK, user("Sounds good to me."), CANCEL])
     assert score_episode(agreed, rules="v1").rule_counts["P5"] == 1 and "P5" not in score_episode(agreed).fired[3]
