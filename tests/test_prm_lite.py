@@ -607,3 +607,33 @@ def test_episode_rule_stats() -> None:
     assert episode_rule_stats([], [])["prm/B2/fire_rate"] == 0.0
     with pytest.raises(ValueError, match="success flags"):
         episode_rule_stats(results, [True])
+
+
+def test_joint_charges_a_policy_violating_write_on_its_turn(env: AirlineEnv) -> None:
+    """Joint's per-turn credit follows the rules: the turn that cancels a reservation the policy says cannot be
+    cancelled (basic economy, uninsured, booked 12 days before) carries the charge, the turns before it do not; v1
+    paid that turn instead."""
+    import torch
+
+    from airline_rl.trainers.variants import token_advantages
+
+    record = play(env, [HELLO, GUD, GRD_BASIC, ASK_BASIC, YES, CANCEL_BASIC])
+    v2, v1 = score_episode(record), score_episode(record, rules="v1")
+    write_turn = 3
+    assert v2.fired[write_turn] == {"P9": 1} and v2.turn_scores[write_turn] == pytest.approx(-0.10)
+    assert all(score >= 0 for k, score in enumerate(v2.turn_scores) if k != write_turn)
+    assert v1.turn_scores[write_turn] > 0  # B2 + B3 + B4 + B5 + B6: the forbidden write was the best turn
+    turns = len(record.turns)
+    policy_mask = torch.ones(1, 2 * turns, dtype=torch.long)  # two policy tokens per turn
+    turn_index = torch.arange(turns).repeat_interleave(2).unsqueeze(0)
+    zero = torch.zeros(1)  # a group advantage of 0: only the per-turn credit is left
+    for scores, sign in ((v2, -1.0), (v1, 1.0)):
+        advantages = token_advantages(
+            "joint", zero, policy_mask, turn_index, torch.tensor([scores.turn_scores]), turn_credit_coef=0.3,
+            prm_clip=0.5,
+        )[0]  # fmt: skip
+        write_tokens = advantages[2 * write_turn : 2 * write_turn + 2]
+        assert torch.all(torch.sign(write_tokens) == sign)
+        if sign < 0:
+            assert torch.all(write_tokens < advantages.min() + 1e-9)  # the most negative tokens of the episode
+            assert torch.all(advantages[: 2 * write_turn] >= 0)
