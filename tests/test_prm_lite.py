@@ -637,3 +637,13 @@ def test_joint_charges_a_policy_violating_write_on_its_turn(env: AirlineEnv) -> 
         if sign < 0:
             assert torch.all(write_tokens < advantages.min() + 1e-9)  # the most negative tokens of the episode
             assert torch.all(advantages[: 2 * write_turn] >= 0)
+
+
+def test_evaluation_samples_carry_the_process_score(env: AirlineEnv) -> None:
+    """evaluate.py stores PRM-Lite's verdict with every episode, which its prm_* metrics read."""
+    from airline_rl.evaluation.results import sample_entry
+
+    record = play(env, CONFIRMED_CANCEL)
+    entry = sample_entry(record, 0)["prm"]
+    result = score_episode(record)
+    assert entry == {"rules": "v2", "process_score": result.process_score, "rule_counts": result.rule_counts}
