@@ -647,3 +647,81 @@ def test_evaluation_samples_carry_the_process_score(env: AirlineEnv) -> None:
     entry = sample_entry(record, 0)["prm"]
     result = score_episode(record)
     assert entry == {"rules": "v2", "process_score": result.process_score, "rule_counts": result.rule_counts}
+
+
+def test_policy_checks_read_only_what_the_tool_results_showed() -> None:
+    """``policy.write_violations`` on hand-made records: each check is one sentence of the policy."""
+    import json as _json
+
+    from airline_rl.envs.episode import ToolCallRecord
+    from airline_rl.rewards.prm.policy import PolicyFacts, write_violations
+
+    def seen(name: str, result: object, **arguments: Any) -> ToolCallRecord:
+        return ToolCallRecord(turn=0, name=name, arguments=arguments, result=_json.dumps(result), error=False)
+
+    def write(name: str, **arguments: Any) -> ToolCallRecord:
+        return ToolCallRecord(turn=1, name=name, arguments=arguments, result="{}", error=False, is_write=True)
+
+    user = {"user_id": "u_1", "membership": "regular", "payment_methods": {
+        "credit_card_1": {"source": "credit_card"}, "gift_card_1": {"source": "gift_card", "amount": 50.0},
+        "certificate_1": {"source": "certificate", "amount": 100.0}, "certificate_2": {"source": "certificate",
+        "amount": 100.0}}}  # fmt: skip
+    reservation = {"reservation_id": "ABC123", "user_id": "u_1", "origin": "JFK", "destination": "LAX",
+                   "flight_type": "one_way", "cabin": "economy", "created_at": "2024-05-15T10:00:00",
+                   "insurance": "no", "total_baggages": 1, "nonfree_baggages": 0,
+                   "flights": [{"flight_number": "HAT001", "origin": "JFK", "destination": "LAX",
+                                "date": "2024-05-20"}],
+                   "passengers": [{"first_name": "A"}, {"first_name": "B"}]}  # fmt: skip
+    facts = PolicyFacts()
+    assert write_violations(facts, write("cancel_reservation", reservation_id="ABC123")) == []  # nothing read
+    facts.observe(seen("get_user_details", user, user_id="u_1"))
+    facts.observe(seen("get_reservation_details", reservation, reservation_id="ABC123"))
+    # booked 5 hours ago: cancellable; a week earlier it would not be
+    assert write_violations(facts, write("cancel_reservation", reservation_id="abc123")) == []
+    facts.reservations["ABC123"]["created_at"] = "2024-05-08T10:00:00"
+    assert write_violations(facts, write("cancel_reservation", reservation_id="ABC123")) == ["not_cancellable"]
+    facts.observe(seen("get_flight_status", "cancelled", flight_number="HAT001", date="2024-05-20"))
+    assert write_violations(facts, write("cancel_reservation", reservation_id="ABC123")) == []  # airline cancelled
+    # regular member, economy, 2 passengers: 2 free bags; bags cannot be removed
+    bags = {"reservation_id": "ABC123", "payment_id": "credit_card_1"}
+    assert write_violations(facts, write("update_reservation_baggages", total_baggages=3, nonfree_baggages=1,
+                                         **bags)) == []  # fmt: skip
+    assert write_violations(facts, write("update_reservation_baggages", total_baggages=3, nonfree_baggages=0,
+                                         **bags)) == ["baggage_fee"]  # fmt: skip
+    assert write_violations(facts, write("update_reservation_baggages", total_baggages=0, nonfree_baggages=0,
+                                         **bags)) == ["remove_bags"]  # fmt: skip
+    assert write_violations(facts, write("update_reservation_passengers", reservation_id="ABC123",
+                                         passengers=[{"first_name": "A"}])) == ["passenger_count"]  # fmt: skip
+    change = {"reservation_id": "ABC123", "cabin": "economy", "flights": [{"flight_number": "HAT002",
+              "date": "2024-05-21"}]}  # fmt: skip
+    facts.routes["HAT002"] = ("JFK", "SFO")
+    assert write_violations(facts, write("update_reservation_flights", payment_id="gift_card_1", **change)) == [
+        "trip_changed"
+    ]
+    assert "payment_mix" in write_violations(facts, write("update_reservation_flights", payment_id="certificate_1",
+                                                          **change))  # fmt: skip
+    # booking: payment rules, the allowance, and insurance must have been offered
+    booking = {"user_id": "u_1", "cabin": "economy", "flights": [{"flight_number": "HAT009", "date": "2024-05-22"}],
+               "passengers": [{"first_name": "A"}], "total_baggages": 1, "nonfree_baggages": 0}  # fmt: skip
+    pay_two_certificates = [{"payment_id": "certificate_1", "amount": 100}, {"payment_id": "certificate_2",
+                            "amount": 100}]  # fmt: skip
+    assert write_violations(facts, write("book_reservation", payment_methods=pay_two_certificates, **booking)) == [
+        "insurance_not_offered", "payment_mix"
+    ]  # fmt: skip
+    facts.agent_said.append("would you like travel insurance for $30 per passenger?")
+    over = [{"payment_id": "gift_card_1", "amount": 80}, {"payment_id": "credit_card_9", "amount": 20}]
+    assert write_violations(facts, write("book_reservation", payment_methods=over, **booking)) == [
+        "balance", "payment_not_in_profile"
+    ]  # fmt: skip
+    # compensation: a regular member without insurance in economy gets none, and only when asking for it
+    certificate = write("send_certificate", user_id="u_1", amount=200)
+    assert write_violations(facts, certificate) == ["compensation_ineligible", "compensation_unasked"]
+    facts.users["u_1"]["membership"] = "gold"
+    facts.user_said.append("my flight was cancelled, i want compensation")
+    assert write_violations(facts, certificate) == []  # $100 x 2 passengers for a cancelled flight
+    delay = write("send_certificate", user_id="u_1", amount=150)  # 3 x 50 matches no reservation
+    assert write_violations(facts, delay) == ["compensation_amount"]
+    facts.reservations["ABC123"]["passengers"].append({"first_name": "C"})
+    assert write_violations(facts, delay) == ["delay_compensation_without_change"]  # a delay: change or cancel first
+    facts.changed.add("ABC123")
+    assert write_violations(facts, delay) == []

@@ -78,6 +78,9 @@ class ImportReport:
     path: str
     conversations: list[ImportedConversation] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    # τ² task id -> the task map's ``gold_writes`` note ("identical_writes": τ² expects the writes the source task
+    # did, so the recorded label is the one τ² would give); empty when the map has no notes
+    label_notes: dict[str, str] = field(default_factory=dict)
 
     @property
     def dropped_calls(self) -> int:
@@ -100,6 +103,16 @@ def _read_json(path: str | Path, flag: str) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
         raise ConversationFileError(f"{flag}: {path} is not valid JSON ({err})") from None
+
+
+def load_label_notes(path: str | Path) -> dict[str, str]:
+    """τ² task id → the ``gold_writes`` note of its task-map entry, where entries carry one."""
+    raw = _read_json(path, "--task_map")
+    notes: dict[str, str] = {}
+    for target in raw.values() if isinstance(raw, dict) else []:
+        if isinstance(target, dict) and isinstance(target.get("gold_writes"), str) and target.get("tau2_task"):
+            notes[str(target["tau2_task"])] = target["gold_writes"]
+    return notes
 
 
 def load_task_map(path: str | Path) -> dict[str, str]:
@@ -257,6 +270,8 @@ def import_conversations(
     if not isinstance(raw, list):
         raise ConversationFileError(f"--trajectories: {path} must be a JSON list of conversations")
     report = ImportReport(path=str(path))
+    if isinstance(task_map, (str, Path)):
+        report.label_notes = load_label_notes(task_map)
     for index, item in enumerate(raw):
         where = f"{path}: conversation {index}"
         try:

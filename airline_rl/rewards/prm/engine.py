@@ -120,6 +120,7 @@ def score_episode(
             content = str(message.get("content") or "")
             seen_texts.append(content.lower())
             seen_users.append(content)
+            facts.user_said.append(content.lower())
             for token in _tokens(content):
                 seen_values.setdefault(token, USER)
             user_asked_human = user_asked_human or asks_for_human(content)
@@ -176,6 +177,8 @@ def score_episode(
 
         # Fold this turn into the context of the next ones (rule_counts already is: rules read it as fired_before).
         message_text = str(turn.message or "")
+        if message_text:
+            facts.agent_said.append(message_text.lower())
         agent_mentioned.update(mentionable_values(message_text))
         last_agent_message = message_text or last_agent_message
         if "B3" in fired:

@@ -51,7 +51,12 @@ VIOLATIONS: dict[str, str] = {
     "not_bookable": "Only a flight whose status is available can be booked.",
     "compensation_ineligible": "Only compensate a silver/gold member, an insured traveller or a business flyer.",
     "compensation_amount": "A certificate is $100 (cancelled) or $50 (delayed) times the number of passengers.",
+    "delay_compensation_without_change": "For a delay, a certificate only after changing or cancelling the booking.",
+    "compensation_unasked": "Do not proactively offer compensation unless the user explicitly asks for one.",
+    "insurance_not_offered": "When booking, the agent should ask if the user wants to buy the travel insurance.",
 }
+
+_ASKED_COMPENSATION = re.compile(r"\b(?:compensat|certificate|voucher|refund|reimburs|gesture|make up for)")
 
 
 def _load(result: str) -> Any:
@@ -69,6 +74,9 @@ class PolicyFacts:
     reservations: dict[str, dict[str, Any]] = field(default_factory=dict)
     flight_status: dict[tuple[str, str], str] = field(default_factory=dict)
     routes: dict[str, tuple[str, str]] = field(default_factory=dict)  # flight number -> (origin, destination)
+    changed: set[str] = field(default_factory=set)  # reservations whose flights were changed or that were cancelled
+    user_said: list[str] = field(default_factory=list)  # the user's messages so far, lower-cased
+    agent_said: list[str] = field(default_factory=list)  # the agent's messages to the user so far, lower-cased
     last_reservation: str | None = None
     last_user: str | None = None
 
@@ -76,6 +84,8 @@ class PolicyFacts:
         """Folds one executed call's result in (a failed call shows nothing)."""
         if call.error:
             return
+        if call.name in ("update_reservation_flights", "cancel_reservation") and call.arguments:
+            self.changed.add(str(call.arguments.get("reservation_id", "")).strip().upper())
         if call.name == "get_flight_status" and call.arguments:
             key = (str(call.arguments.get("flight_number", "")).upper(), str(call.arguments.get("date", "")))
             self.flight_status[key] = str(call.result).strip().strip('"').lower()
@@ -217,6 +227,9 @@ def write_violations(facts: PolicyFacts, call: ToolCallRecord) -> list[str]:
                 found.append("basic_economy_change")
             if changed and not _keeps_trip(facts, reservation, args.get("flights")):
                 found.append("trip_changed")
+            new = _segments(args.get("flights")) - _segments(reservation.get("flights"))
+            if any(facts.flight_status.get(segment, "available") != "available" for segment in new):
+                found.append("not_bookable")
             if args.get("cabin") != reservation.get("cabin") and _flown(facts, reservation):
                 found.append("flown")
             _check_payment(owner, args.get("payment_id"), found, card_only=True)
@@ -257,6 +270,8 @@ def write_violations(facts: PolicyFacts, call: ToolCallRecord) -> list[str]:
             found.append("baggage_fee")
         if any(facts.flight_status.get(s, "available") != "available" for s in _segments(args.get("flights"))):
             found.append("not_bookable")
+        if not any("insurance" in text for text in facts.agent_said):
+            found.append("insurance_not_offered")
     elif call.name == "send_certificate":
         user = facts.user(args.get("user_id", ""))
         if user is None:
@@ -267,9 +282,16 @@ def write_violations(facts: PolicyFacts, call: ToolCallRecord) -> list[str]:
         )
         if not eligible:
             found.append("compensation_ineligible")
-        amounts = {per * len(r.get("passengers") or []) for r in own for per in COMPENSATION_PER_PASSENGER}
-        if args.get("amount") not in amounts:
+        delayed, cancelled = (
+            {per * len(r.get("passengers") or []) for r in own} for per in COMPENSATION_PER_PASSENGER
+        )
+        amount = args.get("amount")
+        if amount not in delayed | cancelled:
             found.append("compensation_amount")
+        elif amount not in cancelled and not facts.changed:
+            found.append("delay_compensation_without_change")
+        if not any(_ASKED_COMPENSATION.search(text) for text in facts.user_said):
+            found.append("compensation_unasked")
     return sorted(set(found))
 
 

@@ -140,6 +140,8 @@ def real_markdown(cal: RealCalibration) -> str:
         f"{_f(cal.per_task_auc)} (95% bootstrap CI {_ci(cal)}) |",
         f"| per-task AUC on tasks that need a write / need none | {_f(cal.write_auc)} ({cal.n_write} tasks) / "
         f"{_f(cal.no_write_auc)} ({cal.n_no_write} tasks) |",
+        f"| per-task AUC on the tasks whose τ² gold writes are the source task's (the recorded label is τ²'s) | "
+        f"{_f(cal.same_gold_auc)} ({cal.n_same_gold} tasks) |",
         f"| successes minus failures, mean score within task | {_f(cal.within_task_gap)} |",
         f"| mean score of successes / failures | {_f(cal.mean_success)} / {_f(cal.mean_failure)} |",
         f"| share scoring above 0: successes / failures | {cal.positive_success:.0%} / {cal.positive_failure:.0%} |",
@@ -180,6 +182,8 @@ def acceptance_markdown(corpus: dict[str, Calibration], real: dict[str, RealCali
         [f"{_f(real[n].per_task_auc)} ({_ci(real[n])})" for n in names])  # fmt: skip
     row("real: per-task AUC, write / no-write tasks", "— / ≥ 0.70",
         [f"{_f(real[n].write_auc)} / {_f(real[n].no_write_auc)}" for n in names])  # fmt: skip
+    row("real: per-task AUC where τ²'s gold writes are v1's", "",
+        [f"{_f(real[n].same_gold_auc)} ({real[n].n_same_gold})" for n in names])  # fmt: skip
     row("real: successes minus failures within task", "> 0", [_f(real[n].within_task_gap) for n in names])
     row("real: Spearman(score, reward)", "", [_f(real[n].spearman) for n in names])
     return "\n".join(rows) + "\n"

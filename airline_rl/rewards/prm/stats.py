@@ -440,6 +440,8 @@ class RealCalibration:
     n_write: int
     no_write_auc: float
     n_no_write: int
+    same_gold_auc: float  # over the mixed tasks whose τ² gold writes are the source's (``label_notes``)
+    n_same_gold: int
     within_task_gap: float  # mean over the mixed tasks of (mean score of successes − mean score of failures)
     mean_success: float
     mean_failure: float
@@ -488,6 +490,7 @@ def calibrate_real(
     ]
     write = [task_auc[t] for t in mixed if task_writes.get(t, False)]
     no_write = [task_auc[t] for t in mixed if not task_writes.get(t, False)]
+    same_gold = [task_auc[t] for t in mixed if report.label_notes.get(t) == "identical_writes"]
     good = [s for s, ok in zip(scores, labels, strict=True) if ok]
     bad = [s for s, ok in zip(scores, labels, strict=True) if not ok]
     signal = within_group_signal(
@@ -513,6 +516,8 @@ def calibrate_real(
         n_write=len(write),
         no_write_auc=statistics.fmean(no_write) if no_write else math.nan,
         n_no_write=len(no_write),
+        same_gold_auc=statistics.fmean(same_gold) if same_gold else math.nan,
+        n_same_gold=len(same_gold),
         within_task_gap=statistics.fmean(gaps) if gaps else math.nan,
         mean_success=statistics.fmean(good) if good else math.nan,
         mean_failure=statistics.fmean(bad) if bad else math.nan,
