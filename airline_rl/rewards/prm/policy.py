@@ -22,6 +22,7 @@ from typing import Any
 
 from airline_rl.envs.episode import ToolCallRecord
 from airline_rl.envs.tools import CURRENT_DATETIME
+from airline_rl.rewards.prm.detectors import declines_request
 
 NOW = datetime.fromisoformat(CURRENT_DATETIME)
 """The policy's "current time" (the tools' fixed clock)."""
@@ -321,8 +322,6 @@ _DENIAL = re.compile(
 def denies(text: str) -> bool:
     """Whether an agent message says a request cannot be done ("basic economy flights cannot be modified", "is not
     eligible", "the policy does not allow"): ``declines_request`` plus the impersonal ways agents say no."""
-    from airline_rl.rewards.prm.detectors import declines_request
-
     return declines_request(text) or bool(_DENIAL.search(text.lower().replace("\u2019", "'")))
 
 

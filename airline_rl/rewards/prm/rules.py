@@ -255,8 +255,8 @@ def _v2(bonus: Callable[[TurnContext], int]) -> Callable[[TurnContext], int]:
 
 
 def _detail_words(call: ToolCallRecord) -> set[str]:
-    """What listing a write's details would mention: every argument value (ids, flight numbers, dates, cabins with
-    spaces, amounts, counts), lower-cased; a payment id also by its number."""
+    """What listing a write's details would mention: every argument value (ids, flight numbers, dates, cabins also
+    with spaces, amounts, counts), lower-cased."""
     words: set[str] = set()
 
     def visit(value: object) -> None:
@@ -313,8 +313,8 @@ def _p9_policy_violation(ctx: TurnContext) -> int:
 def _b8_justified_refusal(ctx: TurnContext) -> int:
     if ctx.calls or ctx.fired_before.get("B8", 0) or not ctx.turn.message:
         return 0
-    if not ctx.successful_read_before and not ctx.fired_before.get("P9", 0):
-        return 0  # v1's P7 intent: judge a refusal on the records, and a blind one has none
+    if not ctx.successful_read_before:
+        return 0  # v1's P7 intent: a refusal is judged on the records, and a blind one has none
     return int(denies(ctx.turn.message) and justified_refusal(ctx.facts, ctx.turn.message))
 
 
