@@ -117,6 +117,7 @@ def run_fingerprint(
         "use_peft": model_args.use_peft,
         "variant": training_args.variant,
         **{k: getattr(training_args, k) for k in ("turn_discount_alpha", "prm_coef", "prm_clip", "turn_credit_coef")},
+        "prm_rules": training_args.prm_rules,  # the process reward's rule set (docs/prm_lite.md)
         "tasks": task_ids,
         "task_repeats": script_args.task_repeats,
         "data_dir": model_identity(script_args.data_dir) if script_args.data_dir else None,

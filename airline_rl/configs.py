@@ -167,6 +167,12 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
         default=None,
         metadata={"help": "joint only: a token's advantage gets this × its turn's PRM-Lite score (default 0.3)."},
     )
+    prm_rules: Literal["v1", "v2"] = field(
+        default="v2",
+        metadata={"help": "PRM-Lite rule set: v2 (policy checks of every write, calibrated on real agents) or v1 (the "
+                  "scripted-corpus rules); the reward of prm_lite/joint, and the prm/* signal metrics of every "
+                  "variant (docs/prm_lite.md)."},
+    )  # fmt: skip
     length_reference: float | None = field(
         default=None,
         metadata={"help": "lata/joint: L_ref in the weight 1/√(L·L_ref), so that a trajectory of L_ref policy tokens "

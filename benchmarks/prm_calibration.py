@@ -1,11 +1,13 @@
-"""PRM-Lite calibration: build the labelled behaviour corpus, score it, print the report's headline numbers.
+"""PRM-Lite calibration: both rule sets on the scripted corpus and on real conversations, the acceptance numbers.
 
 The corpus is every scripted behaviour (oracle, noop, farmers, placeholder calls, unconfirmed / corrupted / reordered
-writes, partial oracles, premature transfer, rambler) on all 50 tasks against the scripted user, offline; see
-docs/prm_lite.md for the definitions and the full report (``python -m airline_rl.rewards.prm_lite --update-docs
-docs/prm_lite.md`` regenerates it).
+writes, partial oracles, premature transfer, rambler) on all 50 tasks against the scripted user, offline. The real set
+is 100 GPT-4o conversations of τ-bench v1 airline tasks 0–24 (``tests/data/real_trajectories``), replayed through our
+environment under their τ² tasks, labelled by the recorded reward. docs/prm_lite.md has the definitions and the full
+reports (``python -m airline_rl.rewards.prm_lite --update-docs docs/prm_lite.md`` regenerates them).
 
-Usage: ``python benchmarks/prm_calibration.py [--seed 0] [--tasks 0,1,2] [--rules]``. The pooled AUC is the last line.
+Usage: ``python benchmarks/prm_calibration.py [--seed 0] [--tasks 0,1,2] [--rules] [--trajectories F --task_map F]``.
+The last line is the real-set per-task AUC of the default rule set.
 """
 
 from __future__ import annotations
@@ -18,16 +20,27 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from airline_rl.envs.episode import AirlineEnv  # noqa: E402
+from airline_rl.rewards.prm.conversations import ConversationFileError, import_conversations  # noqa: E402
 from airline_rl.rewards.prm.corpus import build_corpus  # noqa: E402
-from airline_rl.rewards.prm.report import headline  # noqa: E402
-from airline_rl.rewards.prm.stats import calibrate  # noqa: E402
+from airline_rl.rewards.prm.report import REAL_TASK_MAP, REAL_TRAJECTORIES, headline, real_headline  # noqa: E402
+from airline_rl.rewards.prm.rules import DEFAULT_RULE_SET, RULE_SETS  # noqa: E402
+from airline_rl.rewards.prm.stats import calibrate, calibrate_real  # noqa: E402
+
+ACCEPTANCE_ROWS = (
+    "oracle strictly above every non-completing trajectory",
+    "best farming (mean score of no-write trajectories over the write tasks)",
+    "Spearman(process, progress) among failures of a task, mean",
+    "AUC success vs failure, mean over tasks with both",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--seed", type=int, default=0, help="episode seed of every corpus trajectory")
-    parser.add_argument("--tasks", default=None, help="comma-separated task ids (default: all)")
+    parser.add_argument("--tasks", default=None, help="comma-separated corpus task ids (default: all)")
     parser.add_argument("--rules", action="store_true", help="also print each rule's fire rates")
+    parser.add_argument("--trajectories", default=str(REAL_TRAJECTORIES), help="real conversations (JSON list)")
+    parser.add_argument("--task_map", default=str(REAL_TASK_MAP), help="source task id -> τ² task id (JSON)")
     args = parser.parse_args(argv)
     env = AirlineEnv()
     task_ids = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
@@ -35,19 +48,44 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [t for t in task_ids if t not in env.domain.tasks]
         if unknown:
             parser.error(f"--tasks: unknown task id(s) {unknown}")
+    try:
+        imported = import_conversations(args.trajectories, args.task_map, env)
+    except ConversationFileError as err:
+        parser.error(str(err))
     start = time.perf_counter()
     corpus = build_corpus(env, task_ids, seed=args.seed)
-    built = time.perf_counter() - start
-    calibration = calibrate(corpus)
-    scored = time.perf_counter() - start - built
-    print(f"corpus: {len(corpus)} trajectories, built in {built:.1f} s, scored in {scored:.1f} s")
-    if args.rules:
-        for rule_id, (good, bad, diff) in calibration.rule_rates.items():
-            oracle = calibration.penalty_on_oracle.get(rule_id)
-            extra = f", on oracle {oracle:.0%}" if oracle is not None else ""
-            print(f"  {rule_id}: fires on {good:.0%} of successes, {bad:.0%} of failures ({diff:+.2f}){extra}")
-    for name, value in headline(calibration):
-        print(f"{name}: {value}")
+    print(f"corpus: {len(corpus)} trajectories, built in {time.perf_counter() - start:.1f} s")
+    print(
+        f"real set: {len(imported.conversations)} conversations, {imported.tool_calls} tool calls replayed, "
+        f"{imported.dropped_calls} think calls dropped, {len(imported.skipped)} not replayed"
+    )
+    for reason in imported.skipped:
+        print(f"  not replayed: {reason}")
+    writes = {task_id: task.writes for task_id, task in env.domain.tasks.items()}
+    order = sorted(RULE_SETS, key=lambda name: name == DEFAULT_RULE_SET)  # the default last
+    for name in order:
+        calibration = calibrate(corpus, rules=name)
+        print(f"[rules {name}] scripted corpus")
+        for row, value in headline(calibration):
+            if row in ACCEPTANCE_ROWS:
+                print(f"  {row}: {value}")
+        if args.rules:
+            for rule_id, (good, bad, diff) in calibration.rule_rates.items():
+                print(f"  {rule_id}: fires on {good:.0%} of successes, {bad:.0%} of failures ({diff:+.2f})")
+    real = {name: calibrate_real(imported, writes, rules=name) for name in order}
+    for name in order:
+        cal = real[name]
+        print(f"[rules {name}] real set")
+        print(f"  successes minus failures, mean score within task: {cal.within_task_gap:+.3f}")
+        print(f"  mean score of successes / failures: {cal.mean_success:+.3f} / {cal.mean_failure:+.3f}")
+        print(f"  Spearman(score, reward): {cal.spearman:+.3f}; sign agreement {cal.sign_agreement:.0%}")
+        if args.rules:
+            for rule_id, (good, bad, _diff) in cal.rule_rates.items():
+                corr = cal.rule_corr[rule_id]
+                print(f"  {rule_id}: {good:.0%} of successes, {bad:.0%} of failures, within-task corr {corr:+.2f}")
+        if name != DEFAULT_RULE_SET:
+            print(f"  real-set per-task AUC: {real_headline(cal)}")
+    print(f"real-set per-task AUC: {real_headline(real[DEFAULT_RULE_SET])}")
     return 0
 
 

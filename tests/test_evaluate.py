@@ -423,9 +423,11 @@ def synthetic_results(
         wins = min(4, max(0, round(rate * 4) + (index % 3) - 1))
         for sample in range(samples):
             errors = int(sample == 3 and index % 2 == 0)
+            prm = {"rules": "v2", "process_score": 0.1 if sample < wins else -0.1 * (sample % 2),
+                   "rule_counts": {"B5": int(sample < wins), "P9": int(sample == 3)}}  # fmt: skip
             results.add(task_id, {"sample": sample, "success": sample < wins, "tool_calls": 3, "tool_errors": errors,
                                   "policy_tokens": [40 + 10 * index], "turns": 2, "termination": "user_stop",
-                                  "user_error": None})  # fmt: skip
+                                  "user_error": None, "prm": prm})  # fmt: skip
     results.save()
     return path
 
@@ -449,6 +451,9 @@ def test_compare_writes_the_table_and_two_readable_plots(tmp_path: Path) -> None
     assert overall.endswith(" | +0.250 |")  # joint improves on vanilla; the noop column gets no change
     assert next(line for line in table.splitlines() if line.startswith("| pass^1 on tasks whose gold writes"))
     assert "| pass^4 overall |" in table and "## pass^1 by checkpoint step" in table
+    # whether PRM-Lite's process score tracked success inside each task (the synthetic score always does)
+    prm_row = next(line for line in table.splitlines() if line.startswith("| PRM-Lite within-group AUC"))
+    assert prm_row.split(" | ")[1:3] == ["1.000", "1.000"], prm_row
     assert "| 100 |" in table and "| 200 |" in table
     for key in ("bars", "steps"):
         assert written[key].stat().st_size > 10_000, key

@@ -302,3 +302,26 @@ def test_weighted_stratified_bootstrap_matches_the_weighted_estimate() -> None:
         pytest.approx(24 / 34),
         pytest.approx(24 / 34),
     )
+
+
+def test_prm_signal_over_the_samples_of_each_task() -> None:
+    """Each task's samples are a group: the within-group AUC of the process score, the sign agreement, the rules'
+    correlations; samples without a ``prm`` entry (older files) and user-simulator failures are left out."""
+
+    def scored(success: bool, score: float, **extra) -> dict:
+        fired = {"B5": int(success), "P9": int(not success)}
+        return sample(success, prm={"rules": "v2", "process_score": score, "rule_counts": fired}, **extra)
+
+    tasks = {
+        "0": {**task("unseen", []), "samples": [scored(True, 0.2), scored(False, -0.1), scored(False, 0.0)]},
+        "1": {**task("unseen", []), "samples": [scored(True, -0.3), scored(False, 0.1)]},  # inverted
+        "2": {**task("unseen", []), "samples": [scored(True, 0.1), scored(True, 0.2)]},  # not mixed
+        "3": {**task("unseen", []), "samples": [sample(True), sample(False), scored(True, 9.0, user_error="x")]},
+    }
+    metrics = compute_metrics(tasks, 3, bootstrap_samples=10)
+    assert metrics["prm_rules"] == "v2" and metrics["prm_mixed_groups"] == 2
+    assert metrics["prm_within_group_auc"] == pytest.approx((1.0 + 0.0) / 2)
+    assert metrics["prm_sign_agreement"] == pytest.approx(3 / 5)  # task 0: all three agree; task 1: neither
+    assert metrics["prm_rule_corr"] == {"B5": pytest.approx(1.0), "P9": pytest.approx(-1.0)}
+    empty = compute_metrics({"a": task("unseen", [True, False])}, 2, bootstrap_samples=10)
+    assert empty["prm_within_group_auc"] is None and empty["prm_mixed_groups"] == 0 and empty["prm_rules"] is None

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -20,9 +22,19 @@ from hypothesis import strategies as st
 from airline_rl.envs.behaviours import corrupt_arguments, get_behaviour
 from airline_rl.envs.episode import AirlineEnv, EpisodeRecord, ToolCallRecord, TurnRecord
 from airline_rl.rewards.prm import RULES, auc, detectors, engine, rules, score_episode, spearman
+from airline_rl.rewards.prm.conversations import import_conversations
 from airline_rl.rewards.prm.corpus import Trajectory, build_corpus
-from airline_rl.rewards.prm.report import CALIBRATION_END, CALIBRATION_START, calibration_markdown, headline
-from airline_rl.rewards.prm.stats import Calibration, best_auc, calibrate
+from airline_rl.rewards.prm.report import (
+    CALIBRATION_END,
+    CALIBRATION_START,
+    REAL_TASK_MAP,
+    REAL_TRAJECTORIES,
+    calibration_markdown,
+    docs_calibration_markdown,
+    headline,
+    real_headline,
+)
+from airline_rl.rewards.prm.stats import Calibration, RealCalibration, best_auc, calibrate, calibrate_real
 from tests.test_tool_call_parsing import json_values, turn_text
 
 ENV = AirlineEnv()
@@ -36,6 +48,14 @@ def corpus() -> list[Trajectory]:
 @pytest.fixture(scope="module")
 def calibration(corpus: list[Trajectory]) -> Calibration:
     return calibrate(corpus)
+
+
+@pytest.fixture(scope="module")
+def real() -> dict[str, RealCalibration]:
+    """Both rule sets on the 100 real conversations (tests/data/real_trajectories), replayed once."""
+    imported = import_conversations(REAL_TRAJECTORIES, REAL_TASK_MAP, ENV)
+    writes = {task_id: task.writes for task_id, task in ENV.domain.tasks.items()}
+    return {name: calibrate_real(imported, writes, rules=name) for name in ("v1", "v2")}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -111,17 +131,20 @@ def test_process_score_ranks_failures_by_progress(calibration: Calibration) -> N
 
 
 def test_no_penalty_fires_on_more_than_a_fifth_of_oracle_trajectories(calibration: Calibration) -> None:
-    assert set(calibration.penalty_on_oracle) == {f"P{i}" for i in range(1, 9)}
+    assert set(calibration.penalty_on_oracle) == {f"P{i}" for i in range(1, 10)}
     assert max(calibration.penalty_on_oracle.values()) <= 0.20, calibration.penalty_on_oracle
+    assert calibration.penalty_on_oracle["P9"] == 0.0  # the gold actions break no policy check
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not reachable by a process reward on this corpus: test_pooled_auc_target_is_above_the_ceiling and "
-    "docs/prm_lite.md ('Ceilings of the pooled AUC') give the bound and the argument",
-)
-def test_pooled_auc(calibration: Calibration) -> None:
-    assert calibration.pooled_auc >= 0.80
+def test_corpus_acceptance_holds_for_both_rule_sets(corpus: list[Trajectory], calibration: Calibration) -> None:
+    """Issue #21 withdrew the pooled-AUC target (GRPO compares trajectories of one task only): what is kept on the
+    scripted corpus, for v2 (the default, ``calibration``) and v1."""
+    v1 = calibrate(corpus, rules="v1")
+    for cal in (calibration, v1):
+        assert cal.oracle_above_all >= 48, cal.oracle_above_all_failed
+        assert cal.best_farming[1] <= 0.0, cal.best_farming
+        assert cal.spearman_mean >= 0.5
+        assert cal.per_task_auc >= 0.75
 
 
 def test_pooled_auc_target_is_above_the_ceiling(calibration: Calibration) -> None:
@@ -145,12 +168,16 @@ def test_pooled_auc_target_is_above_the_ceiling(calibration: Calibration) -> Non
     )
 
 
-def test_docs_report_matches_the_corpus(calibration: Calibration) -> None:
-    """docs/prm_lite.md carries the report generated from the current rules and corpus (regenerate with
-    ``python -m airline_rl.rewards.prm_lite --update-docs docs/prm_lite.md``)."""
+def test_docs_report_matches_the_corpus(
+    corpus: list[Trajectory], calibration: Calibration, real: dict[str, RealCalibration]
+) -> None:
+    """docs/prm_lite.md carries the reports generated from the current rules, the corpus and the real set
+    (regenerate with ``python -m airline_rl.rewards.prm_lite --update-docs docs/prm_lite.md``)."""
     text = (Path(__file__).resolve().parents[1] / "docs" / "prm_lite.md").read_text(encoding="utf-8")
     block = text.split(CALIBRATION_START, 1)[1].split(CALIBRATION_END, 1)[0]
-    assert block.strip() == calibration_markdown(calibration).strip()
+    corpus_cals = {"v1": calibrate(corpus, rules="v1"), "v2": calibration}
+    assert block.strip() == docs_calibration_markdown(corpus_cals, real).strip()
+    assert calibration_markdown(calibration).strip() in block
 
 
 def test_success_ranks_above_failure_within_tasks(calibration: Calibration) -> None:
@@ -267,16 +294,21 @@ def test_two_hundred_turns_are_scored() -> None:
     assert score_episode(episode.record).rule_counts["P8"] > 0
 
 
-def test_benchmark_prints_the_pooled_auc_last(capsys: pytest.CaptureFixture[str]) -> None:
+def test_benchmark_prints_the_real_set_per_task_auc_last(
+    capsys: pytest.CaptureFixture[str], real: dict[str, RealCalibration]
+) -> None:
     import runpy
 
     module = runpy.run_path(str(Path(__file__).resolve().parents[1] / "benchmarks" / "prm_calibration.py"))
     assert module["main"](["--tasks", "3,7", "--rules"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-1].startswith("pooled AUC success vs failure: ")
-    assert any(line.startswith("oracle strictly above") for line in lines)
+    assert lines[-1] == f"real-set per-task AUC: {real_headline(real['v2'])}"
+    assert float(lines[-1].split(": ", 1)[1].split()[0]) == pytest.approx(real["v2"].per_task_auc, abs=5e-4)
+    assert sum(line.strip().startswith("oracle strictly above") for line in lines) == 2  # v1 and v2
     with pytest.raises(SystemExit):
         module["main"](["--tasks", "999"])
+    with pytest.raises(SystemExit):
+        module["main"](["--trajectories", "/nonexistent.json"])
 
 
 def test_behaviour_registry_and_corrupted_arguments() -> None:
@@ -291,3 +323,190 @@ def test_behaviour_registry_and_corrupted_arguments() -> None:
     }
     assert arguments["payment_id"] == "credit_card_7"  # the gold arguments are not mutated
     assert corrupt_arguments({"total_baggages": 2}) == {"total_baggages": 3}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The real calibration set (issue #21): 100 GPT-4o conversations of τ-bench v1 tasks 0–24
+
+
+def test_real_set_within_task_targets(real: dict[str, RealCalibration]) -> None:
+    """What v2 achieves within task on real agents, and that it improves on v1 where the real set said v1 was wrong
+    (numbers: docs/prm_lite.md). The issue's full targets are ``test_real_set_issue_targets``."""
+    v1, v2 = real["v1"], real["v2"]
+    assert v2.n_conversations == 100 and len(v2.mixed_tasks) == 11 and v2.n_write + v2.n_no_write == 11
+    assert v2.within_task_gap > 0  # successes score above failures within task on average
+    assert v2.within_task_gap > v1.within_task_gap + 0.05
+    assert v2.per_task_auc > v1.per_task_auc and v2.per_task_auc_ci[0] > v1.per_task_auc_ci[0]
+    # where τ² expects the writes v1 did, the recorded label is the one our environment would give
+    assert v2.n_same_gold == 9 and v2.same_gold_auc > v1.same_gold_auc + 0.1
+    assert v2.write_auc >= 0.75 and v2.mean_success > v2.mean_failure and v2.spearman > 0 > v1.spearman
+    # a policy-violating write: on failures, and on the one recorded success that breaks the policy its agent was
+    # given (a $50-per-passenger delay certificate without a change or cancellation; τ² expects no write there)
+    assert v2.rule_rates["P9"][0] <= 1 / 31 < 0.2 < v2.rule_rates["P9"][1]
+    assert v2.rule_corr["P9"] < 0 < v2.rule_corr["B8"]
+    assert v2.rule_rates["P7"][0] < v1.rule_rates["P7"][0]  # fewer justified refusals charged as premature
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue #21's real-set targets are not met by v2 (per-task AUC 0.648, bootstrap CI 0.390–0.879 over 11 "
+    "tasks; 0.250 on the 4 no-write tasks): on two no-write tasks the failures make writes the policy allows and the "
+    "records do not contradict, and on a third the recorded success breaks the policy (docs/prm_lite.md, 'What the "
+    "rules cannot see')",
+)
+def test_real_set_issue_targets(real: dict[str, RealCalibration]) -> None:
+    v2 = real["v2"]
+    assert v2.per_task_auc >= 0.75 and v2.per_task_auc_ci[0] > 0.5 and v2.no_write_auc >= 0.70
+
+
+def test_importer_replays_every_conversation() -> None:
+    imported = import_conversations(REAL_TRAJECTORIES, REAL_TASK_MAP, ENV)
+    assert len(imported.conversations) == 100 and imported.skipped == []
+    assert sum(c.success for c in imported.conversations) == 31
+    assert imported.dropped_calls == 58  # v1's think tool: no τ² counterpart
+    assert all(call.name != "think" for c in imported.conversations for call in c.record.tool_calls)
+    assert imported.tool_calls == 563
+    for conversation in imported.conversations:
+        record = conversation.record
+        assert record.reward == {"reward": conversation.reward, "source": "recorded"}
+        assert record.task_id == conversation.task_id and conversation.task_id in ENV.domain.tasks
+        assert all(0 <= i < len(record.tool_calls) for turn in record.turns for i in turn.tool_call_indices)
+        assert score_episode(record).turn_scores.__len__() == len(record.turns)
+    # our observations mostly say what v1's did: the differences are v1's update tools echoing the old cabin, a few
+    # searches, the airport list's shape and one reservation τ² changed (docs/prm_lite.md)
+    assert imported.observation_mismatches < 0.1 * imported.tool_calls
+
+
+def _write(tmp_path: Path, name: str, value: object) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(value), encoding="utf-8")
+    return path
+
+
+def test_importer_names_file_conversation_and_field(tmp_path: Path) -> None:
+    from airline_rl.rewards.prm.conversations import ConversationFileError
+
+    task_map = _write(tmp_path, "map.json", {"0": {"tau2_task": "20"}, "1": "19", "2": {"tau2_task": "no-such"}})
+    hello = {"role": "user", "content": "Hi, I am mia_li_3668."}
+    good_call = {"function": {"name": "get_user_details", "arguments": '{"user_id": "mia_li_3668"}'}}
+    think = {"function": {"name": "think", "arguments": '{"thought": "hmm"}'}}
+    conversations = [
+        {"task_id": 0, "reward": 1.0, "trial": 0, "traj": [hello, {"role": "assistant", "content": None,
+         "tool_calls": [think]}, {"role": "tool", "name": "think", "content": ""},
+         {"role": "assistant", "content": "", "tool_calls": [good_call]}, {"role": "tool", "name":
+         "get_user_details", "content": "Error: user not found"}, {"role": "assistant", "content": "Done."}]},
+        {"task_id": 0, "reward": 0.0},  # no traj
+        {"task_id": 9, "reward": 0.0, "traj": []},  # not in the map
+        {"task_id": 2, "reward": 0.0, "traj": []},  # mapped to a task that does not exist
+        {"task_id": 1, "reward": 0.0, "traj": [hello, {"role": "assistant", "content": "",
+         "tool_calls": [{"function": {"name": "get_user_details", "arguments": "{not json"}}]}]},
+        {"task_id": 1, "reward": "yes", "traj": []},
+        "not an object",
+        {"task_id": 1, "reward": 0.0, "traj": [{"role": "robot", "content": "beep"}]},
+    ]  # fmt: skip
+    path = _write(tmp_path, "conversations.json", conversations)
+    imported = import_conversations(path, task_map, ENV)
+    assert [c.index for c in imported.conversations] == [0]
+    (first,) = imported.conversations
+    assert first.dropped_calls == 1 and [c.name for c in first.record.tool_calls] == ["get_user_details"]
+    assert len(first.record.turns) == 2  # the think-only message is gone
+    assert first.observation_mismatches == 1  # the recorded error is not what our tool says
+    expected = [
+        "conversation 1: missing field 'traj'",
+        "conversation 2.task_id: '9' is not in the task map",
+        "conversation 3.task_id: '2' maps to unknown τ² task 'no-such'",
+        "conversation 4: traj[1].tool_calls[0].function.arguments: arguments are not JSON",
+        "conversation 5.reward: expected a number, got 'yes'",
+        "conversation 6: must be an object, got str",
+        "conversation 7: traj[0].role: expected system, user, assistant or tool, got 'robot'",
+    ]
+    assert len(imported.skipped) == len(expected)
+    for line, want in zip(imported.skipped, expected, strict=True):
+        assert line.startswith(f"{path}: ") and want in line, line
+    with pytest.raises(ConversationFileError, match="--trajectories: no such file"):
+        import_conversations(tmp_path / "missing.json", task_map, ENV)
+    with pytest.raises(ConversationFileError, match="must be a JSON list"):
+        import_conversations(_write(tmp_path, "obj.json", {"a": 1}), task_map, ENV)
+    with pytest.raises(ConversationFileError, match="--task_map: .* is not valid JSON"):
+        (tmp_path / "bad_map.json").write_text("{", encoding="utf-8")
+        import_conversations(path, tmp_path / "bad_map.json", ENV)
+
+
+def test_report_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], real: dict[str, RealCalibration]) -> None:
+    from airline_rl.rewards.prm.report import main
+
+    args = ["--trajectories", str(REAL_TRAJECTORIES), "--task_map", str(REAL_TASK_MAP)]
+    assert main(args) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == real_headline(real["v2"]) and out[-1].startswith(f"{real['v2'].per_task_auc:.3f} per-task AUC")
+    assert main([*args, "--prm_rules", "v1"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith(f"{real['v1'].per_task_auc:.3f} ")
+    assert main(["--trajectories", str(tmp_path / "missing.json"), "--task_map", str(REAL_TASK_MAP)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--trajectories: no such file" in err[0]
+    nothing = _write(tmp_path, "none.json", [{"task_id": 99, "reward": 1.0, "traj": []}])
+    assert main(["--trajectories", str(nothing), "--task_map", str(REAL_TASK_MAP)]) == 2
+    err = capsys.readouterr().err
+    assert "not replayed" in err and "conversation 0.task_id" in err and "no conversation" in err
+    with pytest.raises(SystemExit):
+        main(["--trajectories", str(REAL_TRAJECTORIES)])  # --task_map missing
+
+
+def test_rule_modules_read_no_task_trajectory_or_gold_file() -> None:
+    """The rule modules read only the trajectory: no file access at all, no task / trajectory / corpus / outcome
+    module, and no string in the code (docstrings aside: they show examples) that names a user or a reservation of
+    the real calibration set."""
+    from airline_rl.rewards.prm import policy
+
+    forbidden_modules = {"airline_rl.envs.data", "airline_rl.rewards.outcome", "airline_rl.rewards.prm.corpus",
+                         "airline_rl.rewards.prm.conversations", "airline_rl.rewards.prm.report"}  # fmt: skip
+    conversations = json.loads(REAL_TRAJECTORIES.read_text(encoding="utf-8"))
+    ids = {entry["user_id"] for entry in json.loads(REAL_TASK_MAP.read_text(encoding="utf-8")).values()}
+    for conversation in conversations:
+        for message in conversation["traj"]:
+            ids.update(re.findall(r"\b[A-Z0-9]{6}\b", str(message.get("content") or "")))
+    ids = {i for i in ids if any(c.isdigit() for c in i) or "_" in i}  # ids, not words such as "PLEASE"
+    for module in (detectors, rules, engine, policy):
+        source = inspect.getsource(module)
+        tree = ast.parse(source)
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        assert not imported & forbidden_modules, module.__name__
+        calls = {node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                 for node in ast.walk(tree) if isinstance(node, ast.Call)}  # fmt: skip
+        assert not calls & {"open", "read_text", "read_bytes", "load", "loads_file", "files"}, module.__name__
+        docstrings = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+        strings = [
+            node.value
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+        ]
+        for text in strings:
+            assert ".json" not in text and "real_trajectories" not in text, (module.__name__, text)
+            assert not any(i in text for i in ids), (module.__name__, text)
+
+
+def test_within_group_signal() -> None:
+    from airline_rl.rewards.prm.stats import within_group_signal
+
+    scores = [0.3, 0.1, -0.2, 0.0, 0.5, 0.5, 0.2, 0.1]
+    outcomes = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    groups = ["a", "a", "a", "b", "b", "c", "c", "c"]
+    rules_fired = [{"B5": 1, "P9": 0}, {"B5": 0, "P9": 0}, {"B5": 0, "P9": 1}, {"B5": 1, "P9": 0},
+                   {"B5": 1, "P9": 0}, {"B5": 1, "P9": 0}, {"B5": 0, "P9": 1}, {"B5": 0, "P9": 0}]  # fmt: skip
+    signal = within_group_signal(scores, outcomes, groups, rules_fired)
+    # groups a (1 success of 3) and c (1 of 3) are mixed, b (2 of 2) is not
+    assert signal["mixed_groups"] == 2.0
+    assert signal["within_group_auc"] == pytest.approx(1.0)  # the success tops both mixed groups
+    # advantages in a: +0.233, +0.033, -0.267 vs outcome +0.667, -0.333, -0.333 -> 2 of 3 agree; c: 3 of 3
+    assert signal["sign_agreement"] == pytest.approx(5 / 6)
+    assert signal["rule/B5/corr"] == pytest.approx(1.0)  # fires exactly on the successes of the mixed groups
+    assert signal["rule/P9/corr"] < 0
+    inverted = within_group_signal([-s for s in scores], outcomes, groups)
+    assert inverted["within_group_auc"] == pytest.approx(0.0) and "rule/B5/corr" not in inverted
+    flat = within_group_signal([0.0] * 4, [1.0, 0.0, 1.0, 0.0], ["a", "a", "b", "b"], [{"B5": 1}] * 4)
+    assert flat["within_group_auc"] == 0.5 and flat["sign_agreement"] == 0.0 and math.isnan(flat["rule/B5/corr"])
+    none = within_group_signal([0.1, 0.2], [1.0, 1.0], ["a", "a"])
+    assert none["mixed_groups"] == 0 and math.isnan(none["within_group_auc"]) and math.isnan(none["sign_agreement"])
+    with pytest.raises(ValueError, match="group keys"):
+        within_group_signal([0.1], [1.0, 0.0], ["a", "a"])

@@ -23,7 +23,10 @@ from airline_rl.rewards.prm_lite import (
     DOCS_END,
     DOCS_START,
     ID_ARGUMENT_NAMES,
+    RULE_SETS,
     RULES,
+    RULES_V1,
+    RULES_V2,
     TRUNCATED_TURN_COST,
     PRMResult,
     declines_request,
@@ -100,7 +103,8 @@ PASSENGERS = "Updating the passenger. " + call(
 )  # fmt: skip  (a dob one day off the record's 1990-04-05: a value nobody ever said)
 
 # (rule, steps, turn index, expected count in that turn); expected 0 = the rule must not fire in that turn.
-# Every rule has a firing case and its anti-hacking (silent) cases.
+# Every rule of v1 has a firing case and its anti-hacking (silent) cases; V2_CASES does the same for every rule that
+# v2 changed or added (the others are the same functions).
 CASES: dict[str, tuple[str, list[Any], int, int]] = {
     # P1 placeholder_arguments
     "P1-template": ("P1", [HELLO, "Looking you up. " + call("get_user_details", user_id="<user_id>")], 0, 1),
@@ -262,30 +266,136 @@ CASES: dict[str, tuple[str, list[Any], int, int]] = {
 }
 
 
+# mia_li_3668 (gold): NO6JO3 is business and insured (cancellable), AIXC49 basic economy, uninsured, booked 2024-05-03
+# (not cancellable, flights not changeable), HKEG34 business.
+GRD_BASIC = "Let me check that reservation. " + call("get_reservation_details", reservation_id="AIXC49")
+CANCEL_BASIC = "Cancelling it now. " + call("cancel_reservation", reservation_id="AIXC49")
+ASK_BASIC = "Shall I cancel reservation AIXC49? (yes/no)"
+NUMBER_REFUSAL = "I'm sorry, but I cannot change the number of passengers on a reservation."
+
+
+def bags_on(reservation_id: str, total: int, nonfree: int) -> str:
+    return f"Setting {total} bags on {reservation_id}. " + call(
+        "update_reservation_baggages", reservation_id=reservation_id, total_baggages=total, nonfree_baggages=nonfree,
+        payment_id="credit_card_4421486",
+    )  # fmt: skip
+
+
+V2_CASES: dict[str, tuple[str, list[Any], int, int]] = {
+    # P4 unlisted_write: details listed in words count
+    "P4-silent-write": ("P4", [HELLO, GUD, GRD, YES, BARE_CANCEL_CALL], 2, 1),
+    "P4-listed-in-words": (
+        "P4",
+        [
+            HELLO,
+            GUD,
+            GRD,
+            "Shall I set your checked bags to 2 at no charge?",
+            YES,
+            call(
+                "update_reservation_baggages",
+                reservation_id="NO6JO3",
+                total_baggages=2,
+                nonfree_baggages=0,
+                payment_id="credit_card_4421486",
+            ),
+        ],
+        3,
+        0,
+    ),  # fmt: skip
+    # P5 unconfirmed_write: agreement in other words, but not the opening request
+    "P5-other-words": ("P5", [HELLO, GUD, GRD, ASK, user("Sounds good to me."), CANCEL], 3, 0),
+    "P5-opening-request": ("P5", [user("Hi, I am mia_li_3668, please cancel NO6JO3."), CANCEL], 0, 1),
+    "P5-not-yet": ("P5", [HELLO, GUD, GRD, ASK, user("No, not yet."), CANCEL], 3, 1),
+    # P7: a refusal the policy always makes is not premature
+    "P7-policy-refusal": ("P7", [HELLO, NUMBER_REFUSAL], 0, 0),
+    "P7-blind-refusal": ("P7", [HELLO, "I'm sorry, but I can't help with that request. Goodbye!"], 0, 1),
+    # P8: reads and failures past the budget cost, a write does not
+    "P8-ninth-read": ("P8", [HELLO, calcs(8), GUD], 1, 1),
+    "P8-write-past-budget": ("P8", [HELLO, calcs(8), GUD, GRD, ASK, YES, CANCEL], 3, 0),
+    # P9 policy_violating_write, judged on the records read
+    "P9-not-cancellable": ("P9", [HELLO, GUD, GRD_BASIC, ASK_BASIC, YES, CANCEL_BASIC], 3, 1),
+    "P9-cancellable": ("P9", CONFIRMED_CANCEL, 3, 0),
+    "P9-unread": ("P9", [HELLO, ASK_BASIC, YES, CANCEL_BASIC], 1, 0),  # nothing shown, nothing judged
+    "P9-remove-bags": ("P9", [HELLO, GUD, GRD, bags_on("NO6JO3", 1, 0)], 2, 1),
+    "P9-free-bags-charged": ("P9", [HELLO, GUD, GRD_BASIC, bags_on("AIXC49", 2, 1)], 2, 1),  # gold: 2 free
+    "P9-bags-within-allowance": ("P9", [HELLO, GUD, GRD_BASIC, bags_on("AIXC49", 2, 0)], 2, 0),
+    "P9-extra-bag-free": ("P9", [HELLO, GUD, GRD_BASIC, bags_on("AIXC49", 3, 0)], 2, 1),
+    # bonuses are not paid for a forbidden write
+    "B5-forbidden-write": ("B5", [HELLO, GUD, GRD_BASIC, ASK_BASIC, YES, CANCEL_BASIC], 3, 0),
+    "B5-other-words": ("B5", [HELLO, GUD, GRD, ASK, user("Sounds good to me."), CANCEL], 3, 1),
+    "B2-forbidden-write": ("B2", [HELLO, GUD, GRD_BASIC, ASK_BASIC, YES, CANCEL_BASIC], 3, 0),
+    "B2-chained-write": ("B2", CONFIRMED_CANCEL, 3, 1),
+    "B3-forbidden-write": ("B3", [HELLO, GUD, GRD_BASIC, ASK_BASIC, YES, CANCEL_BASIC], 3, 0),
+    "B3-credited-at-write": ("B3", CONFIRMED_CANCEL, 3, 2),
+    "B4-forbidden-write": ("B4", [HELLO, GUD, GRD_BASIC, ASK_BASIC, YES, CANCEL_BASIC], 3, 0),
+    "B4-explained-write": ("B4", CONFIRMED_CANCEL, 3, 1),
+    "B6-forbidden-write": ("B6", [HELLO, GUD, GRD_BASIC, ASK_BASIC, YES, CANCEL_BASIC], 3, 0),
+    "B6-verified": ("B6", CONFIRMED_CANCEL, 3, 1),
+    # B8 justified_refusal: the records read back the refusal
+    "B8-justified": (
+        "B8",
+        [HELLO, GRD_BASIC, "I'm sorry, but this basic economy reservation cannot be cancelled."],
+        1,
+        1,
+    ),  # fmt: skip
+    "B8-unjustified": ("B8", [HELLO, GRD, "I'm sorry, we are unable to cancel this reservation."], 1, 0),
+    "B8-blind": ("B8", [HELLO, "I'm sorry, we are unable to cancel this reservation."], 0, 0),
+    "B8-once": (
+        "B8",
+        [HELLO, GRD_BASIC, "This reservation cannot be cancelled.", user("Please?"), "It cannot be cancelled."],
+        2,
+        0,
+    ),  # fmt: skip
+}
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_rule_on_real_episode(env: AirlineEnv, case: str) -> None:
     rule_id, steps, turn, expected = CASES[case]
     record = play(env, steps)
-    result = score_episode(record)
+    result = score_episode(record, rules="v1")
     assert len(result.turn_scores) == len(record.turns) == len(result.fired)
     assert result.fired[turn].get(rule_id, 0) == expected, result.fired
 
 
+@pytest.mark.parametrize("case", list(V2_CASES))
+def test_v2_rule_on_real_episode(env: AirlineEnv, case: str) -> None:
+    rule_id, steps, turn, expected = V2_CASES[case]
+    result = score_episode(play(env, steps), rules="v2")
+    assert result.fired[turn].get(rule_id, 0) == expected, result.fired
+
+
 def test_every_rule_has_a_firing_and_a_silent_case() -> None:
-    fires = {rule for rule, _, _, expected in CASES.values() if expected}
-    silent = {rule for rule, _, _, expected in CASES.values() if not expected}
-    assert fires == silent == set(RULES)
+    for cases, rules in ((CASES, RULES_V1), (V2_CASES, {k: r for k, r in RULES_V2.items() if r != RULES_V1.get(k)})):
+        fires = {rule for rule, _, _, expected in cases.values() if expected}
+        silent = {rule for rule, _, _, expected in cases.values() if not expected}
+        assert fires == silent == set(rules)
+    assert set(RULES_V2) - {"P9", "B8"} == set(RULES_V1) and RULES is RULES_V2 and set(RULE_SETS) == {"v1", "v2"}
+
+
+def test_v1_and_v2_differ_where_the_real_set_said(env: AirlineEnv) -> None:
+    """The same records, both versions: v1 pays a forbidden cancellation and charges a refusal straight from the
+    policy and a confirmation in other words; v2 does the opposite."""
+    forbidden = play(env, [HELLO, GUD, GRD_BASIC, ASK_BASIC, YES, CANCEL_BASIC])
+    assert score_episode(forbidden, rules="v1").process_score > 0 > score_episode(forbidden, rules="v2").process_score
+    refusal = play(env, [HELLO, NUMBER_REFUSAL])
+    assert score_episode(refusal, rules="v1").process_score < 0 == score_episode(refusal, rules="v2").process_score
+    agreed = play(env, [HELLO, GUD, GRD, ASK, user("Sounds good to me."), CANCEL])
+    assert score_episode(agreed, rules="v1").rule_counts["P5"] == 1 and "P5" not in score_episode(agreed).fired[3]
+    with pytest.raises(KeyError, match="unknown PRM-Lite rule set 'v3'; valid: v1, v2"):
+        score_episode(agreed, rules="v3")
 
 
 def test_turn_score_is_weighted_sum_and_totals_add_up(env: AirlineEnv) -> None:
     record = play(env, [HELLO, GUD_CALL, GRD, ASK, user("Yes, go ahead."), CANCEL, "Done: NO6JO3 is cancelled."])
-    result = score_episode(record)
+    result = score_episode(record, rules="v1")
     assert result.fired[0] == {} and result.fired[1] == {}  # reads earn nothing by themselves
     assert result.fired[3] == {"B2": 1, "B3": 2, "B4": 1, "B5": 1, "B6": 1}  # the confirmed, verified cancellation
     assert result.turn_scores[3] == pytest.approx(0.02 + 2 * 0.01 + 0.005 + 0.04 + 0.02)
     for scores, fired in zip(result.turn_scores, result.fired, strict=True):
-        assert scores == pytest.approx(sum(RULES[r].weight * n for r, n in fired.items()))
-    for rule_id in RULES:
+        assert scores == pytest.approx(sum(RULES_V1[r].weight * n for r, n in fired.items()))
+    for rule_id in RULES_V1:
         assert result.rule_counts[rule_id] == sum(fired.get(rule_id, 0) for fired in result.fired)
     assert result.raw_score == pytest.approx(sum(result.turn_scores))
     assert result.process_score == pytest.approx(result.raw_score)  # well inside the default clip
@@ -294,7 +404,7 @@ def test_turn_score_is_weighted_sum_and_totals_add_up(env: AirlineEnv) -> None:
 
 def test_clip(env: AirlineEnv) -> None:
     record = play(env, [HELLO, GUD, GRD, YES, BARE_CANCEL_CALL])  # P4 and B2 + 2 B3 + B5 + B6: raw +0.06
-    assert score_episode(record).process_score == pytest.approx(0.06)
+    assert score_episode(record).process_score == pytest.approx(0.06)  # the same in v1 and v2 (P4: no id / detail)
     tight = score_episode(record, clip=(-0.01, 0.01))
     assert tight.process_score == pytest.approx(0.01) and tight.raw_score == pytest.approx(0.06)
     low = score_episode(record, weights={"P4": -3.0})
@@ -312,22 +422,26 @@ def test_weights_override_and_unknown_id(env: AirlineEnv) -> None:
     zero = score_episode(record, weights={"P6": 0.0})
     assert zero.fired == [{"P6": 1}] and zero.turn_scores == [0.0]  # a zero weight still reports the firing
     assert RULES["P6"].weight == -0.05  # the override does not leak into the table
-    with pytest.raises(KeyError, match=r"unknown PRM-Lite rule id\(s\) \['P9'\]; valid ids: P1, P2, .*B7"):
-        score_episode(record, weights={"P9": 1.0})
+    with pytest.raises(KeyError, match=r"unknown PRM-Lite rule id\(s\) \['P9'\]; valid ids: P1, P2, .*B7$"):
+        score_episode(record, weights={"P9": 1.0}, rules="v1")
+    with pytest.raises(KeyError, match=r"unknown PRM-Lite rule id\(s\) \['Q1'\]; valid ids: P1, .*P9, B1, .*B8"):
+        score_episode(record, weights={"Q1": 1.0})
     with pytest.raises(ValueError, match="finite"):
         score_episode(record, weights={"P1": float("nan")})
 
 
 def test_rule_table() -> None:
-    assert list(RULES) == [f"P{i}" for i in range(1, 9)] + [f"B{i}" for i in range(1, 8)]
-    names = [rule.name for rule in RULES.values()]
-    assert names[:2] == ["placeholder_arguments", "redundant_call"] and len(set(names)) == 15
-    for rule_id, rule in RULES.items():
-        assert rule.rule_id == rule_id and rule.trigger and rule.rationale and callable(rule.fn)
-        assert (rule.weight < 0) == rule_id.startswith("P") and rule.weight != 0
-    assert get_rule("B2") is RULES["B2"] and get_rule("B5").weight == 0.04
-    with pytest.raises(KeyError, match="valid ids: P1, P2, P3, P4, P5, P6, P7, P8, B1, B2, B3, B4, B5, B6, B7"):
-        get_rule("X1")
+    assert list(RULES_V1) == [f"P{i}" for i in range(1, 9)] + [f"B{i}" for i in range(1, 8)]
+    assert list(RULES_V2) == [f"P{i}" for i in range(1, 10)] + [f"B{i}" for i in range(1, 9)]
+    for rules in (RULES_V1, RULES_V2):
+        names = [rule.name for rule in rules.values()]
+        assert names[:2] == ["placeholder_arguments", "redundant_call"] and len(set(names)) == len(rules)
+        for rule_id, rule in rules.items():
+            assert rule.rule_id == rule_id and rule.trigger and rule.rationale and callable(rule.fn)
+            assert (rule.weight < 0) == rule_id.startswith("P") and rule.weight != 0
+    assert get_rule("B2") is RULES["B2"] and get_rule("B5").weight == 0.04 and get_rule("P4", "v1") is RULES_V1["P4"]
+    with pytest.raises(KeyError, match="valid ids: P1, P2, P3, P4, P5, P6, P7, P8, B1, B2, B3, B4, B5, B6, B7$"):
+        get_rule("X1", "v1")
 
 
 def test_id_arguments_come_from_the_schemas() -> None:
@@ -468,7 +582,9 @@ def test_docs_table_matches_code() -> None:
 def test_markdown_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert prm_lite.main(["--markdown"]) == 0
     out = capsys.readouterr().out
-    assert out == rules_markdown() and out.count("\n") == 2 + len(RULES)
+    assert out == rules_markdown()
+    # per set: title, blank, header, separator, one line per rule; a blank line between sets
+    assert out.count("\n") == sum(4 + len(rules) for rules in RULE_SETS.values()) + len(RULE_SETS) - 1
 
 
 def _result(*fired_rules: str) -> PRMResult:
@@ -491,3 +607,121 @@ def test_episode_rule_stats() -> None:
     assert episode_rule_stats([], [])["prm/B2/fire_rate"] == 0.0
     with pytest.raises(ValueError, match="success flags"):
         episode_rule_stats(results, [True])
+
+
+def test_joint_charges_a_policy_violating_write_on_its_turn(env: AirlineEnv) -> None:
+    """Joint's per-turn credit follows the rules: the turn that cancels a reservation the policy says cannot be
+    cancelled (basic economy, uninsured, booked 12 days before) carries the charge, the turns before it do not; v1
+    paid that turn instead."""
+    import torch
+
+    from airline_rl.trainers.variants import token_advantages
+
+    record = play(env, [HELLO, GUD, GRD_BASIC, ASK_BASIC, YES, CANCEL_BASIC])
+    v2, v1 = score_episode(record), score_episode(record, rules="v1")
+    write_turn = 3
+    assert v2.fired[write_turn] == {"P9": 1} and v2.turn_scores[write_turn] == pytest.approx(-0.10)
+    assert all(score >= 0 for k, score in enumerate(v2.turn_scores) if k != write_turn)
+    assert v1.turn_scores[write_turn] > 0  # B2 + B3 + B4 + B5 + B6: the forbidden write was the best turn
+    turns = len(record.turns)
+    policy_mask = torch.ones(1, 2 * turns, dtype=torch.long)  # two policy tokens per turn
+    turn_index = torch.arange(turns).repeat_interleave(2).unsqueeze(0)
+    zero = torch.zeros(1)  # a group advantage of 0: only the per-turn credit is left
+    for scores, sign in ((v2, -1.0), (v1, 1.0)):
+        advantages = token_advantages(
+            "joint", zero, policy_mask, turn_index, torch.tensor([scores.turn_scores]), turn_credit_coef=0.3,
+            prm_clip=0.5,
+        )[0]  # fmt: skip
+        write_tokens = advantages[2 * write_turn : 2 * write_turn + 2]
+        assert torch.all(torch.sign(write_tokens) == sign)
+        if sign < 0:
+            assert torch.all(write_tokens < advantages.min() + 1e-9)  # the most negative tokens of the episode
+            assert torch.all(advantages[: 2 * write_turn] >= 0)
+
+
+def test_evaluation_samples_carry_the_process_score(env: AirlineEnv) -> None:
+    """evaluate.py stores PRM-Lite's verdict with every episode, which its prm_* metrics read."""
+    from airline_rl.evaluation.results import sample_entry
+
+    record = play(env, CONFIRMED_CANCEL)
+    entry = sample_entry(record, 0)["prm"]
+    result = score_episode(record)
+    assert entry == {"rules": "v2", "process_score": result.process_score, "rule_counts": result.rule_counts}
+
+
+def test_policy_checks_read_only_what_the_tool_results_showed() -> None:
+    """``policy.write_violations`` on hand-made records: each check is one sentence of the policy."""
+    import json as _json
+
+    from airline_rl.envs.episode import ToolCallRecord
+    from airline_rl.rewards.prm.policy import PolicyFacts, write_violations
+
+    def seen(name: str, result: object, **arguments: Any) -> ToolCallRecord:
+        return ToolCallRecord(turn=0, name=name, arguments=arguments, result=_json.dumps(result), error=False)
+
+    def write(name: str, **arguments: Any) -> ToolCallRecord:
+        return ToolCallRecord(turn=1, name=name, arguments=arguments, result="{}", error=False, is_write=True)
+
+    user = {"user_id": "u_1", "membership": "regular", "payment_methods": {
+        "credit_card_1": {"source": "credit_card"}, "gift_card_1": {"source": "gift_card", "amount": 50.0},
+        "certificate_1": {"source": "certificate", "amount": 100.0}, "certificate_2": {"source": "certificate",
+        "amount": 100.0}}}  # fmt: skip
+    reservation = {"reservation_id": "ABC123", "user_id": "u_1", "origin": "JFK", "destination": "LAX",
+                   "flight_type": "one_way", "cabin": "economy", "created_at": "2024-05-15T10:00:00",
+                   "insurance": "no", "total_baggages": 1, "nonfree_baggages": 0,
+                   "flights": [{"flight_number": "HAT001", "origin": "JFK", "destination": "LAX",
+                                "date": "2024-05-20"}],
+                   "passengers": [{"first_name": "A"}, {"first_name": "B"}]}  # fmt: skip
+    facts = PolicyFacts()
+    assert write_violations(facts, write("cancel_reservation", reservation_id="ABC123")) == []  # nothing read
+    facts.observe(seen("get_user_details", user, user_id="u_1"))
+    facts.observe(seen("get_reservation_details", reservation, reservation_id="ABC123"))
+    # booked 5 hours ago: cancellable; a week earlier it would not be
+    assert write_violations(facts, write("cancel_reservation", reservation_id="abc123")) == []
+    facts.reservations["ABC123"]["created_at"] = "2024-05-08T10:00:00"
+    assert write_violations(facts, write("cancel_reservation", reservation_id="ABC123")) == ["not_cancellable"]
+    facts.observe(seen("get_flight_status", "cancelled", flight_number="HAT001", date="2024-05-20"))
+    assert write_violations(facts, write("cancel_reservation", reservation_id="ABC123")) == []  # airline cancelled
+    # regular member, economy, 2 passengers: 2 free bags; bags cannot be removed
+    bags = {"reservation_id": "ABC123", "payment_id": "credit_card_1"}
+    assert write_violations(facts, write("update_reservation_baggages", total_baggages=3, nonfree_baggages=1,
+                                         **bags)) == []  # fmt: skip
+    assert write_violations(facts, write("update_reservation_baggages", total_baggages=3, nonfree_baggages=0,
+                                         **bags)) == ["baggage_fee"]  # fmt: skip
+    assert write_violations(facts, write("update_reservation_baggages", total_baggages=0, nonfree_baggages=0,
+                                         **bags)) == ["remove_bags"]  # fmt: skip
+    assert write_violations(facts, write("update_reservation_passengers", reservation_id="ABC123",
+                                         passengers=[{"first_name": "A"}])) == ["passenger_count"]  # fmt: skip
+    change = {"reservation_id": "ABC123", "cabin": "economy", "flights": [{"flight_number": "HAT002",
+              "date": "2024-05-21"}]}  # fmt: skip
+    facts.routes["HAT002"] = ("JFK", "SFO")
+    assert write_violations(facts, write("update_reservation_flights", payment_id="gift_card_1", **change)) == [
+        "trip_changed"
+    ]
+    assert "payment_mix" in write_violations(facts, write("update_reservation_flights", payment_id="certificate_1",
+                                                          **change))  # fmt: skip
+    # booking: payment rules, the allowance, and insurance must have been offered
+    booking = {"user_id": "u_1", "cabin": "economy", "flights": [{"flight_number": "HAT009", "date": "2024-05-22"}],
+               "passengers": [{"first_name": "A"}], "total_baggages": 1, "nonfree_baggages": 0}  # fmt: skip
+    pay_two_certificates = [{"payment_id": "certificate_1", "amount": 100}, {"payment_id": "certificate_2",
+                            "amount": 100}]  # fmt: skip
+    assert write_violations(facts, write("book_reservation", payment_methods=pay_two_certificates, **booking)) == [
+        "insurance_not_offered", "payment_mix"
+    ]  # fmt: skip
+    facts.agent_said.append("would you like travel insurance for $30 per passenger?")
+    over = [{"payment_id": "gift_card_1", "amount": 80}, {"payment_id": "credit_card_9", "amount": 20}]
+    assert write_violations(facts, write("book_reservation", payment_methods=over, **booking)) == [
+        "balance", "payment_not_in_profile"
+    ]  # fmt: skip
+    # compensation: a regular member without insurance in economy gets none, and only when asking for it
+    certificate = write("send_certificate", user_id="u_1", amount=200)
+    assert write_violations(facts, certificate) == ["compensation_ineligible", "compensation_unasked"]
+    facts.users["u_1"]["membership"] = "gold"
+    facts.user_said.append("my flight was cancelled, i want compensation")
+    assert write_violations(facts, certificate) == []  # $100 x 2 passengers for a cancelled flight
+    delay = write("send_certificate", user_id="u_1", amount=150)  # 3 x 50 matches no reservation
+    assert write_violations(facts, delay) == ["compensation_amount"]
+    facts.reservations["ABC123"]["passengers"].append({"first_name": "C"})
+    assert write_violations(facts, delay) == ["delay_compensation_without_change"]  # a delay: change or cancel first
+    facts.changed.add("ABC123")
+    assert write_violations(facts, delay) == []

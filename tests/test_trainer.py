@@ -182,6 +182,10 @@ def test_one_step_updates_parameters_with_environment_tokens_masked(
     for key in ("episode/outcome_reward", "episode/group_saturation", "episode/turns", "episode/truncation_rate"):
         assert key in logs, key
     assert any(k.startswith("prm/") and k.endswith("/fire_rate") for k in logs)
+    # the within-group signal: how many groups had mixed outcomes (the AUC and the correlations only where some did)
+    assert "prm/mixed_groups" in logs
+    if logs["prm/mixed_groups"] > 0:
+        assert 0.0 <= logs["prm/within_group_auc"] <= 1.0 and 0.0 <= logs["prm/sign_agreement"] <= 1.0
     for key in ("generation", "env_user", "reward_prm", "rollout", "optimisation", "env_user_reward_share"):
         assert f"timing/{key}" in logs, key
     assert 0.0 <= logs["timing/env_user_reward_share"] <= 1.0
@@ -189,6 +193,35 @@ def test_one_step_updates_parameters_with_environment_tokens_masked(
     # every optimiser step's pre-clip gradient norm (the variants differ in step size) and whether it was clipped
     assert logs["grad_norm/pre_clip"] == pytest.approx(logs["grad_norm"]) and logs["grad_norm/pre_clip"] > 0
     assert logs["grad_norm/clipped"] in (0.0, 1.0)
+
+
+def test_within_group_signal_metrics_are_logged(tmp_path, tiny_model, tiny_tokenizer, short_env):
+    """prm/within_group_auc, prm/sign_agreement and prm/rule/<id>/corr over the groups with mixed outcomes (groups
+    are num_generations consecutive episodes): a process score that ranks a group's success first is a signal."""
+    from airline_rl.envs.episode import EpisodeRecord
+    from airline_rl.envs.runner import RunTimings
+    from airline_rl.rewards.prm import PRMResult
+
+    trainer = make_trainer(tmp_path, "joint", tiny_model, tiny_tokenizer, short_env, prm_rules="v1")
+    assert trainer.args.prm_rules == "v1"
+    group = trainer.num_generations  # 4
+    outcomes = [1.0, 0.0, 0.0, 0.0] + [0.0] * group  # group 0 mixed, group 1 all failed (not counted)
+    scores = [0.2, 0.1, 0.0, -0.1] + [0.3] * group
+    summaries, results = [], []
+    for outcome, score in zip(outcomes, scores, strict=True):
+        counts = {"B5": int(outcome >= 1.0), "P9": 0}
+        results.append(PRMResult([score], [{}], score, score, counts))
+        summaries.append({
+            "reward": {"reward": outcome, "user_error": False}, "prm": {"process_score": score, "rule_counts": counts},
+            "num_turns": 1, "num_tool_calls": 0, "num_tool_errors": 0, "truncated": False,
+        })  # fmt: skip
+    records = [EpisodeRecord(task_id="0", seed=i) for i in range(len(outcomes))]
+    trainer._log_rollout_metrics("train", records, results, summaries, RunTimings(), 0.0)
+    metrics = trainer._metrics["train"]
+    assert metrics["prm/mixed_groups"] == [1.0]
+    assert metrics["prm/within_group_auc"] == [1.0]
+    assert metrics["prm/sign_agreement"] == [pytest.approx(0.75)]  # the 0.1 failure is above its group mean
+    assert metrics["prm/rule/B5/corr"] == [pytest.approx(1.0)] and "prm/rule/P9/corr" not in metrics  # constant
 
 
 def test_default_rewards_follow_the_variant(tmp_path, tiny_model, tiny_tokenizer, short_env):

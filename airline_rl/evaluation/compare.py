@@ -119,6 +119,7 @@ ROWS: list[tuple[str, str, Any]] = [
     ("turns per episode", "metric", "turns_per_episode"),
     ("truncation rate", "metric", "truncation_rate"),
     ("user-simulator failures", "metric", "user_errors"),
+    ("PRM-Lite within-group AUC (process vs outcome, tasks with both)", "metric", "prm_within_group_auc"),
 ]
 
 

@@ -23,6 +23,10 @@ metric and counted apart. For task t let n_t be its valid samples and c_t its su
   episodes (scripted agents have none: null). Only turns with ≥ 1 sampled token are turns (a budget spent before
   the policy sampled anything ends the episode as ``token_budget``; older files may hold such 0-token entries,
   skipped here).
+- PRM-Lite signal (``prm_signal``): each task's valid samples form a group, as in GRPO; over the tasks with both
+  outcomes, the mean per-task AUC of the process score against success (``prm_within_group_auc``: 0.5 is no
+  signal), the share of episodes whose process and outcome advantages agree in sign, and per rule the within-task
+  correlation of "fired" with success (docs/prm_lite.md, "Is the process reward a signal?").
 - every task-level computation runs over the task ids in canonical order (``task_order``: numeric ids by value,
   then the others), so a metric never depends on the order of the ``tasks`` mapping (JSON files store it sorted
   as strings: "0", "1", "10", ...).
@@ -255,4 +259,32 @@ def compute_metrics(
             sum(1 for s in valid if s.get("termination") == "token_budget") / len(valid) if valid else None
         ),
         "terminations": dict(sorted(Counter(str(s.get("termination")) for s in samples).items())),
+        **prm_signal(tasks, ids),
+    }
+
+
+def prm_signal(tasks: Mapping[str, Mapping[str, Any]], ids: Sequence[str]) -> dict[str, Any]:
+    """PRM-Lite's within-task signal over the valid samples that carry a ``prm`` entry, each task's samples a group
+    (as in a GRPO group): ``prm_within_group_auc``, ``prm_sign_agreement``, ``prm_mixed_groups`` and
+    ``prm_rule_corr`` (``airline_rl.rewards.prm.stats.within_group_signal``; null where undefined)."""
+    from airline_rl.rewards.prm.stats import within_group_signal
+
+    scored = [(t, s) for t in ids for s in valid_samples(tasks[t]) if isinstance(s.get("prm"), Mapping)]
+    signal = within_group_signal(
+        [float(s["prm"].get("process_score", 0.0)) for _, s in scored],
+        [1.0 if s.get("success") else 0.0 for _, s in scored],
+        [t for t, _ in scored],
+        [dict(s["prm"].get("rule_counts") or {}) for _, s in scored],
+    )
+
+    def clean(value: float) -> float | None:
+        return None if math.isnan(value) else value
+
+    rules = {key.split("/")[1]: clean(v) for key, v in signal.items() if key.startswith("rule/")}
+    return {
+        "prm_rules": next((str(s["prm"].get("rules")) for _, s in scored), None),
+        "prm_within_group_auc": clean(signal["within_group_auc"]),
+        "prm_sign_agreement": clean(signal["sign_agreement"]),
+        "prm_mixed_groups": int(signal["mixed_groups"]),
+        "prm_rule_corr": rules,
     }

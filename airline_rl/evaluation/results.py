@@ -138,6 +138,15 @@ def check_compatible(path: str | Path, config: Mapping[str, Any]) -> bool:
     return True
 
 
+def _prm_entry(record: EpisodeRecord) -> dict[str, Any]:
+    """PRM-Lite's verdict on an evaluated episode (default rule set, default clip): what the within-group signal
+    metrics (``prm_signal`` in the metrics) read, so an evaluation shows whether the process reward tracks success."""
+    from airline_rl.rewards.prm import DEFAULT_RULE_SET, score_episode
+
+    result = score_episode(record, rules=DEFAULT_RULE_SET)
+    return {"rules": DEFAULT_RULE_SET, "process_score": result.process_score, "rule_counts": result.rule_counts}
+
+
 def sample_entry(record: EpisodeRecord, sample: int, save_messages: bool = False) -> dict[str, Any]:
     """What a results file keeps of one episode."""
     reward = dict(record.reward or {})
@@ -155,6 +164,7 @@ def sample_entry(record: EpisodeRecord, sample: int, save_messages: bool = False
         "policy_tokens": [t.num_policy_tokens for t in record.turns if t.num_policy_tokens is not None],
         "truncated": record.truncated,
         "user_error": record.user_error,
+        "prm": _prm_entry(record),
     }
     if save_messages:
         entry["messages"] = record.messages[1:]  # the system prompt is the same for every episode

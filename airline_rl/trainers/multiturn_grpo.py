@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import statistics
 import time
 from collections.abc import Iterator
@@ -45,7 +46,7 @@ from airline_rl.configs import MultiTurnGRPOConfig
 from airline_rl.envs.episode import AirlineEnv, Episode, EpisodeRecord
 from airline_rl.envs.runner import RunTimings, run_episodes
 from airline_rl.envs.users.base import UserSimulator
-from airline_rl.rewards.prm_lite import PRMResult, episode_rule_stats, score_episode
+from airline_rl.rewards.prm_lite import PRMResult, episode_rule_stats, score_episode, within_group_signal
 from airline_rl.rollout import TokenPolicyAgent
 from airline_rl.trainers.variants import token_advantages
 
@@ -255,7 +256,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             backend.drain()
         prm_start = time.perf_counter()
         clip = self.args.prm_clip if self.args.prm_clip is not None else 0.5
-        prm_results = [score_episode(record, clip=(-clip, clip)) for record in records]
+        prm_results = [score_episode(record, clip=(-clip, clip), rules=self.args.prm_rules) for record in records]
         timings.reward += time.perf_counter() - prm_start
 
         prompt_ids = [ep.agent_state["prompt_ids"] for ep in episodes]
@@ -394,6 +395,15 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
                  for e in everything]  # fmt: skip
         for key, value in episode_rule_stats(fired, successes).items():
             metrics[key].append(value)
+        # is the process score a signal where GRPO looks, inside groups with mixed outcomes (undefined: not logged)
+        signal = within_group_signal(
+            [e["process"] for e in everything], outcomes, [i // group for i in range(len(everything))],
+            [e["rules"] for e in everything],
+        )  # fmt: skip
+        metrics["prm/mixed_groups"].append(signal.pop("mixed_groups"))
+        for key, value in signal.items():
+            if not math.isnan(value):
+                metrics[f"prm/{key}"].append(value)
         metrics["timing/generation"].append(timings.agent)
         metrics["timing/env_user"].append(timings.env + timings.user)
         metrics["timing/reward_prm"].append(timings.reward)

@@ -1,14 +1,17 @@
-"""PRM-Lite: a rule-based process reward, 15 interpretable rules scored per assistant turn, no trainable parameters.
+"""PRM-Lite: a rule-based process reward, interpretable rules scored per assistant turn, no trainable parameters.
 
 An airline episode runs for dozens of turns and the outcome reward (τ²'s DB × COMMUNICATE) is a single bit at the
 end, so GRPO cannot tell which turns helped. PRM-Lite adds dense, readable turn-level credit that pays for *progress*
 (confirmed, grounded changes to the booking and the facts reported about them) and charges for behaviour that is wrong
 whatever the task. The rules read only the trajectory, never the task's gold actions or expected outcome; they are
-calibrated on a labelled corpus of scripted behaviours (``corpus``), and the report lives in docs/prm_lite.md.
+calibrated on a labelled corpus of scripted behaviours (``corpus``) and on real agents' conversations
+(``conversations``), and the report lives in docs/prm_lite.md. Two rule sets (``RULE_SETS``): ``v1`` (15 rules, the
+scripted corpus) and ``v2`` (default: policy checks of every write, ``policy``).
 
-Modules: ``detectors`` (what is a placeholder, a confirmation, an id), ``rules`` (the 15 rules), ``engine``
-(``score_episode``), ``stats`` (fire rates, AUC, Spearman, calibration), ``corpus`` (the behaviour corpus),
-``report`` (the generated docs and the command line).
+Modules: ``detectors`` (what is a placeholder, a confirmation, an id), ``policy`` (the airline policy as checks on
+the records seen), ``rules`` (the rule sets), ``engine`` (``score_episode``), ``stats`` (fire rates, AUC, Spearman,
+within-group signal, calibration), ``corpus`` (the behaviour corpus), ``conversations`` (importing real
+conversations), ``report`` (the generated docs and the command line).
 """
 
 from airline_rl.rewards.prm.detectors import (
@@ -26,18 +29,31 @@ from airline_rl.rewards.prm.detectors import (
 )
 from airline_rl.rewards.prm.engine import DEFAULT_CLIP, PRMResult, score_episode
 from airline_rl.rewards.prm.rules import (
+    DEFAULT_RULE_SET,
     MAX_FREE_TOOL_CALLS,
+    RULE_SETS,
     RULES,
+    RULES_V1,
+    RULES_V2,
     TRUNCATED_TURN_COST,
     Rule,
     TurnContext,
     UnknownRuleError,
+    UnknownRuleSetError,
     get_rule,
+    get_rule_set,
 )
-from airline_rl.rewards.prm.stats import auc, episode_rule_stats, spearman
+from airline_rl.rewards.prm.stats import auc, episode_rule_stats, spearman, within_group_signal
 
 __all__ = [
     "DEFAULT_CLIP",
+    "DEFAULT_RULE_SET",
+    "RULE_SETS",
+    "RULES_V1",
+    "RULES_V2",
+    "UnknownRuleSetError",
+    "get_rule_set",
+    "within_group_signal",
     "EXAMPLE_VALUES",
     "ID_ARGUMENT_NAMES",
     "LOOKUP_TOOLS",

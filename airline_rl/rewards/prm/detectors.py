@@ -110,6 +110,31 @@ def is_confirmation(text: str) -> bool:
     return False
 
 
+_AGREE = re.compile(
+    r"\b(?:sounds? (?:good|great|fine|perfect)|ok(?:ay)?|alright|all right|that works|works for me"
+    r"|let's do (?:it|that)|let's go|(?:please|kindly) (?:book|change|cancel|update|make|add|upgrade|downgrade|modify"
+    r"|process|send|switch|apply|issue)|i(?:'d| would) like to proceed|perfect|great|agreed|i agree"
+    r"|fine with (?:me|that)|do it)\b"
+)
+
+
+def is_agreement(text: str) -> bool:
+    """``is_confirmation`` or an agreement said in other words ("sounds good", "okay, please book it", "that works
+    for me"), not negated within its clause: PRM-Lite v2's confirmation detector (the engine counts the other words
+    only as the answer to a question of the agent). Real users rarely say "yes"; the v1 keyword list charged
+    confirmed writes as unconfirmed."""
+    if is_confirmation(text):
+        return True
+    text = _normalize_quotes(text)
+    if _REFUSAL.search(text):
+        return False
+    for match in _AGREE.finditer(text):
+        clause = _CLAUSE_END.split(text[: match.start()])[-1]
+        if not _NEGATOR.search(" ".join(clause.split()[-4:])):
+            return True
+    return False
+
+
 _HUMAN_REQUEST = re.compile(r"\b(?:human|agent|representative|supervisor)s?\b")
 
 

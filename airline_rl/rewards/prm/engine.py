@@ -23,10 +23,12 @@ from airline_rl.rewards.prm.detectors import (
     asks_for_human,
     call_signature,
     id_values,
+    is_agreement,
     is_confirmation,
     mentionable_values,
 )
-from airline_rl.rewards.prm.rules import RULES, TurnContext, _unknown
+from airline_rl.rewards.prm.policy import PolicyFacts, write_violations
+from airline_rl.rewards.prm.rules import DEFAULT_RULE_SET, Rule, TurnContext, _unknown, get_rule_set
 
 DEFAULT_CLIP = (-0.5, 0.5)
 
@@ -51,12 +53,12 @@ class PRMResult:
         }
 
 
-def _effective_weights(weights: Mapping[str, float] | None) -> dict[str, float]:
-    resolved = {rule_id: rule.weight for rule_id, rule in RULES.items()}
+def _effective_weights(rules: Mapping[str, Rule], weights: Mapping[str, float] | None) -> dict[str, float]:
+    resolved = {rule_id: rule.weight for rule_id, rule in rules.items()}
     if weights:
-        unknown = [rule_id for rule_id in weights if rule_id not in RULES]
+        unknown = [rule_id for rule_id in weights if rule_id not in rules]
         if unknown:
-            raise _unknown(unknown)
+            raise _unknown(unknown, rules)
         for rule_id, weight in weights.items():
             if not math.isfinite(weight):
                 raise ValueError(f"weight of rule {rule_id} must be finite, got {weight}")
@@ -69,16 +71,20 @@ def score_episode(
     *,
     clip: tuple[float, float] = DEFAULT_CLIP,
     weights: dict[str, float] | None = None,
+    rules: str = DEFAULT_RULE_SET,
 ) -> PRMResult:
-    """Scores every assistant turn of ``record`` with all rules, in one pass over ``record.messages``.
+    """Scores every assistant turn of ``record`` with the rules of version ``rules``, in one pass over
+    ``record.messages``.
 
     Turn k is judged against the user messages and successful tool results that precede its assistant message; the
-    results of its own calls are folded into the context only after it is scored.
+    results of its own calls are folded into the context only after it is scored, except that each write's policy
+    check (``policy.write_violations``) sees the records returned by the calls before it in the same turn.
     """
     low, high = clip
     if not low <= high:
         raise ValueError(f"clip must be (low, high) with low <= high, got {clip}")
-    resolved = _effective_weights(weights)
+    rule_set = get_rule_set(rules)
+    resolved = _effective_weights(rule_set, weights)
     n_assistant = sum(message.get("role") == "assistant" for message in record.messages)
     skip = n_assistant - len(record.turns)  # the fixed greeting(s) before the first policy turn
     if skip < 0:
@@ -88,6 +94,7 @@ def score_episode(
 
     seen_values: dict[str, str] = {}
     seen_texts: list[str] = []
+    seen_users: list[str] = []
     tool_values: set[str] = set()
     agent_mentioned: set[str] = set()
     successful_signatures: set[str] = set()
@@ -101,16 +108,19 @@ def score_episode(
     previous_call: ToolCallRecord | None = None
     successful_read_before = False
     user_asked_human = False
+    facts = PolicyFacts()
 
     turn_scores: list[float] = []
     fired_per_turn: list[dict[str, int]] = []
-    rule_counts = dict.fromkeys(RULES, 0)
+    rule_counts = dict.fromkeys(rule_set, 0)
     assistant_seen = 0
     for message in record.messages:
         role = message.get("role")
         if role == "user":
             content = str(message.get("content") or "")
             seen_texts.append(content.lower())
+            seen_users.append(content)
+            facts.user_said.append(content.lower())
             for token in _tokens(content):
                 seen_values.setdefault(token, USER)
             user_asked_human = user_asked_human or asks_for_human(content)
@@ -123,11 +133,16 @@ def score_episode(
         turn = record.turns[assistant_seen - skip - 1]
         indices = [index for index in turn.tool_call_indices if 0 <= index < len(record.tool_calls)]
         calls = [record.tool_calls[index] for index in indices]
+        violations: list[list[str]] = []
+        for call in calls:  # in order: a read earlier in the turn informs the check of a later write
+            violations.append(write_violations(facts, call) if call.is_write and not call.error else [])
+            facts.observe(call)
+        last_user = str(turn.last_user_message or "")
         ctx = TurnContext(
             turn=turn,
             calls=calls,
             call_indices=indices,
-            user_confirmed=is_confirmation(str(turn.last_user_message or "")),
+            user_confirmed=is_confirmation(last_user),
             user_asked_human=user_asked_human,
             seen_values=seen_values,
             seen_texts=seen_texts,
@@ -144,10 +159,14 @@ def score_episode(
             cancelled_ids=cancelled_ids,
             chained_values=chained_values,
             fired_before=rule_counts,
+            # other words agree only to something the agent said ("please cancel X" opening the call is a request)
+            user_agreed=is_confirmation(last_user) or (is_agreement(last_user) and len(seen_users) > 1),
+            facts=facts,
+            violations=violations,
         )
         fired: dict[str, int] = {}
         score = 0.0
-        for rule_id, rule in RULES.items():
+        for rule_id, rule in rule_set.items():
             count = int(rule.fn(ctx))
             if count:
                 fired[rule_id] = count
@@ -158,6 +177,8 @@ def score_episode(
 
         # Fold this turn into the context of the next ones (rule_counts already is: rules read it as fired_before).
         message_text = str(turn.message or "")
+        if message_text:
+            facts.agent_said.append(message_text.lower())
         agent_mentioned.update(mentionable_values(message_text))
         last_agent_message = message_text or last_agent_message
         if "B3" in fired:

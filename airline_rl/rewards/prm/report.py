@@ -15,25 +15,37 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from airline_rl.rewards.prm.rules import RULES
-from airline_rl.rewards.prm.stats import Calibration
+from airline_rl.rewards.prm.rules import DEFAULT_RULE_SET, RULE_SETS, Rule
+from airline_rl.rewards.prm.stats import Calibration, RealCalibration
 
 DOCS_START, DOCS_END = "<!-- rules:start -->", "<!-- rules:end -->"
 CALIBRATION_START, CALIBRATION_END = "<!-- calibration:start -->", "<!-- calibration:end -->"
+REAL_SET_DIR = Path(__file__).resolve().parents[3] / "tests" / "data" / "real_trajectories"
+REAL_TRAJECTORIES = REAL_SET_DIR / "gpt-4o-airline-v1-tasks-00-24.json"
+REAL_TASK_MAP = REAL_SET_DIR / "v1_to_tau2_task.json"
+"""The real calibration set in the repository: 100 GPT-4o conversations of τ-bench v1 tasks 0–24 (MIT; see README)."""
 
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def rules_markdown() -> str:
-    """The rule table as markdown (the generated part of docs/prm_lite.md)."""
+def _rule_table(rules: dict[str, Rule]) -> list[str]:
     lines = ["| ID | Name | Weight | Trigger | Rationale |", "|---|---|---|---|---|"]
-    for rule in RULES.values():
-        weight = f"{rule.weight:+.3f}".rstrip("0") + (" per count" if rule.rule_id in ("P8", "B3") else "")
+    for rule in rules.values():
+        weight = f"{rule.weight:+.3f}".rstrip("0") + (" per count" if rule.rule_id in ("P8", "B3", "P9") else "")
         trigger, rationale = _cell(rule.trigger), _cell(rule.rationale)
         lines.append(f"| {rule.rule_id} | `{rule.name}` | {weight} | {trigger} | {rationale} |")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def rules_markdown() -> str:
+    """The rule tables of every version, default first, as markdown (the generated part of docs/prm_lite.md)."""
+    lines: list[str] = []
+    for name in sorted(RULE_SETS, key=lambda n: n != DEFAULT_RULE_SET):
+        default = " (default)" if name == DEFAULT_RULE_SET else ""
+        lines += [f"**Rule set {name}**{default}", "", *_rule_table(RULE_SETS[name]), ""]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def _f(value: float, digits: int = 3) -> str:
@@ -97,6 +109,95 @@ def calibration_markdown(cal: Calibration) -> str:
         )
     lines += ["", *ceilings_markdown(cal)]
     return "\n".join(lines) + "\n"
+
+
+def _ci(cal: RealCalibration) -> str:
+    low, high = cal.per_task_auc_ci
+    return f"{_f(low)[1:] if low >= 0 else _f(low)}–{_f(high)[1:] if high >= 0 else _f(high)}"
+
+
+def real_headline(cal: RealCalibration) -> str:
+    """The real-set report's last line: the per-task AUC first."""
+    return (
+        f"{cal.per_task_auc:.3f} per-task AUC (95% CI {_ci(cal)}) over {len(cal.mixed_tasks)} tasks with both"
+        f" outcomes; write tasks {cal.write_auc:.3f} ({cal.n_write}),"
+        f" no-write tasks {cal.no_write_auc:.3f} ({cal.n_no_write});"
+        f" within-task gap {_f(cal.within_task_gap)}; rules {cal.rules}"
+    )
+
+
+def real_markdown(cal: RealCalibration) -> str:
+    """The calibration report of PRM-Lite on real conversations, as markdown; the last line is ``real_headline``."""
+    lines = [
+        f"{cal.n_conversations} conversations ({cal.n_successes} successes) on {cal.n_tasks} tasks, "
+        f"{cal.tool_calls} tool calls replayed; {cal.dropped_calls} `think` calls dropped (no τ² counterpart); "
+        f"{cal.observation_mismatches} replayed results say something else than the recorded ones; "
+        f"{len(cal.skipped)} conversations not replayed.",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| per-task AUC, success vs failure of the same task (mean over {len(cal.mixed_tasks)} tasks with both) | "
+        f"{_f(cal.per_task_auc)} (95% bootstrap CI {_ci(cal)}) |",
+        f"| per-task AUC on tasks that need a write / need none | {_f(cal.write_auc)} ({cal.n_write} tasks) / "
+        f"{_f(cal.no_write_auc)} ({cal.n_no_write} tasks) |",
+        f"| per-task AUC on the tasks whose τ² gold writes are the source task's (the recorded label is τ²'s) | "
+        f"{_f(cal.same_gold_auc)} ({cal.n_same_gold} tasks) |",
+        f"| successes minus failures, mean score within task | {_f(cal.within_task_gap)} |",
+        f"| mean score of successes / failures | {_f(cal.mean_success)} / {_f(cal.mean_failure)} |",
+        f"| share scoring above 0: successes / failures | {cal.positive_success:.0%} / {cal.positive_failure:.0%} |",
+        f"| Spearman(score, reward), pooled | {_f(cal.spearman)} |",
+        f"| episodes whose process and outcome advantages agree in sign (mixed tasks) | {cal.sign_agreement:.0%} |",
+        "",
+        "Per rule: fire rate on successes and failures, their difference, and the within-task correlation of "
+        '"fired" with success (`prm/rule/<id>/corr`; positive is right for a bonus, negative for a penalty).',
+        "",
+        "| rule | fires on successes | fires on failures | difference | within-task corr |",
+        "|---|---|---|---|---|",
+    ]
+    for rule_id, (good, bad, diff) in cal.rule_rates.items():
+        corr = cal.rule_corr.get(rule_id, math.nan)
+        lines.append(f"| {rule_id} | {good:.0%} | {bad:.0%} | {diff:+.2f} | {_f(corr, 2)} |")
+    if cal.skipped:
+        lines += ["", "Not replayed (not scored):", "", *(f"- {reason}" for reason in cal.skipped)]
+    lines += ["", real_headline(cal)]
+    return "\n".join(lines) + "\n"
+
+
+def acceptance_markdown(corpus: dict[str, Calibration], real: dict[str, RealCalibration]) -> str:
+    """The issue's acceptance numbers for every rule set on both sets, side by side."""
+    names = list(corpus)
+    head = "| condition | target | " + " | ".join(names) + " |"
+    rows = [head, "|---|---|" + "---|" * len(names)]
+
+    def row(label: str, target: str, values: list[str]) -> None:
+        rows.append(f"| {label} | {target} | " + " | ".join(values) + " |")
+
+    row("corpus: oracle above every non-completing trajectory", "≥ 48/50",
+        [f"{corpus[n].oracle_above_all}/{corpus[n].n_tasks}" for n in names])  # fmt: skip
+    row("corpus: best non-writing mean on write tasks", "≤ 0",
+        [f"{corpus[n].best_farming[0]} {_f(corpus[n].best_farming[1])}" for n in names])  # fmt: skip
+    row("corpus: Spearman(process, progress) among failures", "≥ 0.5", [_f(corpus[n].spearman_mean) for n in names])
+    row("corpus: per-task AUC", "", [_f(corpus[n].per_task_auc) for n in names])
+    row("real: per-task AUC (95% CI)", "≥ 0.75, low > 0.5",
+        [f"{_f(real[n].per_task_auc)} ({_ci(real[n])})" for n in names])  # fmt: skip
+    row("real: per-task AUC, write / no-write tasks", "— / ≥ 0.70",
+        [f"{_f(real[n].write_auc)} / {_f(real[n].no_write_auc)}" for n in names])  # fmt: skip
+    row("real: per-task AUC where τ²'s gold writes are v1's", "",
+        [f"{_f(real[n].same_gold_auc)} ({real[n].n_same_gold})" for n in names])  # fmt: skip
+    row("real: successes minus failures within task", "> 0", [_f(real[n].within_task_gap) for n in names])
+    row("real: Spearman(score, reward)", "", [_f(real[n].spearman) for n in names])
+    return "\n".join(rows) + "\n"
+
+
+def docs_calibration_markdown(corpus: dict[str, Calibration], real: dict[str, RealCalibration]) -> str:
+    """The generated calibration section of docs/prm_lite.md: acceptance table, then each report, default first."""
+    order = sorted(corpus, key=lambda n: n != DEFAULT_RULE_SET)
+    parts = [acceptance_markdown({n: corpus[n] for n in order}, {n: real[n] for n in order})]
+    for name in order:
+        parts += [f"### Scripted corpus, rules {name}\n", calibration_markdown(corpus[name])]
+    for name in order:
+        parts += [f"### Real conversations, rules {name}\n", real_markdown(real[name])]
+    return "\n".join(parts)
 
 
 _CEILING_ROWS = (
@@ -175,35 +276,100 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def update_docs(path: str | Path, calibration: Calibration | None = None) -> None:
-    """Rewrites the rule table (and, given ``calibration``, the report) between the markers of ``path``."""
+def update_docs(path: str | Path, calibration: str | None = None) -> None:
+    """Rewrites the rule tables (and, given the generated ``calibration`` section, the report) between the markers
+    of ``path``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--update-docs: no such file {path}")
     text = _replace_between(path.read_text(encoding="utf-8"), DOCS_START, DOCS_END, rules_markdown(), path)
     if calibration is not None:
-        text = _replace_between(text, CALIBRATION_START, CALIBRATION_END, calibration_markdown(calibration), path)
+        text = _replace_between(text, CALIBRATION_START, CALIBRATION_END, calibration, path)
     _write_atomic(path, text)
 
 
+def calibrate_all(
+    trajectories: str | Path = REAL_TRAJECTORIES, task_map: str | Path = REAL_TASK_MAP
+) -> tuple[dict[str, Calibration], dict[str, RealCalibration]]:
+    """Every rule set on the scripted corpus and on the real conversations (built and imported once)."""
+    from airline_rl.envs.episode import AirlineEnv
+    from airline_rl.rewards.prm.conversations import import_conversations
+    from airline_rl.rewards.prm.corpus import build_corpus
+    from airline_rl.rewards.prm.stats import calibrate, calibrate_real
+
+    env = AirlineEnv()
+    corpus = build_corpus(env)
+    imported = import_conversations(trajectories, task_map, env)
+    writes = {task_id: task.writes for task_id, task in env.domain.tasks.items()}
+    return (
+        {name: calibrate(corpus, rules=name) for name in RULE_SETS},
+        {name: calibrate_real(imported, writes, rules=name) for name in RULE_SETS},
+    )
+
+
+def score_conversations(trajectories: str, task_map: str, rules: str) -> str:
+    """The real-set report of ``trajectories`` (the CLI's ``--trajectories``); skipped ones go to stderr."""
+    from airline_rl.envs.episode import AirlineEnv
+    from airline_rl.rewards.prm.conversations import import_conversations
+    from airline_rl.rewards.prm.stats import calibrate_real
+
+    env = AirlineEnv()
+    imported = import_conversations(trajectories, task_map, env)
+    for reason in imported.skipped:
+        print(f"not replayed: {reason}", file=sys.stderr)
+    if not imported.conversations:
+        raise ValueError(f"--trajectories: no conversation of {trajectories} could be replayed")
+    writes = {task_id: task.writes for task_id, task in env.domain.tasks.items()}
+    return real_markdown(calibrate_real(imported, writes, rules=rules))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="PRM-Lite rule table and calibration report.")
-    group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--markdown", action="store_true", help="print the rule table as markdown")
-    group.add_argument("--calibration", action="store_true", help="build the corpus and print the report")
+    parser = argparse.ArgumentParser(description="PRM-Lite rule tables and calibration reports.")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--markdown", action="store_true", help="print the rule tables as markdown")
+    group.add_argument("--calibration", action="store_true", help="build the corpus and print its report")
     group.add_argument(
-        "--update-docs", metavar="PATH", help="rewrite the rule table and the calibration report between the markers"
+        "--update-docs", metavar="PATH", help="rewrite the rule tables and the calibration reports between the markers"
+    )
+    group.add_argument(
+        "--trajectories",
+        metavar="FILE",
+        help="score real conversations (OpenAI chat format, τ-bench historical trajectories) and print their report; "
+        "the last line starts with the per-task AUC",
+    )
+    parser.add_argument("--task_map", metavar="FILE", help="with --trajectories: source task id -> τ² task id (JSON)")
+    parser.add_argument(
+        "--prm_rules", choices=sorted(RULE_SETS), default=DEFAULT_RULE_SET, help="rule set to score with"
     )
     args = parser.parse_args(argv)
+    if not (args.markdown or args.calibration or args.update_docs or args.trajectories):
+        parser.error("one of --markdown, --calibration, --update-docs, --trajectories is required")
+    if args.task_map and not args.trajectories:
+        parser.error("--task_map goes with --trajectories")
     if args.markdown:
         sys.stdout.write(rules_markdown())
         return 0
-    from airline_rl.rewards.prm.corpus import build_corpus
-    from airline_rl.rewards.prm.stats import calibrate
+    if args.trajectories:
+        from airline_rl.rewards.prm.conversations import ConversationFileError
 
-    calibration = calibrate(build_corpus())
+        if not args.task_map:
+            parser.error("--trajectories needs --task_map FILE (source task id -> τ² task id)")
+        try:
+            sys.stdout.write(score_conversations(args.trajectories, args.task_map, args.prm_rules))
+        except (ConversationFileError, ValueError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        return 0
     if args.calibration:
-        sys.stdout.write(calibration_markdown(calibration))
-    else:
-        update_docs(args.update_docs, calibration)
+        from airline_rl.rewards.prm.corpus import build_corpus
+        from airline_rl.rewards.prm.stats import calibrate
+
+        sys.stdout.write(calibration_markdown(calibrate(build_corpus(), rules=args.prm_rules)))
+        return 0
+    corpus, real = calibrate_all()
+    update_docs(args.update_docs, docs_calibration_markdown(corpus, real))
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,12 +1,22 @@
-"""The 15 PRM-Lite rules (P1–P8 penalties, B1–B7 bonuses): triggers, weights, rationale, in one table.
+"""The PRM-Lite rule sets: triggers, weights, rationale, in one table per version.
 
 A rule is a function of a ``TurnContext`` (the turn and what the agent had seen before it) returning how many times
 it fires in that turn. Rules read only the trajectory: never the task's gold actions, expected outcome or
 ``communicate_info``.
+
+Two versions (``RULE_SETS``; the config's ``prm_rules`` picks one, so an ablation can run both):
+
+- ``v1``: the 15 rules calibrated on the scripted corpus (P1–P8 penalties, B1–B7 bonuses);
+- ``v2`` (default): calibrated on real agents too. It checks every write against the airline policy on the records
+  the agent's own tool results showed (``policy``; P9), credits a refusal the policy and the records justify (B8),
+  pays the write bonuses only for writes that break no rule, accepts a confirmation said in other words (P5/B5),
+  drops P4 (ids in the text are not what the policy asks), exempts justified refusals from P7, and charges P8 only
+  for failed calls past the budget (a long, correct episode is not a fault).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -26,6 +36,7 @@ from airline_rl.rewards.prm.detectors import (
     mentionable_values,
     value_strings,
 )
+from airline_rl.rewards.prm.policy import VIOLATIONS, PolicyFacts, denies, justified_refusal
 
 MAX_FREE_TOOL_CALLS = 8
 """P8 charges every tool call of an episode beyond this many (the gold trajectories need few calls)."""
@@ -61,6 +72,9 @@ class TurnContext:
     cancelled_ids: AbstractSet[str]  # reservation ids whose latest tool result says they are cancelled
     chained_values: AbstractSet[str]  # tool-derived ids that already earned B2
     fired_before: Mapping[str, int]  # rule id -> firings in earlier turns
+    user_agreed: bool = False  # the latest user message agrees, in any words (v2's confirmation detector)
+    facts: PolicyFacts = field(default_factory=PolicyFacts)  # records seen before the turn (and within it, in order)
+    violations: Sequence[Sequence[str]] = ()  # per call of the turn: the policy rules its write breaks (``policy``)
 
 
 def _successful_writes(ctx: TurnContext) -> list[ToolCallRecord]:
@@ -211,6 +225,97 @@ def _b7_grounded_reply(ctx: TurnContext) -> int:
         return 0
     values = mentionable_values(ctx.turn.message)
     return int(bool((values & ctx.tool_values) - ctx.agent_mentioned))
+
+
+# Version 2 -----------------------------------------------------------------------------------------------------------
+
+
+def _compliant_writes(ctx: TurnContext) -> list[ToolCallRecord]:
+    """Successful writes that break no policy rule on the records seen: the only writes v2's bonuses pay for."""
+    return [
+        call
+        for call, broken in zip(ctx.calls, ctx.violations or [()] * len(ctx.calls), strict=True)
+        if call.is_write and not call.error and not broken
+    ]
+
+
+def _v2(bonus: Callable[[TurnContext], int]) -> Callable[[TurnContext], int]:
+    """The v1 bonus, judged as if the turn's policy-violating writes had not been made."""
+
+    def rule(ctx: TurnContext) -> int:
+        compliant = _compliant_writes(ctx)
+        if not compliant:
+            return 0
+        calls = [call for call in ctx.calls if not call.is_write or call in compliant]
+        view = TurnContext(**{**ctx.__dict__, "calls": calls, "user_confirmed": ctx.user_agreed})
+        return bonus(view)
+
+    rule.__name__ = bonus.__name__ + "_v2"
+    return rule
+
+
+def _detail_words(call: ToolCallRecord) -> set[str]:
+    """What listing a write's details would mention: every argument value (ids, flight numbers, dates, cabins also
+    with spaces, amounts, counts), lower-cased."""
+    words: set[str] = set()
+
+    def visit(value: object) -> None:
+        if isinstance(value, Mapping):
+            for item in value.values():
+                visit(item)
+        elif isinstance(value, list):
+            for item in value:
+                visit(item)
+        elif isinstance(value, bool) or value is None:
+            return
+        elif isinstance(value, (int, float)):
+            words.add(str(int(value)) if float(value).is_integer() else str(value))
+        else:
+            text = str(value).strip().lower()
+            if text and text not in ("yes", "no"):
+                words.add(text.replace("_", " "))
+                words.add(text)
+
+    visit(call.arguments or {})
+    return words
+
+
+def _p4_unlisted_write_v2(ctx: TurnContext) -> int:
+    told = (ctx.turn.message + " " + ctx.last_agent_message).lower()
+    return int(any(call.is_write and not any(w in told for w in _detail_words(call)) for call in ctx.calls))
+
+
+def _p5_unconfirmed_write_v2(ctx: TurnContext) -> int:
+    return int(not ctx.user_agreed and any(call.is_write for call in ctx.calls))
+
+
+def _p7_premature_transfer_v2(ctx: TurnContext) -> int:
+    if not ctx.calls and declines_request(ctx.turn.message or "") and justified_refusal(ctx.facts, ctx.turn.message):
+        return 0
+    return _p7_premature_transfer(ctx)
+
+
+def _p8_excess_calls_v2(ctx: TurnContext) -> int:
+    cut = TRUNCATED_TURN_COST if ctx.turn.truncated else 0
+    return (
+        sum(
+            index >= MAX_FREE_TOOL_CALLS and (call.error or not call.is_write)
+            for index, call in zip(ctx.call_indices, ctx.calls, strict=True)
+        )
+        + cut
+    )
+
+
+def _p9_policy_violation(ctx: TurnContext) -> int:
+    return sum(bool(broken) for broken in ctx.violations)
+
+
+def _b8_justified_refusal(ctx: TurnContext) -> int:
+    if ctx.calls or ctx.fired_before.get("B8", 0) or not ctx.turn.message:
+        return 0
+    if not ctx.successful_read_before:
+        return 0  # v1's P7 intent: a refusal is judged on the records, and a blind one has none
+    return int(denies(ctx.turn.message) and justified_refusal(ctx.facts, ctx.turn.message))
 
 
 @dataclass(frozen=True)
@@ -371,8 +476,103 @@ _RULE_LIST = [
     ),
 ]
 
-RULES: dict[str, Rule] = {rule.rule_id: rule for rule in _RULE_LIST}
-"""All rules in table order: penalties P1–P8, then bonuses B1–B7."""
+RULES_V1: dict[str, Rule] = {rule.rule_id: rule for rule in _RULE_LIST}
+"""Version 1 in table order: penalties P1–P8, then bonuses B1–B7."""
+
+
+def _replace(rule_id: str, **changes: object) -> Rule:
+    return dataclasses.replace(RULES_V1[rule_id], **changes)  # type: ignore[arg-type]
+
+
+_BONUS_NOTE = " v2: only writes that break no policy rule (P9) count."
+_V2_LIST = [
+    RULES_V1["P1"],
+    RULES_V1["P2"],
+    RULES_V1["P3"],
+    _replace(
+        "P4",
+        name="unlisted_write",
+        trigger="A write call none of whose argument values (ids, flight numbers, dates, cabin, amounts, bag counts) "
+        "appears in the turn's own text or in the agent's previous message to the user.",
+        rationale="The policy asks the agent to list the action details before a write; v1 looked for ids only and "
+        "charged details listed in words (a cabin, a date).",
+        fn=_p4_unlisted_write_v2,
+    ),
+    _replace(
+        "P5",
+        trigger="A write call when the user's latest message neither confirms (yes, go ahead, ...) nor agrees in "
+        "other words (sounds good, okay, that works, please book ...), negations excluded.",
+        rationale="The policy requires explicit confirmation before any write; real users confirm in many words, and "
+        "v1's keyword list charged confirmed writes.",
+        fn=_p5_unconfirmed_write_v2,
+    ),
+    RULES_V1["P6"],
+    _replace(
+        "P7",
+        trigger=RULES_V1["P7"].trigger + " v2: a refusal the policy justifies on what is known (B8's test, or a "
+        "request the policy always denies: changing the number of passengers, adding insurance, removing bags) is "
+        "exempt.",
+        rationale="A refusal straight from the policy is correct even before any read; v1 charged it.",
+        fn=_p7_premature_transfer_v2,
+    ),
+    _replace(
+        "P8",
+        trigger=f"Each tool call beyond the {MAX_FREE_TOOL_CALLS}th of the episode that is not a successful write, "
+        f"and a turn cut off by the token budget (counted as {TRUNCATED_TURN_COST} calls).",
+        rationale="A length penalty on reading and failing, not on getting things done: v1 also charged the writes "
+        "of long, legitimate episodes.",
+        fn=_p8_excess_calls_v2,
+    ),
+    Rule(
+        "P9",
+        "policy_violating_write",
+        -0.10,
+        "Per successful write that the airline policy forbids on the records the agent's tool results showed before "
+        "it: " + "; ".join(f"{key}: {text}" for key, text in VIOLATIONS.items()),
+        "What real agents get wrong is confirmed writes the policy forbids; the records that decide them are in the "
+        "agent's own context, so this is a process check. It outweighs every bonus a write can earn.",
+        _p9_policy_violation,
+    ),
+    RULES_V1["B1"],
+    *(
+        _replace(rule_id, trigger=RULES_V1[rule_id].trigger + _BONUS_NOTE, fn=_v2(RULES_V1[rule_id].fn))
+        for rule_id in ("B2", "B3", "B4", "B5", "B6")
+    ),
+    RULES_V1["B7"],
+    Rule(
+        "B8",
+        "justified_refusal",
+        0.03,
+        "A turn without calls that declines the request after a successful read, when the policy forbids it on the "
+        "records seen (a reservation that cannot be cancelled, a basic-economy or flown reservation to change, "
+        "compensation for an ineligible user) or always (passenger count, insurance after booking, removing bags); "
+        "once per episode.",
+        "Denying a request against the policy is what the policy asks; on tasks whose right answer is no, it is the "
+        "progress signal.",
+        _b8_justified_refusal,
+    ),
+]
+RULES_V2: dict[str, Rule] = {rule.rule_id: rule for rule in _V2_LIST}
+"""Version 2 in table order."""
+
+RULE_SETS: dict[str, dict[str, Rule]] = {"v1": RULES_V1, "v2": RULES_V2}
+DEFAULT_RULE_SET = "v2"
+RULES: dict[str, Rule] = RULE_SETS[DEFAULT_RULE_SET]
+"""The default rule set's rules in table order."""
+
+
+class UnknownRuleSetError(KeyError):
+    """A rule-set name that is not in ``RULE_SETS``; the message lists the valid names."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def get_rule_set(name: str) -> dict[str, Rule]:
+    """The rules of version ``name`` ("v1" or "v2")."""
+    if name not in RULE_SETS:
+        raise UnknownRuleSetError(f"unknown PRM-Lite rule set {name!r}; valid: {', '.join(RULE_SETS)}")
+    return RULE_SETS[name]
 
 
 class UnknownRuleError(KeyError):
@@ -382,12 +582,14 @@ class UnknownRuleError(KeyError):
         return str(self.args[0])
 
 
-def _unknown(rule_ids: Sequence[str]) -> UnknownRuleError:
-    return UnknownRuleError(f"unknown PRM-Lite rule id(s) {list(rule_ids)}; valid ids: {', '.join(RULES)}")
+def _unknown(rule_ids: Sequence[str], rules: Mapping[str, Rule] | None = None) -> UnknownRuleError:
+    valid = ", ".join(rules if rules is not None else RULES)
+    return UnknownRuleError(f"unknown PRM-Lite rule id(s) {list(rule_ids)}; valid ids: {valid}")
 
 
-def get_rule(rule_id: str) -> Rule:
-    """The rule with ``rule_id`` (e.g. "P5")."""
-    if rule_id not in RULES:
-        raise _unknown([rule_id])
-    return RULES[rule_id]
+def get_rule(rule_id: str, rule_set: str = DEFAULT_RULE_SET) -> Rule:
+    """The rule with ``rule_id`` (e.g. "P5") of version ``rule_set``."""
+    rules = get_rule_set(rule_set)
+    if rule_id not in rules:
+        raise _unknown([rule_id], rules)
+    return rules[rule_id]

@@ -10,18 +10,27 @@ import json
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from airline_rl.rewards.prm.detectors import is_confirmation
 from airline_rl.rewards.prm.engine import PRMResult, score_episode
-from airline_rl.rewards.prm.rules import RULES
+from airline_rl.rewards.prm.rules import DEFAULT_RULE_SET, RULES
 
 if TYPE_CHECKING:
+    from airline_rl.rewards.prm.conversations import ImportReport
     from airline_rl.rewards.prm.corpus import Trajectory
 
 MIN_FAILURES_FOR_SPEARMAN = 3
+
+
+def rule_ids(results: Sequence[PRMResult]) -> list[str]:
+    """The rule ids the results were scored with, in table order (every result carries all of its set's ids)."""
+    seen: dict[str, None] = {}
+    for result in results:
+        seen.update(dict.fromkeys(result.rule_counts))
+    return list(seen) or list(RULES)
 
 
 def episode_rule_stats(results: Sequence[PRMResult], successes: Sequence[bool]) -> dict[str, float]:
@@ -39,7 +48,7 @@ def episode_rule_stats(results: Sequence[PRMResult], successes: Sequence[bool]) 
 
     good = [result for result, ok in zip(results, successes, strict=True) if ok]
     bad = [result for result, ok in zip(results, successes, strict=True) if not ok]
-    for rule_id in RULES:
+    for rule_id in rule_ids(results):
         stats[f"prm/{rule_id}/fire_rate"] = rate(list(results), rule_id)
         stats[f"prm/{rule_id}/discriminativeness"] = rate(good, rule_id) - rate(bad, rule_id) if good and bad else 0.0
     return stats
@@ -119,9 +128,11 @@ class Calibration:
 ORACLES = ("oracle_terse", "oracle_text")
 
 
-def calibrate(corpus: Sequence[Trajectory], results: Sequence[PRMResult] | None = None) -> Calibration:
-    """Scores ``corpus`` (unless ``results`` are given) and computes the report's numbers."""
-    results = list(results) if results is not None else [score_episode(t.record) for t in corpus]
+def calibrate(
+    corpus: Sequence[Trajectory], results: Sequence[PRMResult] | None = None, rules: str = DEFAULT_RULE_SET
+) -> Calibration:
+    """Scores ``corpus`` with rule set ``rules`` (unless ``results`` are given) and computes the report's numbers."""
+    results = list(results) if results is not None else [score_episode(t.record, rules=rules) for t in corpus]
     scores = [r.process_score for r in results]
     labels = [t.success for t in corpus]
     by_task: dict[str, list[int]] = defaultdict(list)
@@ -158,7 +169,7 @@ def calibrate(corpus: Sequence[Trajectory], results: Sequence[PRMResult] | None 
     oracle_results = [r for t, r in zip(corpus, results, strict=True) if t.behaviour in ORACLES]
     penalty_on_oracle = {
         rule_id: sum(r.rule_counts.get(rule_id, 0) > 0 for r in oracle_results) / max(len(oracle_results), 1)
-        for rule_id in RULES
+        for rule_id in rule_ids(results)
         if rule_id.startswith("P")
     }
     stats = episode_rule_stats(results, labels)
@@ -170,7 +181,7 @@ def calibrate(corpus: Sequence[Trajectory], results: Sequence[PRMResult] | None 
 
     rule_rates = {
         rule_id: (rate(good, rule_id), rate(bad, rule_id), stats[f"prm/{rule_id}/discriminativeness"])
-        for rule_id in RULES
+        for rule_id in rule_ids(results)
     }
     behaviours: dict[str, dict[str, float]] = {}
     grouped: dict[str, list[int]] = defaultdict(list)
@@ -346,3 +357,180 @@ def pair_bound(corpus: Sequence[Trajectory]) -> dict[str, float]:
         "honest_no_write_lost": lost,
         "bound": 1.0 - (penalised + lost) / pairs if pairs else math.nan,
     }
+
+
+# Within-group signal: what GRPO can use ------------------------------------------------------------------------------
+
+
+def _sign(value: float, eps: float = 1e-12) -> int:
+    return 0 if abs(value) <= eps else (1 if value > 0 else -1)
+
+
+def within_group_signal(
+    scores: Sequence[float],
+    outcomes: Sequence[float],
+    groups: Sequence[object],
+    rule_counts: Sequence[Mapping[str, int]] | None = None,
+) -> dict[str, float]:
+    """Whether the process score ranks episodes the way the outcome does *inside* groups (GRPO only compares
+    trajectories of one group: the same task), over the groups whose outcomes are mixed.
+
+    - ``within_group_auc``: mean over mixed groups of the AUC of the process score, success (outcome ≥ 1) against
+      failure (ties half): 0.5 is no signal, below 0.5 the process reward pushes against the outcome;
+    - ``sign_agreement``: share of the mixed groups' episodes whose process advantage (score − group mean) has the
+      sign of their outcome advantage (a zero process advantage does not agree);
+    - ``rule/<id>/corr``: Pearson correlation, pooled over the mixed groups after subtracting each group's means, of
+      "rule fired in the episode" with the outcome: positive is right for a bonus, negative for a penalty (NaN when
+      the rule never varies within a mixed group);
+    - ``mixed_groups``: how many groups the numbers are over (all NaN when none).
+    """
+    if not len(scores) == len(outcomes) == len(groups):
+        raise ValueError(f"{len(scores)} scores, {len(outcomes)} outcomes, {len(groups)} group keys")
+    members: dict[object, list[int]] = defaultdict(list)
+    for i, key in enumerate(groups):
+        members[key].append(i)
+    mixed = [idx for idx in members.values() if len({outcomes[i] >= 1.0 for i in idx}) == 2]
+    stats: dict[str, float] = {"mixed_groups": float(len(mixed))}
+    aucs = [auc([scores[i] for i in idx], [outcomes[i] >= 1.0 for i in idx]) for idx in mixed]
+    stats["within_group_auc"] = statistics.fmean(aucs) if aucs else math.nan
+    agree = total = 0
+    for idx in mixed:
+        score_mean = statistics.fmean(scores[i] for i in idx)
+        outcome_mean = statistics.fmean(outcomes[i] for i in idx)
+        for i in idx:
+            total += 1
+            agree += _sign(scores[i] - score_mean) == _sign(outcomes[i] - outcome_mean) != 0
+    stats["sign_agreement"] = agree / total if total else math.nan
+    if rule_counts is not None:
+        ids: dict[str, None] = {}
+        for counts in rule_counts:
+            ids.update(dict.fromkeys(counts))
+        for rule_id in ids:
+            xs: list[float] = []
+            ys: list[float] = []
+            for idx in mixed:
+                fired = [float(rule_counts[i].get(rule_id, 0) > 0) for i in idx]
+                outcome = [float(outcomes[i] >= 1.0) for i in idx]
+                fm, om = statistics.fmean(fired), statistics.fmean(outcome)
+                xs += [f - fm for f in fired]
+                ys += [o - om for o in outcome]
+            sxx, syy = sum(x * x for x in xs), sum(y * y for y in ys)
+            sxy = sum(x * y for x, y in zip(xs, ys, strict=True))
+            stats[f"rule/{rule_id}/corr"] = sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else math.nan
+    return stats
+
+
+# The real calibration set --------------------------------------------------------------------------------------------
+
+BOOTSTRAP_DRAWS = 2000
+
+
+@dataclass
+class RealCalibration:
+    """PRM-Lite on real conversations (``conversations.import_conversations``), labelled by the recorded reward."""
+
+    rules: str
+    n_conversations: int
+    n_successes: int
+    n_tasks: int
+    mixed_tasks: list[str]  # tasks with both outcomes: the only ones a within-task number is defined on
+    per_task_auc: float  # mean over the mixed tasks of that task's AUC
+    per_task_auc_ci: tuple[float, float]  # 95% bootstrap over the mixed tasks
+    write_auc: float  # the same over the mixed tasks whose τ² task needs a write
+    n_write: int
+    no_write_auc: float
+    n_no_write: int
+    same_gold_auc: float  # over the mixed tasks whose τ² gold writes are the source's (``label_notes``)
+    n_same_gold: int
+    within_task_gap: float  # mean over the mixed tasks of (mean score of successes − mean score of failures)
+    mean_success: float
+    mean_failure: float
+    positive_success: float  # share of successes / failures with a score above 0
+    positive_failure: float
+    spearman: float  # Spearman(score, reward), pooled
+    sign_agreement: float
+    rule_rates: dict[str, tuple[float, float, float]]  # rule → (fire rate on successes, on failures, difference)
+    rule_corr: dict[str, float]  # rule → within-task correlation with success (``within_group_signal``)
+    skipped: list[str] = field(default_factory=list)
+    dropped_calls: int = 0
+    tool_calls: int = 0
+    observation_mismatches: int = 0
+
+
+def bootstrap_mean_ci(values: Sequence[float], draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> tuple[float, float]:
+    """95% percentile bootstrap interval of the mean of ``values`` (resampled with replacement)."""
+    import random
+
+    if not values:
+        return math.nan, math.nan
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(draws))
+    return means[int(0.025 * draws)], means[min(int(0.975 * draws), draws - 1)]
+
+
+def calibrate_real(
+    report: ImportReport, task_writes: Mapping[str, bool], rules: str = DEFAULT_RULE_SET
+) -> RealCalibration:
+    """Scores the imported conversations with rule set ``rules`` and computes the real-set report.
+
+    ``task_writes`` (τ² task id → whether its gold actions write) only splits the report; the rules never see it."""
+    conversations = report.conversations
+    results = [score_episode(c.record, rules=rules) for c in conversations]
+    scores = [r.process_score for r in results]
+    labels = [c.success for c in conversations]
+    by_task: dict[str, list[int]] = defaultdict(list)
+    for i, conversation in enumerate(conversations):
+        by_task[conversation.task_id].append(i)
+    mixed = sorted((t for t, idx in by_task.items() if len({labels[i] for i in idx}) == 2), key=lambda t: (len(t), t))
+    task_auc = {t: auc([scores[i] for i in by_task[t]], [labels[i] for i in by_task[t]]) for t in mixed}
+    gaps = [
+        statistics.fmean(scores[i] for i in by_task[t] if labels[i])
+        - statistics.fmean(scores[i] for i in by_task[t] if not labels[i])
+        for t in mixed
+    ]
+    write = [task_auc[t] for t in mixed if task_writes.get(t, False)]
+    no_write = [task_auc[t] for t in mixed if not task_writes.get(t, False)]
+    same_gold = [task_auc[t] for t in mixed if report.label_notes.get(t) == "identical_writes"]
+    good = [s for s, ok in zip(scores, labels, strict=True) if ok]
+    bad = [s for s, ok in zip(scores, labels, strict=True) if not ok]
+    signal = within_group_signal(
+        scores, [float(ok) for ok in labels], [c.task_id for c in conversations], [r.rule_counts for r in results]
+    )
+    stats = episode_rule_stats(results, labels)
+    good_results = [r for r, ok in zip(results, labels, strict=True) if ok]
+    bad_results = [r for r, ok in zip(results, labels, strict=True) if not ok]
+
+    def rate(group: list[PRMResult], rule_id: str) -> float:
+        return sum(r.rule_counts.get(rule_id, 0) > 0 for r in group) / len(group) if group else 0.0
+
+    ids = rule_ids(results)
+    return RealCalibration(
+        rules=rules,
+        n_conversations=len(conversations),
+        n_successes=sum(labels),
+        n_tasks=len(by_task),
+        mixed_tasks=mixed,
+        per_task_auc=statistics.fmean(task_auc.values()) if task_auc else math.nan,
+        per_task_auc_ci=bootstrap_mean_ci(list(task_auc.values())),
+        write_auc=statistics.fmean(write) if write else math.nan,
+        n_write=len(write),
+        no_write_auc=statistics.fmean(no_write) if no_write else math.nan,
+        n_no_write=len(no_write),
+        same_gold_auc=statistics.fmean(same_gold) if same_gold else math.nan,
+        n_same_gold=len(same_gold),
+        within_task_gap=statistics.fmean(gaps) if gaps else math.nan,
+        mean_success=statistics.fmean(good) if good else math.nan,
+        mean_failure=statistics.fmean(bad) if bad else math.nan,
+        positive_success=sum(s > 0 for s in good) / len(good) if good else math.nan,
+        positive_failure=sum(s > 0 for s in bad) / len(bad) if bad else math.nan,
+        spearman=spearman(scores, [float(ok) for ok in labels]),
+        sign_agreement=signal["sign_agreement"],
+        rule_rates={
+            r: (rate(good_results, r), rate(bad_results, r), stats[f"prm/{r}/discriminativeness"]) for r in ids
+        },
+        rule_corr={r: signal.get(f"rule/{r}/corr", math.nan) for r in ids},
+        skipped=list(report.skipped),
+        dropped_calls=report.dropped_calls,
+        tool_calls=report.tool_calls,
+        observation_mismatches=report.observation_mismatches,
+    )
