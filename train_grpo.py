@@ -22,7 +22,7 @@ from trl import ModelConfig, TrlParser, get_peft_config
 from airline_rl.cli import parse_or_exit, run_main
 from airline_rl.configs import GRPOScriptArguments, MultiTurnGRPOConfig
 from airline_rl.console import DropNoneLogs, install_first, silence_known_warnings, tied_missing_keys_are_expected
-from airline_rl.envs.episode import AirlineEnv, EnvConfig
+from airline_rl.envs.episode import AirlineEnv
 from airline_rl.envs.prompt_style import compact_env, style_name, use_compact_prompt, write_prompt_style
 from airline_rl.envs.splits import get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
@@ -121,7 +121,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     # Everything the user can get wrong is checked before any model is built or loaded; each message names its flag.
     try:
         ensure_writable(script_args.hub_dir)
-        env = AirlineEnv(script_args.data_dir, EnvConfig(script_args.max_turns, script_args.max_tool_errors))
+        env = AirlineEnv(script_args.data_dir, script_args.env_config())
         compact = compact_prompt(script_args, model_args)
         if compact:
             compact_env(env)

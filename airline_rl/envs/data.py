@@ -63,6 +63,8 @@ class Task:
     communicate_info: tuple[str, ...]
     nl_assertions: tuple[str, ...]
     reward_basis: tuple[str, ...]
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The task's record as read from tasks.json (τ²'s own models render and score it: airline_rl.envs.protocol)."""
 
     @property
     def writes(self) -> bool:
@@ -208,6 +210,7 @@ def _parse_task(raw: Any, index: int, location: str) -> Task:
         communicate_info=tuple(communicate),
         nl_assertions=tuple(criteria.get("nl_assertions") or ()),
         reward_basis=tuple(criteria.get("reward_basis") or ("DB", "COMMUNICATE")),
+        raw=raw,
     )
 
 
