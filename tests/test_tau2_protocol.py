@@ -102,9 +102,9 @@ def _request_messages(body: dict) -> list[dict]:
 @needs_tau2
 @pytest.mark.parametrize("task_id", ["1", "14"])
 def test_llm_user_requests_equal_tau2_user_simulator(env, stubs, task_id: str, monkeypatch) -> None:
-    from tau2_bridge import BridgeAgent, fresh_environment, tau2_task
     from tau2.orchestrator.orchestrator import Orchestrator
     from tau2.user.user_simulator import UserSimulator
+    from tau2_bridge import BridgeAgent, fresh_environment, tau2_task
 
     from airline_rl.envs.agents import OracleAgent, plan_steps
     from airline_rl.envs.runner import run_episodes

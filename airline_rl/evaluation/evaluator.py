@@ -13,7 +13,10 @@ Order of work, so that bad input fails before anything runs and nothing finished
 
 Layout: ``<output_dir>/<name>/results.json`` where name is ``--eval_name`` or, by default, the local-hub run name, the
 model folder's name, ``oracle`` or ``noop``; a local-hub revision adds ``step-<N>/`` (``<output_dir>/<run>/
-step-000200/results.json``), so ``--steps 200,250,300`` writes three files side by side.
+step-000200/results.json``), so ``--steps 200,250,300`` writes three files side by side. With ``--protocol tau2``
+(the default) or ``--tau2_results true``, ``tau2_results.json`` beside it holds the same episodes in τ²-bench's own
+``Results`` format (``airline_rl.evaluation.tau2_export``; ``tau2_results.incomplete.json`` until every episode is
+in it).
 """
 
 from __future__ import annotations

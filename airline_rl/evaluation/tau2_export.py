@@ -162,7 +162,12 @@ class Tau2Results:
 
     @property
     def missing(self) -> list[tuple[str, int]]:
-        return [key for key in self.expected if key not in self.simulations]
+        """Episodes not exported yet, and those whose user simulator failed (evaluate.py plays them again)."""
+        return [
+            key
+            for key in self.expected
+            if key not in self.simulations or self.simulations[key].get("termination_reason") == "user_error"
+        ]
 
     @property
     def complete(self) -> bool:
