@@ -117,6 +117,13 @@ def _read_text(data_dir: str | Path | None, name: str) -> tuple[str, str]:
     return target.read_text(encoding="utf-8"), location
 
 
+def domain_file_sha256(data_dir: str | Path | None, name: str) -> str:
+    """sha256 of one domain file's text (a result names the task file it was measured on: τ² changes its tasks)."""
+    import hashlib
+
+    return hashlib.sha256(_read_text(data_dir, name)[0].encode("utf-8")).hexdigest()
+
+
 def _load_json(data_dir: str | Path | None, name: str) -> tuple[Any, str]:
     text, location = _read_text(data_dir, name)
     try:

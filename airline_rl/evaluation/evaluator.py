@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from airline_rl.configs import EvalArguments
 from airline_rl.envs.agents import get_agent
+from airline_rl.envs.data import domain_file_sha256
 from airline_rl.envs.episode import AirlineEnv
 from airline_rl.envs.prompt_style import compact_env, style_name, use_compact_prompt
 from airline_rl.envs.protocol import PROTOCOLS, TAU2, ProtocolUnavailableError, get_protocol, tau2_reference
@@ -314,6 +315,7 @@ def build_config(
         "split": args.split,
         "split_file": args.split_file,
         "data_dir": args.data_dir,
+        "tasks_sha256": domain_file_sha256(args.data_dir, "tasks.json"),
         "tasks": list(task_ids),
         "num_samples": args.num_samples,
         "seed": args.seed,
@@ -541,7 +543,13 @@ def tau2_writer(args: EvalArguments, plan_: Plan, target: EvalTarget, config: di
         reference.Task.model_validate(plan_.env.domain.get_task(t).raw).model_dump(mode="json") for t in plan_.task_ids
     ]
     expected = [(t, sample) for t in plan_.task_ids for sample in range(args.num_samples)]
-    return Tau2Results(target.out_dir, info, tasks, expected)
+    about = {
+        "protocol": args.protocol,
+        "system_prompt": config["system_prompt"],
+        "tasks_sha256": config["tasks_sha256"],
+        "results_file": RESULTS_FILE,
+    }
+    return Tau2Results(target.out_dir, info, tasks, expected, about)
 
 
 def evaluate_target(

@@ -136,8 +136,17 @@ def simulation_run(record: EpisodeRecord, sample: int, task: Task, started: str,
 class Tau2Results:
     """The τ² results file of one evaluation target: resumed from disk, rewritten atomically after every chunk."""
 
-    def __init__(self, out_dir: Path, info: dict[str, Any], tasks: list[dict[str, Any]], expected: list[tuple]):
+    def __init__(
+        self,
+        out_dir: Path,
+        info: dict[str, Any],
+        tasks: list[dict[str, Any]],
+        expected: list[tuple],
+        about: dict[str, Any] | None = None,
+    ) -> None:
+        """``about`` goes into the file's ``airline_rl`` key (protocol, task file hash, results.json config)."""
         reference = tau2_reference()
+        self.about = dict(about or {})
         self.out_dir = Path(out_dir)
         self.info = info
         self.tasks = tasks
@@ -199,6 +208,7 @@ class Tau2Results:
         }
         self._models.Results.model_validate(data)  # what τ²'s own loader will accept
         data["airline_rl"] = {
+            **self.about,
             "complete": self.complete,
             "episodes": len(self.simulations),
             "expected": len(self.expected),
