@@ -50,10 +50,10 @@ class EnvArguments:
                   "'airline_rl' the project's (text and tool calls in one turn, the agent's ###STOP###, a turn cap)."},
     )  # fmt: skip
     max_turns: int = field(default=30, metadata={"help": "Maximum assistant turns per episode (protocol airline_rl)."})
-    max_steps: int = field(
+    tau2_max_steps: int = field(
         default=200,
-        metadata={"help": "Maximum τ² orchestrator steps per episode: user messages, agent messages and tool "
-                  "responses each count one (protocol tau2; τ²'s default 200)."},
+        metadata={"help": "τ²'s max_steps: the most orchestrator steps per episode, user messages, agent messages and "
+                  "tool responses each counting one (protocol tau2; τ²'s default 200). Not the trainer's max_steps."},
     )  # fmt: skip
     max_tool_errors: int = field(default=10, metadata={"help": "An episode ends after this many failed tool calls."})
     user_simulator: Literal["scripted", "llm"] = field(
@@ -80,7 +80,7 @@ class EnvArguments:
             max_turns=self.max_turns,
             max_tool_errors=self.max_tool_errors,
             protocol=self.protocol,
-            max_steps=self.max_steps,
+            max_steps=self.tau2_max_steps,
         )
 
     def user_kwargs(self) -> dict:

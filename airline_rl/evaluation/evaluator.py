@@ -147,7 +147,7 @@ def validate_arguments(args: EvalArguments) -> None:
         (args.max_new_tokens >= 1, f"--max_new_tokens must be >= 1, got {args.max_new_tokens}"),
         (args.max_turn_tokens >= 1, f"--max_turn_tokens must be >= 1, got {args.max_turn_tokens}"),
         (args.max_turns >= 1, f"--max_turns must be >= 1, got {args.max_turns}"),
-        (args.max_steps >= 1, f"--max_steps must be >= 1, got {args.max_steps}"),
+        (args.tau2_max_steps >= 1, f"--tau2_max_steps must be >= 1, got {args.tau2_max_steps}"),
         (args.max_tool_errors >= 1, f"--max_tool_errors must be >= 1, got {args.max_tool_errors}"),
         (args.protocol in PROTOCOLS, f"--protocol must be one of {', '.join(PROTOCOLS)}, got {args.protocol!r}"),
         (args.temperature >= 0, f"--temperature must be >= 0, got {args.temperature}"),
@@ -326,7 +326,7 @@ def build_config(
         "system_prompt": style_name(compact) if policy else None,
         "protocol": args.protocol,
         "max_turns": args.max_turns if args.protocol != TAU2 else None,
-        "max_steps": args.max_steps if args.protocol == TAU2 else None,
+        "max_steps": args.tau2_max_steps if args.protocol == TAU2 else None,
         "max_tool_errors": args.max_tool_errors,
         "user": user,
         "bootstrap_samples": args.bootstrap_samples,
@@ -518,7 +518,7 @@ def tau2_writer(args: EvalArguments, plan_: Plan, target: EvalTarget, config: di
     info = tau2_info(
         policy=plan_.env.domain.policy,
         num_trials=args.num_samples,
-        max_steps=args.max_steps,
+        max_steps=args.tau2_max_steps,
         max_errors=args.max_tool_errors,
         seed=args.seed,
         agent={
