@@ -133,12 +133,19 @@ def agent_system_prompt(protocol: str, policy: str) -> str:
     return f"<instructions>\n{AIRLINE_RL_INSTRUCTIONS}\n</instructions>\n<policy>\n{policy}\n</policy>"
 
 
+_USER_PROMPTS: dict[tuple[int, str], str] = {}
+
+
 def tau2_user_system_prompt(task: Task) -> str:
     """What τ²'s ``UserSimulator`` is prompted with for ``task`` (built by τ²'s classes from the task's own record,
-    as τ²'s ``run_task`` does: ``instructions=str(task.user_scenario)``, no user tools in the airline domain)."""
-    reference = tau2_reference()
-    scenario = reference.UserScenario.model_validate(task.raw["user_scenario"])
-    return reference.UserSimulator(tools=None, instructions=str(scenario)).system_prompt
+    as τ²'s ``run_task`` does: ``instructions=str(task.user_scenario)``, no user tools in the airline domain).
+    Built once per task object: every request of the LLM user carries it."""
+    key = (id(task), task.task_id)
+    if key not in _USER_PROMPTS:
+        reference = tau2_reference()
+        scenario = reference.UserScenario.model_validate(task.raw["user_scenario"])
+        _USER_PROMPTS[key] = reference.UserSimulator(tools=None, instructions=str(scenario)).system_prompt
+    return _USER_PROMPTS[key]
 
 
 def hides_from_user(messages: list[dict[str, Any]], index: int) -> bool:
