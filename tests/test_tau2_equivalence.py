@@ -96,7 +96,7 @@ SCRIPTS = {
     "error_flood": ErrorFlood,
     "step_flood": StepFlood,
 }
-SAMPLE_TASKS = ["0", "1", "5", "14", "23", "44"]  # reads only, writes, transfer, communicate, several writes
+SAMPLE_TASKS = ["0", "3", "13", "14", "44"]  # nothing to do, a read + communicate, a transfer, writes, 3 writes
 
 
 @pytest.fixture(scope="module")
