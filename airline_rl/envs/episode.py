@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airline_rl.envs.data import Domain, Task, load_domain
-from airline_rl.envs.protocol import AIRLINE_RL, Protocol, agent_system_prompt, get_protocol
+from airline_rl.envs.protocol import AIRLINE_RL, Protocol, agent_system_prompt, get_protocol, protocol_rules
 from airline_rl.envs.state import AirlineState, CanonicalBase
 from airline_rl.envs.text import clean_text, clean_value
 from airline_rl.envs.tool_calls import parse_assistant_text
@@ -123,7 +123,7 @@ class Episode:
         )
         self.agent_state: dict[str, Any] = {}
         self.user_state: dict[str, Any] = {}
-        self.protocol: Protocol = get_protocol(config.protocol)
+        self.protocol: Protocol = protocol_rules(config.protocol)  # AirlineEnv has checked the package
         self.steps = 0  # τ²'s orchestrator step count (the greeting is not a step)
         self._errors = 0
 

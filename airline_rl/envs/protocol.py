@@ -81,11 +81,17 @@ PROTOCOLS: dict[str, Protocol] = {
 }
 
 
-def get_protocol(name: str) -> Protocol:
-    """The protocol registered as ``name``; an unknown name lists the valid ones, a missing package says so."""
+def protocol_rules(name: str) -> Protocol:
+    """The turn rules of ``name`` (no package needed: only τ²'s prompts need one); an unknown name lists the valid
+    ones."""
     if name not in PROTOCOLS:
         raise ValueError(f"--protocol must be one of {', '.join(PROTOCOLS)}; got {name!r}")
-    protocol = PROTOCOLS[name]
+    return PROTOCOLS[name]
+
+
+def get_protocol(name: str) -> Protocol:
+    """The protocol registered as ``name``; an unknown name lists the valid ones, a missing package says so."""
+    protocol = protocol_rules(name)
     if protocol.needs is not None:
         tau2_reference()  # fails now, with one line, rather than on the first episode
     return protocol
