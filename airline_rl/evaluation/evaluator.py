@@ -494,6 +494,11 @@ def plan(args: EvalArguments) -> Plan:
     compact = prompt_style_of(args, targets)
     if compact:
         compact_env(env)
+        if args.protocol == TAU2:
+            logger.warning(
+                "the policy gets the compact system prompt (airline_rl_prompt.json or --compact_prompt), not τ²'s: "
+                "the turn rules are τ²'s, the number is not a τ² number (docs/protocol.md)"
+            )
     paths = [t.results_path for t in targets]
     if len(set(paths)) != len(paths):
         raise EvaluationError(f"two evaluations would write the same results file: {paths}")
