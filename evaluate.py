@@ -35,6 +35,7 @@ from airline_rl.cli import parse_or_exit  # noqa: E402
 from airline_rl.configs import EvalArguments  # noqa: E402
 from airline_rl.evaluation import INPUT_ERRORS, run_compare, run_evaluation  # noqa: E402
 from airline_rl.evaluation.evaluator import describe_results  # noqa: E402
+from airline_rl.evaluation.tau2_export import TAU2_INCOMPLETE_FILE  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +54,15 @@ def main(args: EvalArguments) -> list[Path]:
 
 
 def unfinished(path: Path) -> str | None:
-    """Why a results file is not a finished evaluation (None when it is): episodes missing, or none scored."""
+    """Why a results file is not a finished evaluation (None when it is): episodes missing, none scored, or
+    conversations τ²'s models refused in the τ² export next to it (named by task and sample)."""
     metrics = json.loads(path.read_text(encoding="utf-8"))["metrics"]
+    tau2_partial = path.parent / TAU2_INCOMPLETE_FILE
+    if tau2_partial.is_file():
+        export = json.loads(tau2_partial.read_text(encoding="utf-8")).get("airline_rl", {})
+        rejected = ", ".join(f"task {r['task_id']} sample {r['sample']} ({r['error']})" for r in export["rejected"])
+        if rejected:
+            return f"{tau2_partial}: τ²'s models rejected {len(export['rejected'])} conversation(s): {rejected}"
     if not metrics.get("valid_episodes"):
         return (
             f"{path}: no episode could be scored ({metrics.get('user_errors', 0)} of {metrics.get('episodes', 0)} "

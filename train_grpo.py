@@ -28,7 +28,7 @@ from airline_rl.console import (
     silence_known_warnings,
     tied_missing_keys_are_expected,
 )
-from airline_rl.envs.episode import AirlineEnv, EnvConfig
+from airline_rl.envs.episode import AirlineEnv
 from airline_rl.envs.prompt_style import compact_env, style_name, use_compact_prompt, write_prompt_style
 from airline_rl.envs.splits import get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
@@ -135,7 +135,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     try:
         require_for_training(training_args)  # --use_vllm / DeepSpeed: here, where the run starts, not in the config
         ensure_writable(script_args.hub_dir)
-        env = AirlineEnv(script_args.data_dir, EnvConfig(script_args.max_turns, script_args.max_tool_errors))
+        env = AirlineEnv(script_args.data_dir, script_args.env_config())
         compact = compact_prompt(script_args, model_args)
         if compact:
             compact_env(env)

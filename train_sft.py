@@ -29,7 +29,7 @@ from airline_rl.configs import CollectArguments, SFTScriptArguments
 from airline_rl.console import ratio_steps_are_no_mismatch, tied_missing_keys_are_expected
 from airline_rl.data.collect import CollectError, collect, load_trajectories, parse_task_list
 from airline_rl.envs.data import DomainDataError
-from airline_rl.envs.episode import AirlineEnv, EnvConfig
+from airline_rl.envs.episode import AirlineEnv
 from airline_rl.envs.splits import SplitError, get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.graceful_stop import train_or_stop
@@ -119,7 +119,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     # hub/<run_name> of another run (another output_dir) would be replaced by this run's export
     claim_hub_run(script_args.hub_dir, run_name, training_args.output_dir, overwrite=script_args.overwrite_hub)
 
-    env = AirlineEnv(script_args.data_dir, EnvConfig(script_args.max_turns, script_args.max_tool_errors))
+    env = AirlineEnv(script_args.data_dir, script_args.env_config())
     split = get_split(script_args.split, script_args.split_file, frozenset(env.domain.tasks))
     with training_args.main_process_first(desc="teacher trajectories"):  # the default collects them once
         trajectories = resolve_dataset(script_args)

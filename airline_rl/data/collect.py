@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 
 from airline_rl.configs import CollectArguments
 from airline_rl.data.build_cache import swap_into_place
-from airline_rl.envs.episode import USER_ERROR, AirlineEnv, EnvConfig, EpisodeRecord
+from airline_rl.envs.episode import USER_ERROR, AirlineEnv, EpisodeRecord
 from airline_rl.envs.runner import run_episodes
 from airline_rl.envs.splits import Split, get_split
 from airline_rl.envs.users import get_user_simulator
@@ -426,7 +426,7 @@ def collect(
 
     start = time.perf_counter()
     _validate(args)
-    env = env or AirlineEnv(args.data_dir, EnvConfig(args.max_turns, args.max_tool_errors))
+    env = env or AirlineEnv(args.data_dir, args.env_config())
     split = get_split(args.split, args.split_file, frozenset(env.domain.tasks))
     tasks = select_tasks(parse_task_list(args.tasks), split, env.domain.tasks, args.allow_test_tasks)
     output_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args)

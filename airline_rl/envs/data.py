@@ -63,6 +63,8 @@ class Task:
     communicate_info: tuple[str, ...]
     nl_assertions: tuple[str, ...]
     reward_basis: tuple[str, ...]
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The task's record as read from tasks.json (τ²'s own models render and score it: airline_rl.envs.protocol)."""
 
     @property
     def writes(self) -> bool:
@@ -113,6 +115,13 @@ def _read_text(data_dir: str | Path | None, name: str) -> tuple[str, str]:
     if not target.is_file():
         raise DomainDataError(f"Domain file {location} is missing (expected the files {', '.join(DOMAIN_FILES)}).")
     return target.read_text(encoding="utf-8"), location
+
+
+def domain_file_sha256(data_dir: str | Path | None, name: str) -> str:
+    """sha256 of one domain file's text (a result names the task file it was measured on: τ² changes its tasks)."""
+    import hashlib
+
+    return hashlib.sha256(_read_text(data_dir, name)[0].encode("utf-8")).hexdigest()
 
 
 def _load_json(data_dir: str | Path | None, name: str) -> tuple[Any, str]:
@@ -208,6 +217,7 @@ def _parse_task(raw: Any, index: int, location: str) -> Task:
         communicate_info=tuple(communicate),
         nl_assertions=tuple(criteria.get("nl_assertions") or ()),
         reward_basis=tuple(criteria.get("reward_basis") or ("DB", "COMMUNICATE")),
+        raw=raw,
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airline_rl.envs.data import Domain, Task, load_domain
+from airline_rl.envs.protocol import AIRLINE_RL, Protocol, agent_system_prompt, get_protocol, protocol_rules
 from airline_rl.envs.state import AirlineState, CanonicalBase
 from airline_rl.envs.text import clean_text, clean_value
 from airline_rl.envs.tool_calls import parse_assistant_text
@@ -23,20 +24,13 @@ logger = logging.getLogger(__name__)
 GREETING = "Hi! How can I help you today?"
 """τ²'s fixed first agent message; the simulated user answers it with the reason for the call."""
 
-AGENT_INSTRUCTIONS = (
-    "You are a customer service agent for an airline. Help the user according to the <policy> below.\n"
-    "In each turn you can either send a message to the user or make tool calls. To call a tool, write "
-    '<tool_call>{"name": <tool name>, "arguments": <JSON object>}</tool_call> (you may write several blocks; they run '
-    "in order and you see their results before you continue). Any text outside tool-call blocks is shown to the user. "
-    "Always follow the policy and generate valid JSON."
-)
-
 # Termination reasons. Only the first group lets an episode earn reward: τ² scores a conversation only when it ended
 # by the agent's stop token or by one of the user's stop tokens (###STOP###, ###TRANSFER###, ###OUT-OF-SCOPE### are
 # all τ²'s USER_STOP). A call to transfer_to_human_agents ends nothing by itself; the user answers the transfer.
 USER_STOP, USER_TRANSFER, USER_OUT_OF_SCOPE = "user_stop", "user_transfer", "user_out_of_scope"
 AGENT_STOP = "agent_stop"
 MAX_TURNS, MAX_TOOL_ERRORS, TOKEN_BUDGET, USER_ERROR = "max_turns", "max_tool_errors", "token_budget", "user_error"
+MAX_STEPS, AGENT_ERROR = "max_steps", "agent_error"  # protocol tau2: τ²'s step cap; an empty agent message
 REWARDABLE_TERMINATIONS = frozenset({USER_STOP, USER_TRANSFER, USER_OUT_OF_SCOPE, AGENT_STOP})
 AGENT_STOP_TOKEN = "###STOP###"
 
@@ -102,10 +96,17 @@ class EpisodeRecord:
 
 @dataclass
 class EnvConfig:
-    """Episode limits. τ² caps a simulation at 200 messages and 10 tool errors."""
+    """The protocol (airline_rl.envs.protocol) and the episode limits.
+
+    ``airline_rl`` caps assistant turns (``max_turns``); ``tau2`` caps τ²'s orchestrator steps (``max_steps``: every
+    user message, agent message and environment response is one step; τ²'s default is 200). Both stop after
+    ``max_tool_errors`` failed tool calls (τ²'s ``max_errors``, default 10).
+    """
 
     max_turns: int = 30
     max_tool_errors: int = 10
+    protocol: str = AIRLINE_RL
+    max_steps: int = 200
 
 
 class Episode:
@@ -122,6 +123,8 @@ class Episode:
         )
         self.agent_state: dict[str, Any] = {}
         self.user_state: dict[str, Any] = {}
+        self.protocol: Protocol = protocol_rules(config.protocol)  # AirlineEnv has checked the package
+        self.steps = 0  # τ²'s orchestrator step count (the greeting is not a step)
         self._errors = 0
 
     @property
@@ -135,6 +138,14 @@ class Episode:
     def finish(self, termination: str) -> None:
         if self.record.termination is None:
             self.record.termination = termination
+
+    def _check_tau2_limits(self) -> None:
+        """τ²'s checks after a step whose message is not for the environment: the step cap, then the error cap; each
+        overrides a stop set in the same step (τ² assigns ``termination_reason`` again)."""
+        if self.steps >= self.config.max_steps:
+            self.record.termination = MAX_STEPS
+        if self._errors >= self.config.max_tool_errors:
+            self.record.termination = MAX_TOOL_ERRORS
 
     def _last_user_message(self) -> str:
         for message in reversed(self.messages):
@@ -175,8 +186,14 @@ class Episode:
         parsed = parse_assistant_text(text)
         for call in parsed.tool_calls:  # JSON escapes such as "\ud800" decode to lone surrogates: never let them in
             call.name, call.arguments = clean_text(call.name), clean_value(call.arguments)
-        turn.message = parsed.text.replace(AGENT_STOP_TOKEN, "").strip()
-        if parsed.tool_calls and all(call.parse_error is None for call in parsed.tool_calls):
+        malformed = any(call.parse_error is not None for call in parsed.tool_calls)
+        if malformed and self.protocol.malformed_calls_are_text:  # τ² gets the whole text as a message, no calls
+            parsed.tool_calls, parsed.text = [], text.strip()
+        # what the COMMUNICATE check reads: τ² searches every agent message's text as it is
+        turn.message = parsed.text
+        if self.protocol.agent_stop_token:
+            turn.message = turn.message.replace(AGENT_STOP_TOKEN, "").strip()
+        if parsed.tool_calls and not malformed:
             assistant: dict[str, Any] = {
                 "role": "assistant",
                 "content": parsed.text,
@@ -212,7 +229,13 @@ class Episode:
             self.messages.append(message)
             tool_messages.append(message)
             self._errors += error
-        if AGENT_STOP_TOKEN in parsed.text:
+        if self.protocol.counts_steps:
+            self.steps += 1 + bool(tool_messages)  # the agent's message, then the environment's response
+            if not tool_messages and not parsed.text.strip():
+                self.finish(AGENT_ERROR)  # τ²: an empty message fails its validate(); the run is an agent error
+            else:
+                self._check_tau2_limits()
+        elif self.protocol.agent_stop_token and AGENT_STOP_TOKEN in parsed.text:
             self.finish(AGENT_STOP)
         elif self._errors >= self.config.max_tool_errors:
             self.finish(MAX_TOOL_ERRORS)
@@ -230,6 +253,9 @@ class Episode:
         self.messages.append({"role": "user", "content": content})
         if termination is not None:
             self.finish(termination)
+        if self.protocol.counts_steps:
+            self.steps += 1
+            self._check_tau2_limits()
 
 
 class AirlineEnv:
@@ -239,9 +265,8 @@ class AirlineEnv:
         self.domain: Domain = load_domain(data_dir)
         self.base = shared_base(data_dir)
         self.config = config or EnvConfig()
-        self.system_prompt = (
-            f"<instructions>\n{AGENT_INSTRUCTIONS}\n</instructions>\n<policy>\n{self.domain.policy}\n</policy>"
-        )
+        self.protocol = get_protocol(self.config.protocol)
+        self.system_prompt = agent_system_prompt(self.config.protocol, self.domain.policy)
         self.tools = TOOL_SCHEMAS
 
     def reset(self, task_id: str | int, seed: int = 0) -> Episode:

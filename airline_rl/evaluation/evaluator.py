@@ -13,7 +13,10 @@ Order of work, so that bad input fails before anything runs and nothing finished
 
 Layout: ``<output_dir>/<name>/results.json`` where name is ``--eval_name`` or, by default, the local-hub run name, the
 model folder's name, ``oracle`` or ``noop``; a local-hub revision adds ``step-<N>/`` (``<output_dir>/<run>/
-step-000200/results.json``), so ``--steps 200,250,300`` writes three files side by side.
+step-000200/results.json``), so ``--steps 200,250,300`` writes three files side by side. With ``--protocol tau2``
+(the default) or ``--tau2_results true``, ``tau2_results.json`` beside it holds the same episodes in τ²-bench's own
+``Results`` format (``airline_rl.evaluation.tau2_export``; ``tau2_results.incomplete.json`` until every episode is
+in it).
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ from tqdm.auto import tqdm
 
 from airline_rl.configs import EvalArguments
 from airline_rl.envs.agents import get_agent
-from airline_rl.envs.episode import AirlineEnv, EnvConfig
+from airline_rl.envs.data import domain_file_sha256
+from airline_rl.envs.episode import AirlineEnv
 from airline_rl.envs.prompt_style import compact_env, style_name, use_compact_prompt
+from airline_rl.envs.protocol import PROTOCOLS, TAU2, ProtocolUnavailableError, get_protocol, tau2_reference
 from airline_rl.envs.runner import Agent, RunTimings, run_episodes
 from airline_rl.envs.splits import Split, get_split
 from airline_rl.envs.users import get_user_simulator
@@ -52,6 +57,7 @@ from .results import (
     split_group_sizes,
     task_meta,
 )
+from .tau2_export import TAU2_INCOMPLETE_FILE, Tau2Results, tau2_info
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +147,9 @@ def validate_arguments(args: EvalArguments) -> None:
         (args.max_new_tokens >= 1, f"--max_new_tokens must be >= 1, got {args.max_new_tokens}"),
         (args.max_turn_tokens >= 1, f"--max_turn_tokens must be >= 1, got {args.max_turn_tokens}"),
         (args.max_turns >= 1, f"--max_turns must be >= 1, got {args.max_turns}"),
+        (args.tau2_max_steps >= 1, f"--tau2_max_steps must be >= 1, got {args.tau2_max_steps}"),
+        (args.max_tool_errors >= 1, f"--max_tool_errors must be >= 1, got {args.max_tool_errors}"),
+        (args.protocol in PROTOCOLS, f"--protocol must be one of {', '.join(PROTOCOLS)}, got {args.protocol!r}"),
         (args.temperature >= 0, f"--temperature must be >= 0, got {args.temperature}"),
         (0 < args.top_p <= 1, f"--top_p must be in (0, 1], got {args.top_p}"),
         (args.batch_size >= 0, f"--batch_size must be >= 0 (0: all episodes at once), got {args.batch_size}"),
@@ -155,6 +164,13 @@ def validate_arguments(args: EvalArguments) -> None:
     for ok, message in checks:
         if not ok:
             raise EvaluationError(message)
+    try:
+        get_protocol(args.protocol)
+        if args.tau2_results:
+            tau2_reference()
+    except ProtocolUnavailableError as err:
+        flag = "--protocol tau2" if args.protocol == TAU2 else "--tau2_results"
+        raise EvaluationError(str(err).replace("--protocol tau2", flag)) from None
     if args.user_simulator == "llm":
         if not args.user_base_url:
             raise EvaluationError("--user_simulator llm needs --user_base_url (e.g. http://localhost:8000/v1)")
@@ -299,6 +315,7 @@ def build_config(
         "split": args.split,
         "split_file": args.split_file,
         "data_dir": args.data_dir,
+        "tasks_sha256": domain_file_sha256(args.data_dir, "tasks.json"),
         "tasks": list(task_ids),
         "num_samples": args.num_samples,
         "seed": args.seed,
@@ -307,7 +324,9 @@ def build_config(
         "max_new_tokens": args.max_new_tokens if policy else None,
         "max_turn_tokens": args.max_turn_tokens if policy else None,
         "system_prompt": style_name(compact) if policy else None,
-        "max_turns": args.max_turns,
+        "protocol": args.protocol,
+        "max_turns": args.max_turns if args.protocol != TAU2 else None,
+        "max_steps": args.tau2_max_steps if args.protocol == TAU2 else None,
         "max_tool_errors": args.max_tool_errors,
         "user": user,
         "bootstrap_samples": args.bootstrap_samples,
@@ -456,11 +475,17 @@ class Plan:
     task_ids: list[str]
     targets: list[EvalTarget]
     configs: list[dict[str, Any]]
+    tau2_results: bool = False
+
+
+def writes_tau2_results(args: EvalArguments) -> bool:
+    """--tau2_results, by default on exactly when the protocol is τ²'s."""
+    return args.protocol == TAU2 if args.tau2_results is None else bool(args.tau2_results)
 
 
 def plan(args: EvalArguments) -> Plan:
     validate_arguments(args)
-    env = AirlineEnv(args.data_dir, EnvConfig(args.max_turns, args.max_tool_errors))
+    env = AirlineEnv(args.data_dir, args.env_config())
     split = get_split(args.split, args.split_file, frozenset(env.domain.tasks))
     task_ids = select_tasks(args.tasks, env)
     targets = resolve_targets(args)
@@ -469,6 +494,11 @@ def plan(args: EvalArguments) -> Plan:
     compact = prompt_style_of(args, targets)
     if compact:
         compact_env(env)
+        if args.protocol == TAU2:
+            logger.warning(
+                "the policy gets the compact system prompt (airline_rl_prompt.json or --compact_prompt), not τ²'s: "
+                "the turn rules are τ²'s, the number is not a τ² number (docs/protocol.md)"
+            )
     paths = [t.results_path for t in targets]
     if len(set(paths)) != len(paths):
         raise EvaluationError(f"two evaluations would write the same results file: {paths}")
@@ -477,7 +507,7 @@ def plan(args: EvalArguments) -> Plan:
         config["group_sizes"] = split_group_sizes(split)
     for target, config in zip(targets, configs, strict=True):
         check_compatible(target.results_path, config)  # refuses a file from another configuration, before any work
-    return Plan(env, split, task_ids, targets, configs)
+    return Plan(env, split, task_ids, targets, configs, writes_tau2_results(args))
 
 
 def chunked(items: list[Any], size: int) -> list[list[Any]]:
@@ -485,14 +515,62 @@ def chunked(items: list[Any], size: int) -> list[list[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
+def tau2_writer(args: EvalArguments, plan_: Plan, target: EvalTarget, config: dict[str, Any]) -> Tau2Results:
+    """The τ² results file next to ``target``'s results.json (airline_rl.evaluation.tau2_export)."""
+    reference = tau2_reference()
+    policy = target.kind == "model"
+    user = config["user"]
+    info = tau2_info(
+        policy=plan_.env.domain.policy,
+        num_trials=args.num_samples,
+        max_steps=args.tau2_max_steps,
+        max_errors=args.max_tool_errors,
+        seed=args.seed,
+        agent={
+            "implementation": f"airline_rl.{target.kind}",
+            "llm": target.model,
+            "llm_args": {
+                "temperature": args.temperature,
+                "top_p": args.top_p,
+                "protocol": args.protocol,
+                "system_prompt": config["system_prompt"],
+            }
+            if policy
+            else {"protocol": args.protocol},
+        },  # fmt: skip
+        user={
+            "implementation": "user_simulator" if user["simulator"] == "llm" else "airline_rl.scripted_user",
+            "llm": user.get("model"),
+            "llm_args": {"temperature": user["temperature"]} if "temperature" in user else None,
+        },
+    )
+    tasks = [
+        reference.Task.model_validate(plan_.env.domain.get_task(t).raw).model_dump(mode="json") for t in plan_.task_ids
+    ]
+    expected = [(t, sample) for t in plan_.task_ids for sample in range(args.num_samples)]
+    about = {
+        "protocol": args.protocol,
+        "system_prompt": config["system_prompt"],
+        "tasks_sha256": config["tasks_sha256"],
+        "results_file": RESULTS_FILE,
+    }
+    return Tau2Results(target.out_dir, info, tasks, expected, about)
+
+
 def evaluate_target(
     args: EvalArguments, plan_: Plan, target: EvalTarget, config: dict[str, Any], user: UserSimulator
 ) -> ResultsFile:
-    """Plays the missing episodes of one target chunk by chunk, saving after each chunk."""
+    """Plays the missing episodes of one target chunk by chunk, saving after each chunk (and the τ² file)."""
     meta = {t: task_meta(plan_.env.domain.get_task(t), plan_.split.group_of(t)) for t in plan_.task_ids}
     results = ResultsFile.open(target.results_path, config, meta)
     todo = results.pending()
     done = args.num_samples * len(plan_.task_ids) - len(todo)
+    tau2 = tau2_writer(args, plan_, target, config) if plan_.tau2_results else None
+    if tau2 is not None and tau2.missing and not todo:
+        logger.warning("%s: %d episodes of results.json are not in the τ² export (it was off when they ran); it is "
+                       "written as %s", target.description, len(tau2.missing), TAU2_INCOMPLETE_FILE)  # fmt: skip
+    if tau2 is not None:
+        tau2.save()
     if not todo:  # a complete file is never rewritten; its metrics are recomputed in memory (as compare mode does)
         logger.info("%s: all %d episodes already in %s", target.description, done, target.results_path)
         stored = json.dumps(results.data.get("metrics"), sort_keys=True)
@@ -513,11 +591,17 @@ def evaluate_target(
         for chunk in chunked(todo, args.batch_size):
             specs = [(task_id, episode_seed(args.seed, task_id, sample)) for task_id, sample in chunk]
             # the bar moves as each episode finishes, not once per chunk of --batch_size episodes
+            chunk_started, chunk_start = now(), time.perf_counter()
             records = run_episodes(plan_.env, agent, user, specs, timings=timings, on_finished=bar.update)
+            duration = (time.perf_counter() - chunk_start) / max(1, len(chunk))
             for (task_id, sample), record in zip(chunk, records, strict=True):
                 results.add(task_id, sample_entry(record, sample, args.save_messages))
+                if tau2 is not None:
+                    tau2.add(record, sample, plan_.env.domain.get_task(task_id), chunk_started, duration)
             played += len(chunk)
             results.save()
+            if tau2 is not None:
+                tau2.save()
     finally:
         bar.close()
         release()

@@ -59,7 +59,9 @@ FINGERPRINT_FIELDS = (
     "max_new_tokens",
     "max_turn_tokens",
     "system_prompt",
+    "protocol",
     "max_turns",
+    "max_steps",
     "max_tool_errors",
     "user",
 )
@@ -82,9 +84,12 @@ def now() -> str:
 
 
 def fingerprint_value(config: Mapping[str, Any], key: str) -> Any:
-    """A fingerprint field of a config; files written before ``system_prompt`` was recorded prompted a model fully."""
+    """A fingerprint field of a config; files written before ``system_prompt`` was recorded prompted a model fully,
+    and files written before ``protocol`` was recorded played the ``airline_rl`` protocol."""
     if key == "system_prompt" and key not in config and config.get("agent") == "model":
         return "full"
+    if key == "protocol" and key not in config:
+        return "airline_rl"
     return config.get(key)
 
 

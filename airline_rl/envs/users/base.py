@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airline_rl.envs.episode import USER_OUT_OF_SCOPE, USER_STOP, USER_TRANSFER
+from airline_rl.envs.protocol import AIRLINE_RL, PROTOCOLS, Protocol, user_visible_agent_messages
 
 if TYPE_CHECKING:
     from airline_rl.envs.episode import Episode
@@ -44,15 +45,18 @@ class UserReply:
         return cls(content=content, termination=detect_stop(content))
 
 
+def episode_protocol(episode: Episode) -> Protocol:
+    """The protocol an episode is played by (a stand-in episode without one follows ``airline_rl``)."""
+    return getattr(episode, "protocol", None) or PROTOCOLS[AIRLINE_RL]
+
+
 def agent_messages_since_user(episode: Episode) -> list[str]:
-    """The texts the agent showed the user since the user last spoke (tool calls and results are invisible)."""
-    texts: list[str] = []
-    for message in reversed(episode.messages):
-        if message["role"] == "user":
-            break
-        if message["role"] == "assistant" and message.get("content"):
-            texts.append(message["content"])
-    return list(reversed(texts))
+    """The texts the agent showed the user since the user last spoke (tool calls and results are invisible; under
+    the ``tau2`` protocol so is the text of a message that calls tools, which τ² sends to the environment only)."""
+    messages = episode.messages
+    start = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1) + 1
+    visible = set(user_visible_agent_messages(messages, episode_protocol(episode)))
+    return [messages[i]["content"] for i in range(start, len(messages)) if i in visible and messages[i].get("content")]
 
 
 class UserSimulator(ABC):

