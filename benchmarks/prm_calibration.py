@@ -23,8 +23,13 @@ from airline_rl.envs.episode import AirlineEnv  # noqa: E402
 from airline_rl.rewards.prm.conversations import ConversationFileError, import_conversations  # noqa: E402
 from airline_rl.rewards.prm.corpus import build_corpus  # noqa: E402
 from airline_rl.rewards.prm.report import REAL_TASK_MAP, REAL_TRAJECTORIES, headline, real_headline  # noqa: E402
-from airline_rl.rewards.prm.rules import DEFAULT_RULE_SET, RULE_SETS  # noqa: E402
+from airline_rl.rewards.prm.rules import DEFAULT_RULE_SET, RULE_SETS, get_rule  # noqa: E402
 from airline_rl.rewards.prm.stats import calibrate, calibrate_real  # noqa: E402
+
+ABLATED_RULES = ("P9", "P10", "P11", "B8")
+"""The v2 rules written from the real set: the benchmark shows what each carries there."""
+WEIGHT_SCALES = (0.0, 0.5, 2.0)
+"""Each is scored with its weight times these: 0 shows what the rule carries, half and double how sensitive it is."""
 
 ACCEPTANCE_ROWS = (
     "oracle strictly above every non-completing trajectory",
@@ -85,6 +90,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {rule_id}: {good:.0%} of successes, {bad:.0%} of failures, within-task corr {corr:+.2f}")
         if name != DEFAULT_RULE_SET:
             print(f"  real-set per-task AUC: {real_headline(cal)}")
+    print(f"[rules {DEFAULT_RULE_SET}] real set, one rule's weight scaled (at 0 the bonuses still skip the writes it "
+          "judges)")  # fmt: skip
+    for rule_id in ABLATED_RULES:
+        base = get_rule(rule_id).weight
+        for scale in WEIGHT_SCALES:
+            weight = base * scale or 0.0  # no "-0.000"
+            cal = calibrate_real(imported, writes, weights={rule_id: weight})
+            print(f"  {rule_id} at {weight:+.3f}: per-task AUC {cal.per_task_auc:.3f}, "
+                  f"no-write {cal.no_write_auc:.3f}")  # fmt: skip
     print(f"real-set per-task AUC: {real_headline(real[DEFAULT_RULE_SET])}")
     return 0
 

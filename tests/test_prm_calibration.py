@@ -131,9 +131,11 @@ def test_process_score_ranks_failures_by_progress(calibration: Calibration) -> N
 
 
 def test_no_penalty_fires_on_more_than_a_fifth_of_oracle_trajectories(calibration: Calibration) -> None:
-    assert set(calibration.penalty_on_oracle) == {f"P{i}" for i in range(1, 10)}
+    assert set(calibration.penalty_on_oracle) == {f"P{i}" for i in range(1, 12)}
     assert max(calibration.penalty_on_oracle.values()) <= 0.20, calibration.penalty_on_oracle
     assert calibration.penalty_on_oracle["P9"] == 0.0  # the gold actions break no policy check
+    # the oracle's listing quotes no price it does not charge, and the scripted user states no spending limit
+    assert calibration.penalty_on_oracle["P10"] == calibration.penalty_on_oracle["P11"] == 0.0
 
 
 def test_corpus_acceptance_holds_for_both_rule_sets(corpus: list[Trajectory], calibration: Calibration) -> None:
@@ -347,16 +349,19 @@ def test_real_set_within_task_targets(real: dict[str, RealCalibration]) -> None:
     assert v2.rule_rates["P7"][0] < v1.rule_rates["P7"][0]  # fewer justified refusals charged as premature
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue #21's real-set targets are not met by v2 (per-task AUC 0.648, bootstrap CI 0.390–0.879 over 11 "
-    "tasks; 0.250 on the 4 no-write tasks): on two no-write tasks the failures make writes the policy allows and the "
-    "records do not contradict, and on a third the recorded success breaks the policy (docs/prm_lite.md, 'What the "
-    "rules cannot see')",
-)
 def test_real_set_issue_targets(real: dict[str, RealCalibration]) -> None:
+    """Issue #21's acceptance on the real set (docs/prm_lite.md, "What the real set taught": P10 and P11 were
+    written from these failures, so this calibrates; the held-out tasks are the independent check)."""
     v2 = real["v2"]
     assert v2.per_task_auc >= 0.75 and v2.per_task_auc_ci[0] > 0.5 and v2.no_write_auc >= 0.70
+    assert v2.within_task_gap > 0
+
+
+def test_charges_the_user_did_not_agree_to_fire_on_failures_only(real: dict[str, RealCalibration]) -> None:
+    v2 = real["v2"]
+    for rule_id in ("P10", "P11"):
+        on_successes, on_failures, _ = v2.rule_rates[rule_id]
+        assert on_successes == 0.0 < on_failures and v2.rule_corr[rule_id] < 0, rule_id
 
 
 def test_importer_replays_every_conversation() -> None:
@@ -439,6 +444,10 @@ def test_report_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], real: di
     assert main(args) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1] == real_headline(real["v2"]) and out[-1].startswith(f"{real['v2'].per_task_auc:.3f} per-task AUC")
+    successes = next(line for line in out if line.startswith("| successes | "))
+    assert successes.startswith(f"| successes | {real['v2'].n_successes} | ")  # the score distribution
+    task_rows = [line for line in out if re.match(r"\| \d+ \| (yes|no) \| ", line)]
+    assert [row.split(" | ")[0][2:] for row in task_rows] == real["v2"].mixed_tasks  # one row per mixed task
     assert main([*args, "--prm_rules", "v1"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith(f"{real['v1'].per_task_auc:.3f} ")
     assert main(["--trajectories", str(tmp_path / "missing.json"), "--task_map", str(REAL_TASK_MAP)]) == 2
@@ -456,7 +465,7 @@ def test_rule_modules_read_no_task_trajectory_or_gold_file() -> None:
     """The rule modules read only the trajectory: no file access at all, no task / trajectory / corpus / outcome
     module, and no string in the code (docstrings aside: they show examples) that names a user or a reservation of
     the real calibration set."""
-    from airline_rl.rewards.prm import policy
+    from airline_rl.rewards.prm import consent, policy
 
     forbidden_modules = {"airline_rl.envs.data", "airline_rl.rewards.outcome", "airline_rl.rewards.prm.corpus",
                          "airline_rl.rewards.prm.conversations", "airline_rl.rewards.prm.report"}  # fmt: skip
@@ -466,7 +475,7 @@ def test_rule_modules_read_no_task_trajectory_or_gold_file() -> None:
         for message in conversation["traj"]:
             ids.update(re.findall(r"\b[A-Z0-9]{6}\b", str(message.get("content") or "")))
     ids = {i for i in ids if any(c.isdigit() for c in i) or "_" in i}  # ids, not words such as "PLEASE"
-    for module in (detectors, rules, engine, policy):
+    for module in (detectors, rules, engine, policy, consent):
         source = inspect.getsource(module)
         tree = ast.parse(source)
         imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}

@@ -281,6 +281,11 @@ def bags_on(reservation_id: str, total: int, nonfree: int) -> str:
     )  # fmt: skip
 
 
+THIRD_BAG = "3 checked bags on AIXC49, 1 of them paid with credit_card_4421486:"
+THIRD_BAG_CALL = bags_on("AIXC49", 3, 1)
+LIMIT_40 = user("Hi, my user id is mia_li_3668. I can spend at most $40 on this.")
+
+
 V2_CASES: dict[str, tuple[str, list[Any], int, int]] = {
     # P4 unlisted_write: details listed in words count
     "P4-silent-write": ("P4", [HELLO, GUD, GRD, YES, BARE_CANCEL_CALL], 2, 1),
@@ -321,7 +326,66 @@ V2_CASES: dict[str, tuple[str, list[Any], int, int]] = {
     "P9-free-bags-charged": ("P9", [HELLO, GUD, GRD_BASIC, bags_on("AIXC49", 2, 1)], 2, 1),  # gold: 2 free
     "P9-bags-within-allowance": ("P9", [HELLO, GUD, GRD_BASIC, bags_on("AIXC49", 2, 0)], 2, 0),
     "P9-extra-bag-free": ("P9", [HELLO, GUD, GRD_BASIC, bags_on("AIXC49", 3, 0)], 2, 1),
-    # bonuses are not paid for a forbidden write
+    # P10 misquoted_charge: the charge (from the write's own result) against the amounts of the listing the user
+    # answered; AIXC49 has one passenger, a gold member's basic economy allowance is 2, so a third bag charges $50
+    "P10-misquoted": (
+        "P10",
+        [HELLO, GUD, GRD_BASIC, f"A third bag is {THIRD_BAG} $75 in total. Shall I?", YES, THIRD_BAG_CALL],
+        3,
+        1,
+    ),  # fmt: skip
+    "P10-quoted": (
+        "P10",
+        [HELLO, GUD, GRD_BASIC, f"A third bag is {THIRD_BAG} $50. Shall I?", YES, THIRD_BAG_CALL],
+        3,
+        0,
+    ),  # fmt: skip
+    "P10-no-amount-quoted": ("P10", [HELLO, GUD, GRD_BASIC, "Shall I add a third bag?", YES, THIRD_BAG_CALL], 3, 0),
+    "P10-unread-reservation": ("P10", [HELLO, GUD, "A third bag is $75. Shall I?", YES, THIRD_BAG_CALL], 2, 0),
+    "P10-refund-not-judged": (
+        "P10",
+        [HELLO, GUD, GRD, "Shall I cancel NO6JO3? You get $5 back.", YES, CANCEL],
+        3,
+        0,
+    ),  # fmt: skip
+    # P11 over_budget: the latest limit the user stated
+    "P11-over": ("P11", [LIMIT_40, GUD, GRD_BASIC, "A third bag is $50. Shall I?", YES, THIRD_BAG_CALL], 3, 1),
+    "P11-within": (
+        "P11",
+        [
+            user("I am mia_li_3668, my budget is $60."),
+            GUD,
+            GRD_BASIC,
+            "A third bag is $50. Shall I?",
+            YES,
+            THIRD_BAG_CALL,
+        ],
+        3,
+        0,
+    ),  # fmt: skip
+    "P11-raised-limit": (
+        "P11",
+        [
+            LIMIT_40,
+            GUD,
+            GRD_BASIC,
+            "A third bag is $50. Shall I?",
+            user("Fine, I can go up to $100. Yes."),
+            THIRD_BAG_CALL,
+        ],
+        3,
+        0,
+    ),  # fmt: skip
+    "P11-no-limit": ("P11", [HELLO, GUD, GRD_BASIC, "A third bag is $50. Shall I?", YES, THIRD_BAG_CALL], 3, 0),
+    # bonuses are not paid for a forbidden write, nor for one charging what the user did not agree to
+    "B5-misquoted-write": ("B5", [HELLO, GUD, GRD_BASIC, "A third bag is $75. Shall I?", YES, THIRD_BAG_CALL], 3, 0),
+    "B5-quoted-write": ("B5", [HELLO, GUD, GRD_BASIC, "A third bag is $50. Shall I?", YES, THIRD_BAG_CALL], 3, 1),
+    "B6-over-budget-write": (
+        "B6",
+        [LIMIT_40, GUD, GRD_BASIC, "A third bag is $50. Shall I?", YES, THIRD_BAG_CALL],
+        3,
+        0,
+    ),  # fmt: skip
     "B5-forbidden-write": ("B5", [HELLO, GUD, GRD_BASIC, ASK_BASIC, YES, CANCEL_BASIC], 3, 0),
     "B5-other-words": ("B5", [HELLO, GUD, GRD, ASK, user("Sounds good to me."), CANCEL], 3, 1),
     "B2-forbidden-write": ("B2", [HELLO, GUD, GRD_BASIC, ASK_BASIC, YES, CANCEL_BASIC], 3, 0),
@@ -371,7 +435,8 @@ def test_every_rule_has_a_firing_and_a_silent_case() -> None:
         fires = {rule for rule, _, _, expected in cases.values() if expected}
         silent = {rule for rule, _, _, expected in cases.values() if not expected}
         assert fires == silent == set(rules)
-    assert set(RULES_V2) - {"P9", "B8"} == set(RULES_V1) and RULES is RULES_V2 and set(RULE_SETS) == {"v1", "v2"}
+    assert set(RULES_V2) - {"P9", "P10", "P11", "B8"} == set(RULES_V1)
+    assert RULES is RULES_V2 and set(RULE_SETS) == {"v1", "v2"}
 
 
 def test_v1_and_v2_differ_where_the_real_set_said(env: AirlineEnv) -> None:
@@ -424,7 +489,7 @@ def test_weights_override_and_unknown_id(env: AirlineEnv) -> None:
     assert RULES["P6"].weight == -0.05  # the override does not leak into the table
     with pytest.raises(KeyError, match=r"unknown PRM-Lite rule id\(s\) \['P9'\]; valid ids: P1, P2, .*B7$"):
         score_episode(record, weights={"P9": 1.0}, rules="v1")
-    with pytest.raises(KeyError, match=r"unknown PRM-Lite rule id\(s\) \['Q1'\]; valid ids: P1, .*P9, B1, .*B8"):
+    with pytest.raises(KeyError, match=r"unknown PRM-Lite rule id\(s\) \['Q1'\]; valid ids: P1, .*P11, B1, .*B8"):
         score_episode(record, weights={"Q1": 1.0})
     with pytest.raises(ValueError, match="finite"):
         score_episode(record, weights={"P1": float("nan")})
@@ -432,7 +497,7 @@ def test_weights_override_and_unknown_id(env: AirlineEnv) -> None:
 
 def test_rule_table() -> None:
     assert list(RULES_V1) == [f"P{i}" for i in range(1, 9)] + [f"B{i}" for i in range(1, 8)]
-    assert list(RULES_V2) == [f"P{i}" for i in range(1, 10)] + [f"B{i}" for i in range(1, 9)]
+    assert list(RULES_V2) == [f"P{i}" for i in range(1, 12)] + [f"B{i}" for i in range(1, 9)]
     for rules in (RULES_V1, RULES_V2):
         names = [rule.name for rule in rules.values()]
         assert names[:2] == ["placeholder_arguments", "redundant_call"] and len(set(names)) == len(rules)
@@ -725,3 +790,53 @@ def test_policy_checks_read_only_what_the_tool_results_showed() -> None:
     assert write_violations(facts, delay) == ["delay_compensation_without_change"]  # a delay: change or cancel first
     facts.changed.add("ABC123")
     assert write_violations(facts, delay) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("The total is $1,023 and $89.50 goes to the card.", {1023.0, 89.5}),
+        ("That is 3 bags and 2 passengers, at no charge.", set()),
+        ("$ 75 today", {75.0}),
+    ],
+)
+def test_money_amounts(text: str, expected: set[float]) -> None:
+    from airline_rl.rewards.prm.consent import money_amounts
+
+    assert money_amounts(text) == expected
+
+
+def test_a_charge_that_follows_from_the_quoted_amounts_was_quoted() -> None:
+    from airline_rl.rewards.prm.consent import consent_issues, money_amounts, quotes
+
+    fares = money_amounts("The new fare is $172; your old one was $63.")
+    assert quotes(109, fares) and quotes(235, fares) and quotes(172, fares) and quotes(3 * 172, fares)
+    assert not quotes(1302, money_amounts("The upgrade costs $495 in total."))
+    assert consent_issues([1302.0], "The upgrade costs $495 in total.", []) == ["misquoted_charge"]
+    assert consent_issues([1302.0], "Shall I upgrade the cabin?", ["keep it under $1,000"]) == ["over_budget"]
+    assert consent_issues([], "The upgrade costs $495.", ["under $10"]) == []  # a refund or a free change
+
+
+def test_stated_budget_is_the_latest_limit_the_user_stated() -> None:
+    from airline_rl.rewards.prm.consent import stated_budget
+
+    assert stated_budget(["I need it to fit under $1,000 for any upgrades."]) == 1000.0
+    assert stated_budget(["Is there a fee I can pay, specifically up to $100?"]) == 100.0
+    assert stated_budget(["My budget is $600.", "Hello"]) == 600.0
+    assert stated_budget(["Keep it within the $1,000 budget.", "OK, I can go up to $1,500."]) == 1500.0
+    assert stated_budget(["If more than $100 of it will be wasted, use my gift card."]) is None  # not a limit
+    assert stated_budget(["Within 24 hours, please.", "I have $500 on a certificate."]) is None
+
+
+def test_write_charges_read_the_payment_entries_the_write_added(env: AirlineEnv) -> None:
+    from airline_rl.rewards.prm.consent import write_charges
+    from airline_rl.rewards.prm.policy import PolicyFacts
+
+    record = play(env, [HELLO, GUD, GRD_BASIC, "A third bag is $50. Shall I?", YES, THIRD_BAG_CALL])
+    read, write = record.tool_calls[1], record.tool_calls[2]
+    facts = PolicyFacts()
+    assert write_charges(facts, write) == []  # the reservation was never read: no earlier payments to compare
+    facts.observe(read)
+    assert write_charges(facts, write) == [50.0]
+    cancel = play(env, [*CONFIRMED_CANCEL]).tool_calls[-1]
+    assert write_charges(facts, cancel) == []  # refunds are not charges

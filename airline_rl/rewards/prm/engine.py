@@ -15,6 +15,7 @@ from typing import Any
 
 from airline_rl.envs.episode import EpisodeRecord, ToolCallRecord
 from airline_rl.envs.tools import READ_TOOLS
+from airline_rl.rewards.prm.consent import consent_issues, write_charges
 from airline_rl.rewards.prm.detectors import (
     LOOKUP_TOOLS,
     TOOL,
@@ -134,8 +135,10 @@ def score_episode(
         indices = [index for index in turn.tool_call_indices if 0 <= index < len(record.tool_calls)]
         calls = [record.tool_calls[index] for index in indices]
         violations: list[list[str]] = []
+        consent: list[list[str]] = []
         for call in calls:  # in order: a read earlier in the turn informs the check of a later write
             violations.append(write_violations(facts, call) if call.is_write and not call.error else [])
+            consent.append(consent_issues(write_charges(facts, call), last_agent_message, facts.user_said))
             facts.observe(call)
         last_user = str(turn.last_user_message or "")
         ctx = TurnContext(
@@ -163,6 +166,7 @@ def score_episode(
             user_agreed=is_confirmation(last_user) or (is_agreement(last_user) and len(seen_users) > 1),
             facts=facts,
             violations=violations,
+            consent=consent,
         )
         fired: dict[str, int] = {}
         score = 0.0

@@ -26,6 +26,10 @@ REAL_TASK_MAP = REAL_SET_DIR / "v1_to_tau2_task.json"
 """The real calibration set in the repository: 100 GPT-4o conversations of τ-bench v1 tasks 0–24 (MIT; see README)."""
 
 
+PER_COUNT_RULES = ("P8", "B3", "P9", "P10", "P11")
+"""Rules that fire more than once a turn (per call, per tool, per write): the table says "per count"."""
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -33,7 +37,8 @@ def _cell(text: str) -> str:
 def _rule_table(rules: dict[str, Rule]) -> list[str]:
     lines = ["| ID | Name | Weight | Trigger | Rationale |", "|---|---|---|---|---|"]
     for rule in rules.values():
-        weight = f"{rule.weight:+.3f}".rstrip("0") + (" per count" if rule.rule_id in ("P8", "B3", "P9") else "")
+        per_count = rule.rule_id in PER_COUNT_RULES
+        weight = f"{rule.weight:+.3f}".rstrip("0") + (" per count" if per_count else "")
         trigger, rationale = _cell(rule.trigger), _cell(rule.rationale)
         lines.append(f"| {rule.rule_id} | `{rule.name}` | {weight} | {trigger} | {rationale} |")
     return lines
@@ -157,6 +162,27 @@ def real_markdown(cal: RealCalibration) -> str:
     for rule_id, (good, bad, diff) in cal.rule_rates.items():
         corr = cal.rule_corr.get(rule_id, math.nan)
         lines.append(f"| {rule_id} | {good:.0%} | {bad:.0%} | {diff:+.2f} | {_f(corr, 2)} |")
+    lines += [
+        "",
+        "Score distribution (the clipped process score):",
+        "",
+        "| | n | min | 25% | median | 75% | max |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for group, (n, *quantiles) in cal.score_distribution.items():
+        lines.append(f"| {group} | {int(n)} | " + " | ".join(_f(q) for q in quantiles) + " |")
+    lines += [
+        "",
+        "Per task with both outcomes (the source task's id is in the task map):",
+        "",
+        "| τ² task | needs a write | successes | failures | AUC | mean score of successes | of failures |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for task_id, writes, n_good, n_bad, task_auc, good_mean, bad_mean in cal.per_task:
+        lines.append(
+            f"| {task_id} | {'yes' if writes else 'no'} | {n_good} | {n_bad} | {task_auc:.2f} | {_f(good_mean)} | "
+            f"{_f(bad_mean)} |"
+        )
     if cal.skipped:
         lines += ["", "Not replayed (not scored):", "", *(f"- {reason}" for reason in cal.skipped)]
     lines += ["", real_headline(cal)]

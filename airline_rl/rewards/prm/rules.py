@@ -8,8 +8,10 @@ Two versions (``RULE_SETS``; the config's ``prm_rules`` picks one, so an ablatio
 
 - ``v1``: the 15 rules calibrated on the scripted corpus (P1–P8 penalties, B1–B7 bonuses);
 - ``v2`` (default): calibrated on real agents too. It checks every write against the airline policy on the records
-  the agent's own tool results showed (``policy``; P9), credits a refusal the policy and the records justify (B8),
-  pays the write bonuses only for writes that break no rule, accepts a confirmation said in other words (P5/B5),
+  the agent's own tool results showed (``policy``; P9), charges a write whose charge the user did not agree to (a
+  price other than the one quoted, P10; more than the user's stated limit, P11; ``consent``), credits a refusal the
+  policy and the records justify (B8), pays the write bonuses only for writes that break none of P9–P11, accepts a
+  confirmation said in other words (P5/B5),
   drops P4 (ids in the text are not what the policy asks), exempts justified refusals from P7, and charges P8 only
   for failed calls past the budget (a long, correct episode is not a fault).
 """
@@ -75,6 +77,7 @@ class TurnContext:
     user_agreed: bool = False  # the latest user message agrees, in any words (v2's confirmation detector)
     facts: PolicyFacts = field(default_factory=PolicyFacts)  # records seen before the turn (and within it, in order)
     violations: Sequence[Sequence[str]] = ()  # per call of the turn: the policy rules its write breaks (``policy``)
+    consent: Sequence[Sequence[str]] = ()  # per call of the turn: what its charge was not agreed to (``consent``)
 
 
 def _successful_writes(ctx: TurnContext) -> list[ToolCallRecord]:
@@ -231,11 +234,13 @@ def _b7_grounded_reply(ctx: TurnContext) -> int:
 
 
 def _compliant_writes(ctx: TurnContext) -> list[ToolCallRecord]:
-    """Successful writes that break no policy rule on the records seen: the only writes v2's bonuses pay for."""
+    """Successful writes that break no policy rule on the records seen and charge what the user agreed to: the only
+    writes v2's bonuses pay for."""
+    none: list[Sequence[str]] = [()] * len(ctx.calls)
     return [
         call
-        for call, broken in zip(ctx.calls, ctx.violations or [()] * len(ctx.calls), strict=True)
-        if call.is_write and not call.error and not broken
+        for call, broken, unagreed in zip(ctx.calls, ctx.violations or none, ctx.consent or none, strict=True)
+        if call.is_write and not call.error and not broken and not unagreed
     ]
 
 
@@ -308,6 +313,14 @@ def _p8_excess_calls_v2(ctx: TurnContext) -> int:
 
 def _p9_policy_violation(ctx: TurnContext) -> int:
     return sum(bool(broken) for broken in ctx.violations)
+
+
+def _p10_misquoted_charge(ctx: TurnContext) -> int:
+    return sum("misquoted_charge" in issues for issues in ctx.consent)
+
+
+def _p11_over_budget(ctx: TurnContext) -> int:
+    return sum("over_budget" in issues for issues in ctx.consent)
 
 
 def _b8_justified_refusal(ctx: TurnContext) -> int:
@@ -484,7 +497,7 @@ def _replace(rule_id: str, **changes: object) -> Rule:
     return dataclasses.replace(RULES_V1[rule_id], **changes)  # type: ignore[arg-type]
 
 
-_BONUS_NOTE = " v2: only writes that break no policy rule (P9) count."
+_BONUS_NOTE = " v2: only writes that break no policy rule (P9) and charge what the user agreed to (P10, P11) count."
 _V2_LIST = [
     RULES_V1["P1"],
     RULES_V1["P2"],
@@ -532,6 +545,28 @@ _V2_LIST = [
         "What real agents get wrong is confirmed writes the policy forbids; the records that decide them are in the "
         "agent's own context, so this is a process check. It outweighs every bonus a write can earn.",
         _p9_policy_violation,
+    ),
+    Rule(
+        "P10",
+        "misquoted_charge",
+        -0.10,
+        "Per successful write that charges the user (the payment entries its own result added) when the agent's "
+        "message the user answered quoted dollar amounts and the charge (its total, or every part) is none of them "
+        "and does not follow from them in one step (the sum of all or of two, the difference of two, one times up to "
+        "five passengers).",
+        "The policy asks for the action details and an explicit yes; a yes to one price is not a yes to another, "
+        "and real agents that miscompute a fare difference make exactly this write.",
+        _p10_misquoted_charge,
+    ),
+    Rule(
+        "P11",
+        "over_budget",
+        -0.10,
+        'Per successful write that charges more than the latest spending limit the user stated ("under $1,000", '
+        '"up to $100", "my budget is $600").',
+        "A charge the user said they would not pay is not what they asked for, whatever they answered afterwards; "
+        "the limit is in the conversation, so this is a process check.",
+        _p11_over_budget,
     ),
     RULES_V1["B1"],
     *(

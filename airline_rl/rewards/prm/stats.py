@@ -451,10 +451,30 @@ class RealCalibration:
     sign_agreement: float
     rule_rates: dict[str, tuple[float, float, float]]  # rule → (fire rate on successes, on failures, difference)
     rule_corr: dict[str, float]  # rule → within-task correlation with success (``within_group_signal``)
+    # "successes" / "failures" -> (n, min, 25th percentile, median, 75th percentile, max) of the clipped score
+    score_distribution: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # per task with both outcomes: (task id, needs a write, successes, failures, AUC, mean score of successes, of
+    # failures)
+    per_task: list[tuple[str, bool, int, int, float, float, float]] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     dropped_calls: int = 0
     tool_calls: int = 0
     observation_mismatches: int = 0
+
+
+def _distribution(values: Sequence[float]) -> tuple[float, ...]:
+    """(n, min, 25th percentile, median, 75th percentile, max); NaNs for an empty group."""
+    if not values:
+        return (0, *[math.nan] * 5)
+    ordered = sorted(values)
+
+    def at(q: float) -> float:  # linear interpolation between closest ranks
+        position = q * (len(ordered) - 1)
+        low = int(position)
+        high = min(low + 1, len(ordered) - 1)
+        return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+    return (len(ordered), ordered[0], at(0.25), at(0.5), at(0.75), ordered[-1])
 
 
 def bootstrap_mean_ci(values: Sequence[float], draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> tuple[float, float]:
@@ -469,13 +489,17 @@ def bootstrap_mean_ci(values: Sequence[float], draws: int = BOOTSTRAP_DRAWS, see
 
 
 def calibrate_real(
-    report: ImportReport, task_writes: Mapping[str, bool], rules: str = DEFAULT_RULE_SET
+    report: ImportReport,
+    task_writes: Mapping[str, bool],
+    rules: str = DEFAULT_RULE_SET,
+    weights: dict[str, float] | None = None,
 ) -> RealCalibration:
-    """Scores the imported conversations with rule set ``rules`` and computes the real-set report.
+    """Scores the imported conversations with rule set ``rules`` (``weights`` overriding some of its weights, as the
+    config's ``prm_weights`` does) and computes the real-set report.
 
     ``task_writes`` (τ² task id → whether its gold actions write) only splits the report; the rules never see it."""
     conversations = report.conversations
-    results = [score_episode(c.record, rules=rules) for c in conversations]
+    results = [score_episode(c.record, rules=rules, weights=weights) for c in conversations]
     scores = [r.process_score for r in results]
     labels = [c.success for c in conversations]
     by_task: dict[str, list[int]] = defaultdict(list)
@@ -529,6 +553,19 @@ def calibrate_real(
             r: (rate(good_results, r), rate(bad_results, r), stats[f"prm/{r}/discriminativeness"]) for r in ids
         },
         rule_corr={r: signal.get(f"rule/{r}/corr", math.nan) for r in ids},
+        score_distribution={"successes": _distribution(good), "failures": _distribution(bad)},
+        per_task=[
+            (
+                t,
+                bool(task_writes.get(t, False)),
+                sum(labels[i] for i in by_task[t]),
+                sum(not labels[i] for i in by_task[t]),
+                task_auc[t],
+                statistics.fmean(scores[i] for i in by_task[t] if labels[i]),
+                statistics.fmean(scores[i] for i in by_task[t] if not labels[i]),
+            )
+            for t in mixed
+        ],
         skipped=list(report.skipped),
         dropped_calls=report.dropped_calls,
         tool_calls=report.tool_calls,
