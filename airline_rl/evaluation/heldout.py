@@ -37,7 +37,7 @@ import random
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import datasets
 
@@ -63,8 +63,36 @@ from .results import (
 )
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from accelerate import Accelerator
+    from transformers import PreTrainedModel, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
     from airline_rl.configs import EnvArguments
-    from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+
+
+class EvaluatingTrainer(Protocol):
+    """What the held-out evaluation needs from the trainer that runs it (``MultiTurnGRPOTrainer``).
+
+    A protocol rather than an import of the trainer class: the trainer imports this module to run it, so importing the
+    trainer here would make the two modules import each other."""
+
+    args: TrainingArguments
+    model: PreTrainedModel
+    use_vllm: bool
+    accelerator: Accelerator
+    state: TrainerState
+    control: TrainerControl
+    callback_handler: TrainerCallback
+
+    def is_world_process_zero(self) -> bool: ...
+
+    def policy_agent(self, tools: list[dict[str, Any]]) -> tuple[Any, Any]: ...
+
+    def _vllm_awake_for_rollout(self) -> AbstractContextManager[Any]: ...
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +199,7 @@ class HeldoutEvaluation:
     def results_path(self, step: int) -> Path:
         return self.output_dir / revision_name(step) / RESULTS_FILE
 
-    def config(self, trainer: MultiTurnGRPOTrainer, step: int) -> dict[str, Any]:
+    def config(self, trainer: EvaluatingTrainer, step: int) -> dict[str, Any]:
         """The results file's config section; the fingerprint fields mean what they mean for ``evaluate.py``."""
         args = trainer.args
         dtype = str(getattr(trainer.model, "dtype", "")).replace("torch.", "") or None
@@ -208,7 +236,7 @@ class HeldoutEvaluation:
             "group_sizes": split_group_sizes(self.split),
         }
 
-    def check_existing(self, trainer: MultiTurnGRPOTrainer) -> None:
+    def check_existing(self, trainer: EvaluatingTrainer) -> None:
         """Refuses, before training starts, step files in ``output_dir`` written by another configuration (they
         would otherwise stop the run at its first eval step); ``ConfigMismatchError`` names the file and fields."""
         if not trainer.is_world_process_zero() or not self.output_dir.is_dir():
@@ -229,13 +257,13 @@ class HeldoutEvaluation:
 
     # -- the evaluation ------------------------------------------------------------------------------------------
 
-    def run(self, trainer: MultiTurnGRPOTrainer, prefix: str = "eval") -> dict[str, float]:
+    def run(self, trainer: EvaluatingTrainer, prefix: str = "eval") -> dict[str, float]:
         """Plays the missing episodes of this step (sharded over ranks), saves the results file, logs the metrics;
         the training run's random states are the same afterwards (``keep_random_state``)."""
         with keep_random_state():
             return self._run(trainer, prefix)
 
-    def _run(self, trainer: MultiTurnGRPOTrainer, prefix: str) -> dict[str, float]:
+    def _run(self, trainer: EvaluatingTrainer, prefix: str) -> dict[str, float]:
         from accelerate.utils import broadcast_object_list, gather_object
 
         from airline_rl.evaluation.evaluator import episode_seed

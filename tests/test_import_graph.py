@@ -1,0 +1,104 @@
+"""The project's modules do not import each other in a circle, type-checking imports included.
+
+A circle between two modules means neither is one concept on its own (the held-out evaluation and the trainer were
+one: the trainer runs the evaluation, the evaluation named the trainer's class; it now names the ``EvaluatingTrainer``
+protocol instead). Imports inside functions are not counted: they are the deliberate way to load an optional or heavy
+dependency late.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "airline_rl"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Module-level imports, and those of module-level ``if`` blocks (``if TYPE_CHECKING:``, version switches)."""
+    nodes: list[ast.stmt] = list(tree.body)
+    for node in tree.body:
+        if isinstance(node, ast.If):
+            nodes += node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            nodes += node.body + [stmt for handler in node.handlers for stmt in handler.body]
+    return [node for node in nodes if isinstance(node, (ast.Import, ast.ImportFrom))]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Project module -> the project modules it imports at module level."""
+    paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in paths}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in _top_level_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([node.module] if node.module else []))
+                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            graph[name].update(t for t in targets if t in graph and t != name)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_circles_are_found() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    graph = import_graph()
+    assert "airline_rl.evaluation.heldout" in graph and "airline_rl.trainers.multiturn_grpo" in graph
+    assert "airline_rl.evaluation.heldout" in graph["airline_rl.trainers.multiturn_grpo"]  # the edge that stays
+    assert circles(graph) == []
