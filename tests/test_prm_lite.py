@@ -798,6 +798,7 @@ def test_policy_checks_read_only_what_the_tool_results_showed() -> None:
         ("The total is $1,023 and $89.50 goes to the card.", {1023.0, 89.5}),
         ("That is 3 bags and 2 passengers, at no charge.", set()),
         ("$ 75 today", {75.0}),
+        ("It is 150 dollars, or 75 USD each; flight HAT150 on 2024-05-15.", {150.0, 75.0}),
     ],
 )
 def test_money_amounts(text: str, expected: set[float]) -> None:
@@ -823,6 +824,7 @@ def test_stated_budget_is_the_latest_limit_the_user_stated() -> None:
     assert stated_budget(["I need it to fit under $1,000 for any upgrades."]) == 1000.0
     assert stated_budget(["Is there a fee I can pay, specifically up to $100?"]) == 100.0
     assert stated_budget(["My budget is $600.", "Hello"]) == 600.0
+    assert stated_budget(["Please keep it below 250 dollars."]) == 250.0
     assert stated_budget(["Keep it within the $1,000 budget.", "OK, I can go up to $1,500."]) == 1500.0
     assert stated_budget(["If more than $100 of it will be wasted, use my gift card."]) is None  # not a limit
     assert stated_budget(["Within 24 hours, please.", "I have $500 on a certificate."]) is None
