@@ -17,9 +17,10 @@ Asserted for each variant: the weights move; the reward rises by at least ``MARG
 (vanilla): advantages sign-flipped → the reward does not rise (it falls: the policy learns to decline); every policy
 token masked → no weight moves.
 
-Calibration (one torch thread, 2 cores, seed 0): before 0.273 (128 episodes); after 12 steps (64 episodes) vanilla
-0.609, turn_discount 0.625, lata 0.656, prm_lite 0.656, joint 0.625 (+0.34 to +0.38); sign-flipped 0.031. ``MARGIN``
-= 0.15 sits ~2.5 standard errors of the before/after difference below the smallest gain. 7 tests, 11 minutes.
+Calibration (one torch thread, 2 idle cores, seed 0, the trainer's prefix-reuse rollouts): before 0.266 (128
+episodes); after 12 steps (64 episodes) vanilla 0.641, turn_discount 0.641, lata 0.719, prm_lite 0.625, joint 0.578
+(+0.31 to +0.45); sign-flipped 0.031. ``MARGIN`` = 0.15 sits ~2.2 standard errors of the before/after difference
+below the smallest gain. 7 tests, 7 minutes.
 The runs are deterministic for a given machine (one torch thread, fixed seeds); elsewhere float differences can
 change sampled tokens, hence a margin rather than an exact value. Marked slow (``pytest -m slow
 tests/test_default_learning.py``).
