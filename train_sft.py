@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import datasets
@@ -38,6 +39,7 @@ from airline_rl.optional import MissingDependencyError, require_for_training
 from airline_rl.precision import check_update_precision
 from airline_rl.run_guard import RunGuardError, claim_output_dir, model_identity
 from airline_rl.script_setup import setup_run
+from airline_rl.trainers.console import summary_line, tensorboard_dir
 from airline_rl.trainers.sft import REPORT_FILE, SFTDataError, export_model_dir, prepare_sft_dataset, trainer_columns
 from airline_rl.update_monitor import add_update_monitor
 
@@ -181,7 +183,9 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     checkpoint = record.decision.checkpoint
     if checkpoint:
         logger.info("resuming from %s", checkpoint)
+    started = time.perf_counter()
     result = train_or_stop(trainer, checkpoint)  # SIGTERM (also to the launcher): checkpoint, then exit
+    seconds = time.perf_counter() - started
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
@@ -213,6 +217,10 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         )
         logger.info("local hub revision: %s", exported)
         record.mark_complete(trainer.state.global_step)
+        tensorboard = tensorboard_dir(trainer.callback_handler)
+        line = summary_line(trainer.state.log_history, training_args.output_dir, str(exported), tensorboard, seconds,
+                            metric=("loss", "loss"), picture=False)  # fmt: skip
+        print(line, flush=True)
     trainer.accelerator.wait_for_everyone()
     return {"report": report.to_dict(), "metrics": result.metrics, "hub_path": str(exported) if exported else None}
 

@@ -218,10 +218,13 @@ def run_train_sft(tmp_path: Path, model_dir: Path, dataset_path: Path, *extra: s
     return train_sft.main(script_args, training_args, model_args)
 
 
-def test_train_sft_saves_a_model_grpo_can_start_from(tmp_path, model_dir, short_dataset) -> None:
+def test_train_sft_saves_a_model_grpo_can_start_from(tmp_path, model_dir, short_dataset, capsys) -> None:
     short_dataset.save_to_disk(str(tmp_path / "data"))
     lengths = [len(r.input_ids) for r in (assistant_mask_rows_for(model_dir, short_dataset))]
     outcome = run_train_sft(tmp_path, model_dir, tmp_path / "data", "--max_length", str(min(lengths) + 5))
+    last = capsys.readouterr().out.strip().splitlines()[-1]  # the run ends with one summary line, as train_grpo's
+    assert last.startswith("done: 2 steps in ") and " | loss " in last and "first → last quarter" in last, last
+    assert f"hub revision {tmp_path / 'hub' / 'sft-test' / 'step-000002'}" in last and "plot_run" not in last
     report = json.loads((tmp_path / "sft" / "sft_data_report.json").read_text())
     assert report["truncated"] == 1 and outcome["report"]["rows"] == 2
     hub_path = Path(outcome["hub_path"])

@@ -57,27 +57,40 @@ def summary_line(
     hub_revision: str | None,
     tensorboard_dir: str | None,
     seconds: float | None,
+    metric: tuple[str, str] = ("reward", STEP_FIELDS[0][1]),
+    picture: bool = True,
 ) -> str:
-    """The run's last line: its length, outcome reward first → last quarter of the steps, and where the last
-    checkpoint, the hub revision, the TensorBoard events and the learning-curve picture are."""
+    """The run's last line: its length, ``metric`` (label, log key; GRPO: the outcome reward, SFT: the loss) first →
+    last quarter of the steps, and where the last checkpoint, the hub revision, the TensorBoard events and (with
+    ``picture``) the learning-curve picture are."""
     from transformers.trainer_utils import get_last_checkpoint
 
     from airline_rl.evaluation.learning_curve import CURVE_FILE, quarter_gain
 
+    label, key = metric
     steps = [e for e in log_history if "loss" in e and "step" in e]
     parts = [f"done: {steps[-1]['step'] if steps else 0} steps" + (f" in {_duration(seconds)}" if seconds else "")]
-    rewards = [float(e[STEP_FIELDS[0][1]]) for e in steps if isinstance(e.get(STEP_FIELDS[0][1]), int | float)]
-    if rewards:
-        first, last, gain = quarter_gain(rewards)
-        parts.append(f"reward {first:.3f} → {last:.3f} ({gain:+.3f}, first → last quarter)")
+    values = [float(e[key]) for e in steps if isinstance(e.get(key), int | float)]
+    if values:
+        first, last, gain = quarter_gain(values)
+        parts.append(f"{label} {first:.3f} → {last:.3f} ({gain:+.3f}, first → last quarter)")
     checkpoint = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
     parts.append(f"last checkpoint {checkpoint}" if checkpoint else f"final model {output_dir}")
     if hub_revision:
         parts.append(f"hub revision {hub_revision}")
     if tensorboard_dir:
         parts.append(f"TensorBoard {tensorboard_dir}")
-        parts.append(f"picture: python plot_run.py {output_dir} → {os.path.join(output_dir, CURVE_FILE)}")
+        if picture:
+            parts.append(f"picture: python plot_run.py {output_dir} → {os.path.join(output_dir, CURVE_FILE)}")
     return " | ".join(parts)
+
+
+def tensorboard_dir(callback_handler: Any) -> str | None:
+    """Where the trainer's TensorBoard callback writes its events, or None without one."""
+    found = None
+    for callback in getattr(callback_handler, "callbacks", []):
+        found = getattr(callback, "logging_dir", None) or found
+    return found
 
 
 class StepLineCallback(TrainerCallback):
@@ -96,10 +109,7 @@ class StepLineCallback(TrainerCallback):
         self._last = self._mark = self.started = time.perf_counter()
         if not state.is_world_process_zero:
             return
-        tensorboard = None
-        for callback in getattr(self.callback_handler, "callbacks", []):
-            tensorboard = getattr(callback, "logging_dir", None) or tensorboard
-        self.tensorboard_dir = tensorboard
+        tensorboard = self.tensorboard_dir = tensorboard_dir(self.callback_handler)
         print(f"checkpoints: {args.output_dir}/checkpoint-<step> (every {args.save_steps} steps)", flush=True)
         if tensorboard:
             print(f"TensorBoard events: {tensorboard}  (tensorboard --logdir {args.output_dir}/runs)", flush=True)
