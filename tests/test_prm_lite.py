@@ -825,6 +825,8 @@ def test_stated_budget_is_the_latest_limit_the_user_stated() -> None:
     assert stated_budget(["Is there a fee I can pay, specifically up to $100?"]) == 100.0
     assert stated_budget(["My budget is $600.", "Hello"]) == 600.0
     assert stated_budget(["Please keep it below 250 dollars."]) == 250.0
+    assert stated_budget(["I don't want to pay more than $300 for the change."]) == 300.0
+    assert stated_budget(["I do not mind paying more than $300."]) is None
     assert stated_budget(["Keep it within the $1,000 budget.", "OK, I can go up to $1,500."]) == 1500.0
     assert stated_budget(["If more than $100 of it will be wasted, use my gift card."]) is None  # not a limit
     assert stated_budget(["Within 24 hours, please.", "I have $500 on a certificate."]) is None

@@ -31,8 +31,10 @@ _MONEY = re.compile(
 _NUMBER = r"(\d{1,3}(?:,\d{3})+|\d+)(?:\.\d{1,2})?"
 _AMOUNT = rf"(?:\$\s?{_NUMBER}(?!\d)|{_NUMBER}\s?(?:dollars?|usd)\b)"
 _BUDGET = re.compile(
-    r"\b(?:under|below|less than|no more than|not more than|at most|up to|within|maximum of|max(?:imum)?|"
-    r"(?:budget|limit|cap)(?: is| of)?)\s+(?:(?:a|my|the|of|about|around|roughly|approximately)\s+)*"
+    r"(?:\b(?:under|below|less than|no more than|not more than|at most|up to|within|maximum of|max(?:imum)?|"
+    r"(?:budget|limit|cap)(?: is| of)?)|"
+    r"(?:n't|\bnot|\bnever)\s+(?:want\s+to\s+|wish\s+to\s+|able\s+to\s+)?(?:pay|spend)\s+(?:any\s+)?"
+    r"(?:more\s+than|over))\s+(?:(?:a|my|the|of|about|around|roughly|approximately)\s+)*"
     r"(?:(?:budget|limit|total)\s+(?:of\s+)?)?" + _AMOUNT
 )
 _MONEY_TOLERANCE = 0.01
