@@ -443,10 +443,16 @@ def test_an_interrupted_stage_gets_its_grace_to_save_then_is_killed(tmp_path: Pa
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)
 
+    # Python's own Ctrl-C handler, whatever this process inherited: a job started in the background by a
+    # non-interactive shell (`cmd &`, as CI runners do) starts with SIGINT ignored, and Python then keeps it ignored.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt_when_ready, daemon=True).start()
     start = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        experiment.driver._execute(stage, tmp_path)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            experiment.driver._execute(stage, tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert marker.is_file() == saved
     assert time.monotonic() - start < 60  # never the stage's own 120 s
 
