@@ -704,6 +704,16 @@ def test_joint_charges_a_policy_violating_write_on_its_turn(env: AirlineEnv) -> 
             assert torch.all(advantages[: 2 * write_turn] >= 0)
 
 
+def test_a_misquoted_charge_is_charged_on_its_own_turn(env: AirlineEnv) -> None:
+    """The same for a write the user agreed to at another price: its turn carries P10 and earns no write bonus."""
+    quoted = score_episode(play(env, [HELLO, GUD, GRD_BASIC, "A third bag is $50. Shall I?", YES, THIRD_BAG_CALL]))
+    misquoted = score_episode(play(env, [HELLO, GUD, GRD_BASIC, "A third bag is $75. Shall I?", YES, THIRD_BAG_CALL]))
+    write_turn = 3
+    assert misquoted.fired[write_turn] == {"P10": 1} and misquoted.turn_scores[write_turn] == pytest.approx(-0.10)
+    assert quoted.turn_scores[write_turn] > 0 and "P10" not in quoted.fired[write_turn]
+    assert all(score >= 0 for k, score in enumerate(misquoted.turn_scores) if k != write_turn)  # only its own turn
+
+
 def test_evaluation_samples_carry_the_process_score(env: AirlineEnv) -> None:
     """evaluate.py stores PRM-Lite's verdict with every episode, which its prm_* metrics read."""
     from airline_rl.evaluation.results import sample_entry
