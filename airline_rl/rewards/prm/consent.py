@@ -83,7 +83,7 @@ def write_charges(facts: PolicyFacts, call: ToolCallRecord) -> list[float]:
             return []
         new = history[len(before["payment_history"]) :]
     amounts = [p.get("amount") for p in new]
-    return [round(float(a), 2) for a in amounts if isinstance(a, (int, float)) and a > 0]
+    return [round(float(a), 2) for a in amounts if isinstance(a, (int, float)) and not isinstance(a, bool) and a > 0]
 
 
 def quotes(amount: float, quoted: set[float]) -> bool:
