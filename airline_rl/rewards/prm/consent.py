@@ -10,26 +10,21 @@ messages. Refunds are not judged: agents rarely quote them and no user objects t
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from airline_rl.envs.episode import ToolCallRecord
-from airline_rl.rewards.prm.policy import MAX_PASSENGERS, PolicyFacts
+from airline_rl.rewards.prm.policy import MAX_PASSENGERS, PolicyFacts, load_json
 
 CONSENT_ISSUES: dict[str, str] = {
     "misquoted_charge": "The agent's listing quoted dollar amounts, none of them the amount the write charged.",
     "over_budget": "The write charged more than the latest spending limit the user stated.",
 }
 
-_MONEY = re.compile(
-    r"\$\s?(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d{1,2}))?(?!\d)"
-    r"|(?<![\w.,])(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d{1,2}))?\s?(?:dollars?|usd)\b",
-    re.IGNORECASE,
-)
-_NUMBER = r"(\d{1,3}(?:,\d{3})+|\d+)(?:\.\d{1,2})?"
-_AMOUNT = rf"(?:\$\s?{_NUMBER}(?!\d)|{_NUMBER}\s?(?:dollars?|usd)\b)"
+_NUMBER = r"(\d{1,3}(?:,\d{3})+(?:\.\d{1,2})?|\d+(?:\.\d{1,2})?)"
+_AMOUNT = rf"(?:\$\s?{_NUMBER}(?!\d)|(?<![\w.,]){_NUMBER}\s?(?:dollars?|usd)\b)"
+"""An amount with a ``$`` or written in dollars; its number is group 1 or group 2 (``_value``)."""
+_MONEY = re.compile(_AMOUNT, re.IGNORECASE)
 _BUDGET = re.compile(
     r"(?:\b(?:under|below|less than|no more than|not more than|at most|up to|within|maximum of|max(?:imum)?|"
     r"(?:budget|limit|cap)(?: is| of)?)|"
@@ -40,29 +35,23 @@ _BUDGET = re.compile(
 _MONEY_TOLERANCE = 0.01
 
 
+def _value(match: re.Match[str]) -> float:
+    """The number of a ``_MONEY`` or ``_BUDGET`` match (their only groups are ``_AMOUNT``'s two)."""
+    return round(float((match.group(1) or match.group(2)).replace(",", "")), 2)
+
+
 def money_amounts(text: str) -> set[float]:
     """Dollar amounts in ``text`` ("$1,023", "$ 89.50", "150 dollars", "75 USD"), as numbers."""
-    found: set[float] = set()
-    for match in _MONEY.finditer(text):
-        whole, cents = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
-        found.add(round(float(whole.replace(",", "") + (f".{cents}" if cents else "")), 2))
-    return found
+    return {_value(match) for match in _MONEY.finditer(text)}
 
 
 def stated_budget(user_messages: Sequence[str]) -> float | None:
     """The latest spending limit the user stated ("under $500", "up to $200", "my budget is $300"), if any."""
     for text in reversed(user_messages):
-        limits = [float((m.group(1) or m.group(2)).replace(",", "")) for m in _BUDGET.finditer(text.lower())]
+        limits = [_value(match) for match in _BUDGET.finditer(text.lower())]
         if limits:
             return limits[-1]
     return None
-
-
-def _load(result: str) -> Any:
-    try:
-        return json.loads(result)
-    except ValueError:
-        return None
 
 
 def write_charges(facts: PolicyFacts, call: ToolCallRecord) -> list[float]:
@@ -71,7 +60,7 @@ def write_charges(facts: PolicyFacts, call: ToolCallRecord) -> list[float]:
     new one from, so it gives nothing."""
     if not call.is_write or call.error:
         return []
-    record = _load(str(call.result))
+    record = load_json(str(call.result))
     if not isinstance(record, Mapping) or not isinstance(record.get("payment_history"), list):
         return []
     history = [p for p in record["payment_history"] if isinstance(p, Mapping)]

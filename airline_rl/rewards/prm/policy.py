@@ -60,7 +60,8 @@ VIOLATIONS: dict[str, str] = {
 _ASKED_COMPENSATION = re.compile(r"\b(?:compensat|certificate|voucher|refund|reimburs|gesture|make up for)")
 
 
-def _load(result: str) -> Any:
+def load_json(result: str) -> Any:
+    """A tool result as JSON, or None when it is not (an error text, a plain string)."""
     try:
         return json.loads(result)
     except ValueError:
@@ -91,7 +92,7 @@ class PolicyFacts:
             key = (str(call.arguments.get("flight_number", "")).upper(), str(call.arguments.get("date", "")))
             self.flight_status[key] = str(call.result).strip().strip('"').lower()
             return
-        value = _load(call.result)
+        value = load_json(call.result)
         if isinstance(value, list):
             for item in value:
                 for flight in item if isinstance(item, list) else [item]:

@@ -466,15 +466,10 @@ def _distribution(values: Sequence[float]) -> tuple[float, ...]:
     """(n, min, 25th percentile, median, 75th percentile, max); NaNs for an empty group."""
     if not values:
         return (0, *[math.nan] * 5)
-    ordered = sorted(values)
-
-    def at(q: float) -> float:  # linear interpolation between closest ranks
-        position = q * (len(ordered) - 1)
-        low = int(position)
-        high = min(low + 1, len(ordered) - 1)
-        return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-    return (len(ordered), ordered[0], at(0.25), at(0.5), at(0.75), ordered[-1])
+    if len(values) == 1:
+        return (1, *[values[0]] * 5)
+    low, median, high = statistics.quantiles(values, n=4, method="inclusive")  # linear between closest ranks
+    return (len(values), min(values), low, median, high, max(values))
 
 
 def bootstrap_mean_ci(values: Sequence[float], draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> tuple[float, float]:
@@ -507,11 +502,15 @@ def calibrate_real(
         by_task[conversation.task_id].append(i)
     mixed = sorted((t for t, idx in by_task.items() if len({labels[i] for i in idx}) == 2), key=lambda t: (len(t), t))
     task_auc = {t: auc([scores[i] for i in by_task[t]], [labels[i] for i in by_task[t]]) for t in mixed}
-    gaps = [
-        statistics.fmean(scores[i] for i in by_task[t] if labels[i])
-        - statistics.fmean(scores[i] for i in by_task[t] if not labels[i])
+    # per mixed task: (mean score of its successes, of its failures)
+    task_means = {
+        t: (
+            statistics.fmean(scores[i] for i in by_task[t] if labels[i]),
+            statistics.fmean(scores[i] for i in by_task[t] if not labels[i]),
+        )
         for t in mixed
-    ]
+    }
+    gaps = [good_mean - bad_mean for good_mean, bad_mean in task_means.values()]
     write = [task_auc[t] for t in mixed if task_writes.get(t, False)]
     no_write = [task_auc[t] for t in mixed if not task_writes.get(t, False)]
     same_gold = [task_auc[t] for t in mixed if report.label_notes.get(t) == "identical_writes"]
@@ -561,8 +560,7 @@ def calibrate_real(
                 sum(labels[i] for i in by_task[t]),
                 sum(not labels[i] for i in by_task[t]),
                 task_auc[t],
-                statistics.fmean(scores[i] for i in by_task[t] if labels[i]),
-                statistics.fmean(scores[i] for i in by_task[t] if not labels[i]),
+                *task_means[t],
             )
             for t in mixed
         ],
