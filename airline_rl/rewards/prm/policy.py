@@ -207,6 +207,18 @@ def _check_payment(user: Mapping[str, Any] | None, payment_id: Any, found: list[
         found.append("payment_mix")
 
 
+def _own_reservations(facts: PolicyFacts, user: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The reservations read so far that belong to ``user``."""
+    return [r for r in facts.reservations.values() if str(r.get("user_id", "")).lower() == str(user["user_id"])]
+
+
+def _compensation_eligible(user: Mapping[str, Any], own: list[dict[str, Any]]) -> bool:
+    """Policy: compensation only for a silver or gold member, or a traveller with insurance or in business."""
+    return user.get("membership") in ("silver", "gold") or any(
+        r.get("insurance") == "yes" or r.get("cabin") == "business" for r in own
+    )
+
+
 def write_violations(facts: PolicyFacts, call: ToolCallRecord) -> list[str]:
     """The ids (``VIOLATIONS``) of the policy rules ``call`` breaks, judged on ``facts`` as they stood before it."""
     args = call.arguments or {}
@@ -278,11 +290,8 @@ def write_violations(facts: PolicyFacts, call: ToolCallRecord) -> list[str]:
         user = facts.user(args.get("user_id", ""))
         if user is None:
             return []
-        own = [r for r in facts.reservations.values() if str(r.get("user_id", "")).lower() == str(user["user_id"])]
-        eligible = user.get("membership") in ("silver", "gold") or any(
-            r.get("insurance") == "yes" or r.get("cabin") == "business" for r in own
-        )
-        if not eligible:
+        own = _own_reservations(facts, user)
+        if not _compensation_eligible(user, own):
             found.append("compensation_ineligible")
         delayed, cancelled = (
             {per * len(r.get("passengers") or []) for r in own} for per in COMPENSATION_PER_PASSENGER
@@ -340,9 +349,5 @@ def justified_refusal(facts: PolicyFacts, text: str) -> bool:
             return True
     user = facts.user(facts.last_user) if facts.last_user else None
     if "compensation" in topics and user is not None:
-        own = [r for r in facts.reservations.values() if str(r.get("user_id", "")).lower() == str(user["user_id"])]
-        eligible = user.get("membership") in ("silver", "gold") or any(
-            r.get("insurance") == "yes" or r.get("cabin") == "business" for r in own
-        )
-        return not eligible
+        return not _compensation_eligible(user, _own_reservations(facts, user))
     return False
