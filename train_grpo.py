@@ -35,11 +35,19 @@ from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.envs.users import get_user_simulator
 from airline_rl.evaluation.heldout import build_heldout
 from airline_rl.graceful_stop import train_or_stop
-from airline_rl.hub import HubError, LocalHubCallback, check_model_dir, claim_hub_run, ensure_writable
+from airline_rl.hub import (
+    HubError,
+    LocalHubCallback,
+    check_model_dir,
+    claim_hub_run,
+    ensure_writable,
+    save_consolidated,
+)
 from airline_rl.optional import require_for_training
 from airline_rl.precision import check_update_precision
 from airline_rl.run_guard import RunGuardError, claim_output_dir, model_identity
 from airline_rl.script_setup import setup_run
+from airline_rl.sharding import LaunchError, world_size_from_env
 from airline_rl.trainers.console import use_step_lines
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 from airline_rl.update_monitor import add_update_monitor
@@ -64,14 +72,15 @@ def resolve_model_path(
             raise SystemExit(f"error: {err}") from None
         return str(path)
     if script_args.warmup_tasks:
-        from airline_rl.data.default_policy import build_default_policy, default_policy_dir
+        from airline_rl.data import default_policy
 
         tasks = [t.strip() for t in script_args.warmup_tasks.split(",") if t.strip()]
         # one cache wherever --output_dir is (it used to be built again next to an output_dir outside outputs/)
-        directory = default_policy_dir(script_args.warmup_cache_dir, tasks, script_args.warmup_epochs)
-        return str(
-            build_default_policy(directory, tasks, epochs=script_args.warmup_epochs, data_dir=script_args.data_dir)
-        )
+        directory = default_policy.default_policy_dir(script_args.warmup_cache_dir, tasks, script_args.warmup_epochs)
+        # a rank of a multi-process launch builds in a one-process child: never inside the run's process group
+        build = default_policy.build_default_policy_isolated if world_size_from_env() > 1 else (
+            default_policy.build_default_policy)  # fmt: skip
+        return str(build(directory, tasks, epochs=script_args.warmup_epochs, data_dir=script_args.data_dir))
     from airline_rl.data.tiny_model import build_tiny_model, default_tiny_model_dir
 
     directory = script_args.tiny_model_dir or default_tiny_model_dir(Path(output_dir).parent)
@@ -178,16 +187,19 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     )
     silence_known_warnings()  # TRL's luspo/importance-sampling advice does not apply to per-token advantages
     ratio_steps_are_no_mismatch(training_args.max_steps)  # "eval_steps: 0.5 != 3" on every resume
-    trainer = MultiTurnGRPOTrainer(
-        model=model,
-        args=training_args,
-        env=env,
-        user=user,
-        train_dataset=train_dataset,
-        processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
-        heldout=heldout,
-    )
+    try:
+        trainer = MultiTurnGRPOTrainer(
+            model=model,
+            args=training_args,
+            env=env,
+            user=user,
+            train_dataset=train_dataset,
+            processing_class=tokenizer,
+            peft_config=get_peft_config(model_args),
+            heldout=heldout,
+        )
+    except LaunchError as err:  # a sharded config that would not shard, a setting the rollouts cannot honour
+        raise SystemExit(f"error: {err}") from None
     if heldout is not None:
         try:
             heldout.check_existing(trainer)
@@ -220,7 +232,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
-    trainer.save_model(training_args.output_dir)
+    save_consolidated(trainer, training_args.output_dir)  # a plain HF model, also under FSDP's sharded checkpoints
     if trainer.is_world_process_zero():
         write_prompt_style(training_args.output_dir, compact)  # evaluate.py prompts the model as it was trained
     exported = hub.export(trainer.state)

@@ -23,7 +23,7 @@ from pathlib import Path
 import datasets
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
+from trl import ModelConfig, SFTConfig, TrlParser, get_peft_config
 
 from airline_rl.cli import parse_or_exit, run_main
 from airline_rl.configs import CollectArguments, SFTScriptArguments
@@ -34,13 +34,28 @@ from airline_rl.envs.episode import AirlineEnv
 from airline_rl.envs.splits import SplitError, get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.graceful_stop import train_or_stop
-from airline_rl.hub import HubError, check_model_dir, claim_hub_run, ensure_writable, write_json_atomic
+from airline_rl.hub import (
+    HubError,
+    check_model_dir,
+    claim_hub_run,
+    ensure_writable,
+    save_consolidated,
+    write_json_atomic,
+)
 from airline_rl.optional import MissingDependencyError, require_for_training
 from airline_rl.precision import check_update_precision
 from airline_rl.run_guard import RunGuardError, claim_output_dir, model_identity
 from airline_rl.script_setup import setup_run
+from airline_rl.sharding import LaunchError
 from airline_rl.trainers.console import summary_line, tensorboard_dir
-from airline_rl.trainers.sft import REPORT_FILE, SFTDataError, export_model_dir, prepare_sft_dataset, trainer_columns
+from airline_rl.trainers.sft import (
+    REPORT_FILE,
+    AirlineSFTTrainer,
+    SFTDataError,
+    export_model_dir,
+    prepare_sft_dataset,
+    trainer_columns,
+)
 from airline_rl.update_monitor import add_update_monitor
 
 logger = logging.getLogger(__name__)
@@ -96,10 +111,10 @@ def resolve_dataset(script_args: SFTScriptArguments) -> datasets.Dataset:
     return load_trajectories(result.output_dir)
 
 
-def save_final_model(trainer: SFTTrainer, tokenizer, output_dir: str, peft: bool) -> None:
+def save_final_model(trainer: AirlineSFTTrainer, tokenizer, output_dir: str, peft: bool) -> None:
     """``output_dir`` holds a plain model (LoRA merged; the adapter alone goes to ``output_dir/adapter``)."""
     if not peft:
-        trainer.save_model(output_dir)
+        save_consolidated(trainer, output_dir)  # a plain HF model, also under FSDP's sharded checkpoints
         return
     trainer.save_model(os.path.join(output_dir, "adapter"))
     if trainer.is_world_process_zero():
@@ -169,13 +184,16 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         attn_implementation=model_args.attn_implementation,
     )
     peft_config = get_peft_config(model_args)
-    trainer = SFTTrainer(
-        model=model,
-        args=training_args,
-        train_dataset=trainer_columns(train_dataset),
-        processing_class=tokenizer,
-        peft_config=peft_config,
-    )
+    try:
+        trainer = AirlineSFTTrainer(
+            model=model,
+            args=training_args,
+            train_dataset=trainer_columns(train_dataset),
+            processing_class=tokenizer,
+            peft_config=peft_config,
+        )
+    except LaunchError as err:  # a sharded config that would not shard (airline_rl/sharding.py)
+        raise SystemExit(f"error: {err}") from None
     check_update_precision(trainer, script_args.allow_rounded_updates)  # refuses bf16 weights that would not move
     add_update_monitor(trainer)
     tied_missing_keys_are_expected(trainer)  # no lm_head.weight warning on resume for tied embeddings

@@ -173,11 +173,13 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
     max_turn_tokens: int = field(
         default=256, metadata={"help": "Maximum new tokens per policy turn (max_completion_length caps the episode)."}
     )
-    rollout_prefix_reuse: bool = field(
-        default=True,
+    rollout_prefix_reuse: bool | None = field(
+        default=None,
         metadata={"help": "Transformers generation (not vLLM): prefill the system prompt shared by all episodes once "
-                  "per rollout round and read it once per decoding step (airline_rl/backends/trl_prefix.py); "
-                  "false: TRL's own generate call on the full left-padded prompts."},
+                  "per rollout round and read it once per decoding step, each row sampled from its own seeded "
+                  "generator (airline_rl/backends/trl_prefix.py). Unset: wherever it can run (not under ZeRO-3 / "
+                  "FSDP1, PEFT, prompt-reading decoding rules); true: required, a launch where it cannot run is "
+                  "refused; false: TRL's own generate call on the full left-padded prompts."},
     )  # fmt: skip
     turn_discount_alpha: float | None = field(
         default=None, metadata={"help": "turn_discount only: α in d = α^(T−1−k) (default 1.05)."}

@@ -180,6 +180,21 @@ def model_card(run_name: str, step: int, info: dict[str, Any], hub_dir: str | os
     return "\n".join(lines)
 
 
+def save_consolidated(trainer: Any, output_dir: str) -> None:
+    """One plain HF model in ``output_dir`` whatever the sharding (all ranks call it; the main process writes).
+
+    ``Trainer.save_model`` writes FSDP's sharded state (``pytorch_model_fsdp_0/``) when the launch keeps
+    ``SHARDED_STATE_DICT`` (fsdp2.yaml does, for fast checkpoints): no ``from_pretrained`` could load that, so
+    under FSDP the full state dict is gathered (a collective) and saved with the tokenizer; ZeRO-3 and everything
+    else go through ``save_model``, which gathers itself."""
+    if not getattr(trainer, "is_fsdp_enabled", False):
+        trainer.save_model(output_dir)
+        return
+    state_dict = trainer.accelerator.get_state_dict(trainer.model)  # full, on the main process's CPU
+    if trainer.is_world_process_zero():
+        trainer._save(output_dir, state_dict=state_dict)  # save_pretrained + tokenizer + training args
+
+
 def export_revision(trainer: Any, hub_dir: str | os.PathLike[str], run_name: str, step: int, info: dict) -> Path:
     """Saves the trainer's model and tokenizer as ``hub/<run_name>/step-<N>`` (all ranks call it; rank 0 writes)."""
     run_dir = Path(hub_dir) / run_name
@@ -189,7 +204,7 @@ def export_revision(trainer: Any, hub_dir: str | os.PathLike[str], run_name: str
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     trainer.accelerator.wait_for_everyone()
-    trainer.save_model(str(tmp))  # handles ZeRO-3 / FSDP gathering; writes on the main process
+    save_consolidated(trainer, str(tmp))
     if trainer.is_world_process_zero():
         (tmp / "README.md").write_text(model_card(run_name, step, info, hub_dir), encoding="utf-8")
         style = info.get("config", {}).get("system_prompt")

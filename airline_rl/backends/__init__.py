@@ -133,6 +133,9 @@ class TransformersBackend:
         when a ``generation_config`` was given: transformers deprecates passing both)."""
         kwargs = {
             "max_new_tokens": max_new_tokens,
+            # every row's parameters are local here (FSDP2's are gathered for the round: airline_rl/sharding.py), so
+            # no rank waits for another's decoding steps, which ranks with other turn counts would never match
+            "synced_gpus": False,
             **self._sampling_kwargs(),
             "eos_token_id": self.eos_token_ids,
             "pad_token_id": self.pad_token_id,
@@ -147,24 +150,37 @@ class TransformersBackend:
 
     def _sampling_kwargs(self) -> dict[str, Any]:
         """``generate`` kwargs of the decoding rule; with per-row seeds, ``PerRowSampler`` draws the tokens."""
-        if self.generation_config is not None:
-            return {"generation_config": self.generation_config}
-        sampling = self.temperature > 0
         seeds = self._chunk_seeds
+        config = self.generation_config
+        if config is not None:
+            if seeds is None or not config.do_sample:
+                return {"generation_config": config}
+            # the config's decoding rule, drawn per row (the trainer's rollouts: independent of the process count)
+            config = copy.deepcopy(config)
+            sampler = self._per_row_sampler(seeds, config.temperature or 1.0, config.top_p, config.top_k, config.min_p)
+            config.update(do_sample=False, temperature=None, top_p=None, top_k=None, min_p=None)
+            return {"generation_config": config, "logits_processor": sampler}
+        sampling = self.temperature > 0
         if sampling and seeds is not None:
-            from transformers import LogitsProcessorList
-
-            from airline_rl.sampling import PerRowSampler
-
-            sampler = PerRowSampler(seeds, self.temperature, self.top_p)
             return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None,
-                    "logits_processor": LogitsProcessorList([sampler])}  # fmt: skip
+                    "logits_processor": self._per_row_sampler(seeds, self.temperature, self.top_p)}  # fmt: skip
         return {
             "do_sample": sampling,
             "temperature": self.temperature if sampling else None,
             "top_p": self.top_p if sampling else None,
             "top_k": 0 if sampling else None,
         }
+
+    @staticmethod
+    def _per_row_sampler(
+        seeds: list[int], temperature: float, top_p: float | None, top_k: int | None = None, min_p: float | None = None
+    ) -> Any:
+        from transformers import LogitsProcessorList
+
+        from airline_rl.sampling import PerRowSampler
+
+        sampler = PerRowSampler(seeds, temperature, 1.0 if top_p is None else top_p, top_k or 0, min_p)
+        return LogitsProcessorList([sampler])
 
     # -- prefix reuse ---------------------------------------------------------------------------------------------
 

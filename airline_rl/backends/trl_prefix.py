@@ -13,18 +13,21 @@ gradient checkpointing is off during generation exactly as in TRL) that samples 
 implementation outside the generate calls, so the loss forward is TRL's unchanged.
 
 ``unavailable`` says when the trainer keeps TRL's path: vLLM or transformers continuous batching (they have their own
-prefix handling), sharded parameters (ZeRO-3, FSDP), a PEFT wrapper, a decoding rule that reads the prompt ids
+prefix handling), parameters sharded while generating (ZeRO-3, FSDP1: under FSDP2 the round gathers them once,
+``airline_rl.sharding.unsharded_for_generation``), a PEFT wrapper, a decoding rule that reads the prompt ids
 (repetition penalties: the shared-prefix path gives ``generate`` only the per-episode rest) or a custom cache.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
 import torch
 
 from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend, supports_shared_prefix
+from airline_rl.sharding import parameters_sharded_for_generation, unsharded_for_generation
 
 logger = logging.getLogger(__name__)
 
@@ -34,14 +37,14 @@ PROMPT_READING_KWARGS = ("no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
 
 def unavailable(trainer: Any) -> str | None:
     """None when the trainer's rollouts can use prefix reuse, else why they keep TRL's generation path."""
-    if not getattr(trainer.args, "rollout_prefix_reuse", True):
+    if getattr(trainer.args, "rollout_prefix_reuse", None) is False:
         return "--rollout_prefix_reuse is false"
     if trainer.use_vllm:
         return "vLLM generates (it has its own prefix cache)"
     if getattr(trainer, "use_transformers_continuous_batching", False):
         return "transformers continuous batching generates"
-    if getattr(trainer, "is_fsdp_enabled", False) or getattr(trainer._dist, "is_zero3", False):
-        return "the parameters are sharded (ZeRO-3 / FSDP)"
+    if parameters_sharded_for_generation(trainer.accelerator):
+        return "the parameters are sharded while generating (ZeRO-3 / FSDP1; FSDP2 gathers them for the round)"
     config = trainer.generation_config
     if config.repetition_penalty not in (None, 1.0) or getattr(config, "encoder_repetition_penalty", None) not in (
         None,
@@ -59,17 +62,33 @@ def unavailable(trainer: Any) -> str | None:
 
 
 class TrlPrefixGeneration:
-    """One rollout round's generation through ``SharedPrefixTransformersBackend`` with TRL's decoding rule."""
+    """One rollout round's generation through ``SharedPrefixTransformersBackend`` with TRL's decoding rule.
+
+    A round starts with ``begin_round`` (every rank, at the same point: under FSDP2 it all-gathers the parameters,
+    which then stay local until ``close``) and ends with ``close``. ``seeds`` (one per prompt) draw each row from its
+    own generator with TRL's decoding rule, so a rollout does not depend on how rows are spread over processes.
+    """
 
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.backend: SharedPrefixTransformersBackend | None = None
+        self._round: contextlib.ExitStack | None = None
+
+    def begin_round(self) -> None:
+        """Gathers sharded (FSDP2) parameters for the round; a no-op when the round has begun or nothing is sharded."""
+        if self._round is None:
+            stack = contextlib.ExitStack()
+            stack.enter_context(unsharded_for_generation(self.trainer.model_wrapped))
+            self._round = stack
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int, seeds: list[int] | None = None
+    ) -> list[list[int]]:
         """Sampled ids per prompt, each ending at its first eos id (TRL's trimming)."""
         from trl.models.utils import unwrap_model_for_generation  # noqa: PLC0415 - trl is heavy to import
 
+        self.begin_round()
         trainer = self.trainer
         with unwrap_model_for_generation(
             trainer.model_wrapped,
@@ -79,7 +98,7 @@ class TrlPrefixGeneration:
             gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
         ) as model:
             if self.backend is None or self.backend.model is not model:
-                self.close()
+                self._drop_backend()
                 tokenizer = trainer.processing_class
                 tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's tokenizer
                 self.backend = SharedPrefixTransformersBackend(
@@ -89,11 +108,17 @@ class TrlPrefixGeneration:
                     max_batch_size=10**6,  # TRL generates a wave in one call; so does this
                     generation_config=trainer.generation_config,  # copied per call
                 )
-            ids, _ = self.backend.generate(prompts, max_new_tokens)
+            ids, _ = self.backend.generate(prompts, max_new_tokens, seeds=seeds)
         return ids
 
-    def close(self) -> None:
-        """Ends the round: the cached prefix (stale after the optimiser step) is dropped."""
+    def _drop_backend(self) -> None:
         backend, self.backend = self.backend, None
         if backend is not None:
             backend.close()
+
+    def close(self) -> None:
+        """Ends the round: the cached prefix (stale after the optimiser step) is dropped, FSDP2 reshards."""
+        self._drop_backend()
+        stack, self._round = self._round, None
+        if stack is not None:
+            stack.close()

@@ -242,3 +242,55 @@ def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], 
         "sft_train_loss": metrics.get("train_loss"),
         "trajectories": len(warmup_data),
     }
+
+
+# What a distributed launcher puts in a rank's environment: a build inside a rank would join (or wait for) the run's
+# process group, and its SFT trainer would take up the launch's FSDP / DeepSpeed settings (issue 28: an FSDP launch
+# hung here). The build is a one-process job, the same on every launch config.
+_LAUNCH_ENV_PREFIXES = ("ACCELERATE_", "FSDP_", "TORCHELASTIC_", "PET_", "DEEPSPEED_", "DS_")
+_LAUNCH_ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                     "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+                     "TORCH_NCCL_ASYNC_ERROR_HANDLING")  # fmt: skip
+
+
+def single_process_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """``environ`` without the distributed launcher's variables (see ``_LAUNCH_ENV_PREFIXES``)."""
+    environ = dict(os.environ if environ is None else environ)
+    return {k: v for k, v in environ.items() if k not in _LAUNCH_ENV_NAMES and not k.startswith(_LAUNCH_ENV_PREFIXES)}
+
+
+def build_default_policy_isolated(
+    output_dir: str | os.PathLike[str], tasks: Sequence[str], *, epochs: int, data_dir: str | None = None
+) -> Path:
+    """``build_default_policy`` in a child process with a one-process environment, for a rank of a multi-process
+    launch: every rank calls it; the cache's lock lets one child build while the others wait, then reuse it."""
+    import subprocess
+
+    argv = [sys.executable, "-m", "airline_rl.data.default_policy", "--output_dir", str(output_dir),
+            "--tasks", ",".join(tasks), "--epochs", str(epochs)]  # fmt: skip
+    if data_dir:
+        argv += ["--data_dir", str(data_dir)]
+    done = subprocess.run(argv, cwd=REPO_ROOT, env=single_process_env(), check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the default-policy build for {output_dir} failed (exit {done.returncode}); see above")
+    return Path(output_dir)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m airline_rl.data.default_policy``: builds (or reuses) the default policy, one process."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--tasks", required=True, help="comma-separated warm-up task ids")
+    parser.add_argument("--epochs", type=int, default=DEFAULT_WARMUP_EPOCHS)
+    parser.add_argument("--data_dir", default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    build_default_policy(args.output_dir, tasks, epochs=args.epochs, data_dir=args.data_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

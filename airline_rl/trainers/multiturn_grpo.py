@@ -48,6 +48,7 @@ from airline_rl.envs.runner import RunTimings, run_episodes
 from airline_rl.envs.users.base import UserSimulator
 from airline_rl.rewards.prm_lite import PRMResult, episode_rule_stats, score_episode, within_group_signal
 from airline_rl.rollout import TokenPolicyAgent
+from airline_rl.sharding import LaunchError, ShardedLaunch
 from airline_rl.trainers.variants import token_advantages
 
 if TYPE_CHECKING:
@@ -87,7 +88,11 @@ class TrainerBackend:
         self.prefix_generation = trl_prefix.TrlPrefixGeneration(trainer) if reason is None else None
         if reason is not None and not trainer.use_vllm and reason not in _LOGGED_REASONS:
             _LOGGED_REASONS.add(reason)
-            logger.info("rollouts generate through TRL without prefix reuse: %s", reason)
+            logger.info(
+                "rollouts generate through TRL without prefix reuse: %s (TRL samples from one generator per batch, "
+                "so a rollout there depends on how the rows are spread over processes)",
+                reason,
+            )
 
     def _any_rank_busy(self, busy: bool) -> bool:
         accelerator = self.trainer.accelerator
@@ -96,24 +101,34 @@ class TrainerBackend:
         flags = accelerator.gather(torch.tensor([int(busy)], device=accelerator.device))
         return bool(flags.sum().item())
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> tuple[list[list[int]], Any]:
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int, seeds: list[int] | None = None
+    ) -> tuple[list[list[int]], Any]:
+        """``seeds`` (per-row sampling) are honoured on the prefix path; TRL's call samples per batch."""
+        if self.prefix_generation is not None:
+            self.prefix_generation.begin_round()  # FSDP2: the round's one all-gather, before any other collective
         if not self._any_rank_busy(bool(prompts)):
             return [], None
-        if not prompts:  # idle rank: join the others' collective with a dummy prompt
-            pad = self.trainer.processing_class.pad_token_id or 0
-            with self.trainer._max_new_tokens(1):
-                self.trainer._generate_single_turn([[pad]], None, {}, 1)
+        if not prompts:  # idle rank: join the others' generation collective (TRL's path) with a dummy prompt
+            self._dummy_generation()
             return [], None
         if self.prefix_generation is not None:
-            return self.prefix_generation.generate(prompts, max_new_tokens), None
+            return self.prefix_generation.generate(prompts, max_new_tokens, seeds), None
         with self.trainer._max_new_tokens(max_new_tokens):
             return self.trainer._generate_single_turn(prompts, None, {}, 1)
 
+    def _dummy_generation(self) -> None:
+        if self.prefix_generation is not None:  # local generation: no collective to join
+            return
+        pad = self.trainer.processing_class.pad_token_id or 0
+        with self.trainer._max_new_tokens(1):
+            self.trainer._generate_single_turn([[pad]], None, {}, 1)
+
     def drain(self) -> None:
-        while self._any_rank_busy(False) and self.trainer.accelerator.num_processes > 1:
-            pad = self.trainer.processing_class.pad_token_id or 0
-            with self.trainer._max_new_tokens(1):
-                self.trainer._generate_single_turn([[pad]], None, {}, 1)
+        if self.prefix_generation is not None:
+            self.prefix_generation.begin_round()  # a rank with no turn this round still joins the all-gather
+        while self.trainer.accelerator.num_processes > 1 and self._any_rank_busy(False):
+            self._dummy_generation()
         self.close()
 
     def close(self) -> None:
@@ -129,7 +144,7 @@ def _max_context(trainer: GRPOTrainer) -> int:
     return int(getattr(config, "max_position_embeddings", None) or 10**9)
 
 
-class MultiTurnGRPOTrainer(GRPOTrainer):
+class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
     """GRPO over multi-turn tool-calling episodes; see the module docstring for what differs from GRPOTrainer."""
 
     def __init__(
@@ -161,6 +176,10 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             peft_config=peft_config,
             callbacks=callbacks,
         )
+        if args.rollout_prefix_reuse:  # forced on: refuse a launch where it cannot run rather than run without
+            reason = trl_prefix.unavailable(self)
+            if reason is not None:
+                raise LaunchError(f"--rollout_prefix_reuse true cannot be honoured: {reason}; leave it unset (auto)")
         self.env = env
         self.user = user
         self._rollout_rows: list[dict] = []
@@ -222,7 +241,10 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             generation._llm_weights_sleeping = True
 
     def policy_agent(self, tools: list[dict]) -> tuple[TrainerBackend, TokenPolicyAgent]:
-        """The current policy as an episode agent (training rollouts and held-out evaluation generate alike)."""
+        """The current policy as an episode agent (training rollouts and held-out evaluation generate alike).
+
+        On the prefix path every turn samples from its own generator (``turn_seed(episode seed, turn)``), so what
+        an episode plays depends on its seed only, not on the rows or processes it shares a wave with."""
         backend = TrainerBackend(self)
         agent = TokenPolicyAgent(
             backend,
@@ -232,11 +254,18 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             self.args.max_completion_length,
             self.args.max_turn_tokens,
             _max_context(self),
+            per_episode_seeds=backend.prefix_generation is not None,
         )
         return backend, agent
 
-    def _episode_seed(self, index: int) -> int:
-        return (self.state.global_step * 1_000_003 + self.accelerator.process_index * 10_007 + index) % (2**31)
+    def _episode_seed(self, index: int, rows: int) -> int:
+        """The episode seed of local row ``index`` of ``rows``: a function of the step and the row's *global* index.
+
+        accelerate gives process p the global rows [p·rows, (p+1)·rows) of each generation batch, so N processes ×
+        B rows play exactly the episodes of 1 process × N·B rows (house style 10: a run does not depend on its
+        process count)."""
+        global_index = self.accelerator.process_index * rows + index
+        return (self.state.global_step * 1_000_003 + global_index) % (2**31)
 
     def _generate(self, prompts: list) -> tuple:
         """Plays one episode per prompt row and returns TRL's 8-tuple with token-in/token-out completions."""
@@ -245,7 +274,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         if len(rows) != len(prompts):
             raise RuntimeError("rollout rows and prompts are out of sync")
         start = time.perf_counter()
-        specs = [(str(row["task_id"]), self._episode_seed(i)) for i, row in enumerate(rows)]
+        specs = [(str(row["task_id"]), self._episode_seed(i, len(rows))) for i, row in enumerate(rows)]
         episodes = [self.env.reset(task_id, seed) for task_id, seed in specs]
         backend, agent = self.policy_agent(self.env.tools)
         for episode in episodes:

@@ -25,17 +25,24 @@ from typing import Any
 
 import datasets
 import torch
+from trl import SFTTrainer
 
 from airline_rl.data.collect import REQUIRED_COLUMNS, decode_rows, task_sort_key
 from airline_rl.envs.splits import Split
 from airline_rl.envs.tool_calls import TOOL_CALL_OPEN
 from airline_rl.hub import load_snippet, record_revision, revision_name
 from airline_rl.render import TemplateNotPrefixPreserving, UnmaskableTurn, assistant_mask_rows, trained_turns
+from airline_rl.sharding import ShardedLaunch
 
 logger = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant", "tool")
 REPORT_FILE = "sft_data_report.json"
+
+
+class AirlineSFTTrainer(ShardedLaunch, SFTTrainer):
+    """TRL's ``SFTTrainer``; the only change is the accelerator: FSDP2 on CPU really shards, a launch that would
+    silently not shard is refused (``airline_rl.sharding.ShardedLaunch``)."""
 
 
 class SFTDataError(ValueError):
