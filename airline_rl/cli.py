@@ -137,3 +137,30 @@ def run_main(main: Callable[[], T], input_errors: tuple[type[BaseException], ...
         exit_with_line("interrupted (Ctrl-C); rerun the same command to resume from what was saved", 130)
     except input_errors as err:
         exit_with_error(str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err))
+    except RuntimeError as err:
+        message = lost_peer_message(err)
+        if message is None:
+            raise
+        exit_with_line(error_line(message), EXIT_LOST_PEER)
+
+
+EXIT_LOST_PEER = 1
+# What torch's collectives say when another process of the run died or stopped answering (gloo, NCCL, the store).
+_LOST_PEER_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Socket Timeout", "Timed out waiting",
+                      "NCCL communicator was aborted")  # fmt: skip
+
+
+def lost_peer_message(err: BaseException) -> str | None:
+    """One line for a collective that failed because another rank or node is gone, else None (a real bug: keep its
+    traceback). A dead peer closes its sockets, so the others fail at once; a hung one, after --ddp_timeout."""
+    distributed = sys.modules.get("torch.distributed")
+    dist_error = getattr(distributed, "DistError", None)
+    text = str(err)
+    if not (dist_error is not None and isinstance(err, dist_error)) and not any(m in text for m in _LOST_PEER_MARKERS):
+        return None
+    first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    first = first.split("] ", 1)[-1][:200]  # gloo prefixes its source location
+    return (
+        f"another process of this run failed or stopped answering ({first}); its own log says why. Rerun the same "
+        "command on every node: it resumes from the last checkpoint"
+    )

@@ -5,7 +5,8 @@
 It runs ``train_grpo.main`` unchanged, with a ``MultiTurnGRPOTrainer`` subclass that records, per rank, into
 ``$GRPO_PROBE_DIR/rank<k>.jsonl``:
 
-- ``rollout``: this rank's episodes of the step (task ids, turns), before the metrics are gathered;
+- ``rollout``: this rank's episodes of the step (task ids, turns, seeds, completion token ids), before the metrics
+  are gathered;
 - ``probe`` (colocated vLLM only): right after the step's generation — so after TRL pushed the trainer's weights into
   the engine — the log-probabilities vLLM and the trainer's model give the tokens of a fixed prompt;
 - ``log``: the metrics dict every rank computes at each logging step (TRL gathers them across ranks).
@@ -63,7 +64,10 @@ class ProbedTrainer(MultiTurnGRPOTrainer):
 
     def _log_rollout_metrics(self, mode, records, prm_results, summaries, timings, seconds) -> None:  # noqa: ANN001
         turns = [len(r.turns) for r in records]
-        self._probe_write({"kind": "rollout", "tasks": [s["task_id"] for s in summaries], "turns": turns})
+        episodes = self._rollout_episodes  # this rank's rows, in order: what each played, token for token
+        self._probe_write({"kind": "rollout", "tasks": [s["task_id"] for s in summaries], "turns": turns,
+                           "seeds": [ep.seed for ep in episodes],
+                           "completions": [list(ep.agent_state["completion_ids"]) for ep in episodes]})  # fmt: skip
         super()._log_rollout_metrics(mode, records, prm_results, summaries, timings, seconds)
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,0 +1,432 @@
+"""Sharded runs for real, on CPU (issue 28): what a run computes does not depend on how many processes computed it.
+
+The embedded default (``recipes/grpo/cpu_smoke.yaml``, 2 steps, global batch 16: the quick start's) is trained
+
+- in 1 process (``accelerate_configs/cpu.yaml``, 16 rows): the reference;
+- with DDP over 2 processes (``multi_gpu.yaml``, gloo, 8 rows each);
+- with FSDP2 over 2 processes (``accelerate_configs/cpu_fsdp2.yaml``, 8 rows each), a held-out evaluation step at
+  the end, and a sharded checkpoint;
+- with FSDP2 as two one-process "nodes" on 127.0.0.1 (``--num_machines 2 --machine_rank 0|1``);
+- with FSDP2 stopped by SIGTERM after its first step and rerun: it resumes from the sharded checkpoint.
+
+Every run's step-1 transcripts (token ids, per episode seed) equal the reference's; every hub revision is one
+consolidated HF model, loaded by ``from_pretrained`` in this plain process, equal to the reference within 1e-5 (the
+two steps' update is ~2e-4). ``train_sft.py`` under the FSDP2 twin logs the 1-process loss curve. The silent
+downgrades (an FSDP config whose accelerator would not shard, processes without a process group) are refused in one
+line before any step, which the fast tests below check in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "accelerate_configs"
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch"]
+ONE = ["--config_file", "accelerate_configs/cpu.yaml"]
+DDP = ["--config_file", "accelerate_configs/multi_gpu.yaml", "--num_processes", "2", "--mixed_precision", "no"]
+FSDP2 = ["--config_file", "accelerate_configs/cpu_fsdp2.yaml"]
+TOLERANCE = 1e-5  # max abs weight difference, fp32; measured: ~1e-7 (DDP and FSDP2 alike)
+# The CPU twins of the GPU configs, and what CPU forces to differ (everything else must be the same).
+TWINS = {"cpu_fsdp2.yaml": "fsdp2.yaml"}
+CPU_FORCED = {"use_cpu": True, "mixed_precision": "no", "num_processes": 2}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": str(ROOT), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "300"}  # fmt: skip
+
+
+def grpo_argv(launch: list[str], out: Path, name: str, rows: int, *extra: str) -> list[str]:
+    return [*LAUNCH, *launch, "tests/grpo_probe.py", "--config", "recipes/grpo/cpu_smoke.yaml",
+            "--per_device_train_batch_size", str(rows), "--max_steps", "2", "--save_steps", "2",
+            "--eval_strategy", "no", "--output_dir", str(out / name), "--run_name", name,
+            "--hub_dir", str(out / "hub"), "--report_to", "none", *extra]  # fmt: skip
+
+
+def run(argv: list[str], log: Path, probe: Path, timeout: float = 900) -> str:
+    with open(log, "w", encoding="utf-8") as out:
+        done = subprocess.run(argv, cwd=ROOT, env=env() | {"GRPO_PROBE_DIR": str(probe)}, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=timeout)  # fmt: skip
+    text = log.read_text(errors="replace")
+    assert done.returncode == 0, text[-4000:]
+    return text
+
+
+def step_one(probe: Path) -> dict[int, list[int]]:
+    """Episode seed → completion token ids of step 1, over every rank's rows."""
+    played: dict[int, list[int]] = {}
+    for path in sorted(probe.glob("rank*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            if record["kind"] == "rollout" and record["step"] == 0:
+                played.update(zip(record["seeds"], record["completions"], strict=True))
+    return played
+
+
+def hub_weights(out: Path, name: str, step: int = 2) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    revision = out / "hub" / name / f"step-{step:06d}"
+    model = AutoModelForCausalLM.from_pretrained(revision)  # one consolidated HF model, in a plain process
+    return {k: v.detach().float() for k, v in model.state_dict().items()}
+
+
+def max_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The 1-process run (16 rows): 3 steps, exported at steps 2 and 3, a held-out evaluation at step 2 (10 test
+    tasks × 1 sample)."""
+    out = tmp_path_factory.mktemp("sharded")
+    text = run(grpo_argv(ONE, out, "one", 16, *HELDOUT, "--max_steps", "3"), out / "one.log", out / "probe-one")
+    assert "sharding: one process (cpu)" in text
+    return {"out": out, "transcripts": step_one(out / "probe-one"), "weights": hub_weights(out, "one"),
+            "weights-3": hub_weights(out, "one", 3), "heldout": heldout_metrics(out / "one")}  # fmt: skip
+
+
+HELDOUT = ("--eval_strategy", "steps", "--eval_steps", "2", "--heldout_num_samples", "1")
+
+
+def heldout_metrics(output_dir: Path) -> dict:
+    state = json.loads((output_dir / "trainer_state.json").read_text(encoding="utf-8"))
+    evals = [entry for entry in state["log_history"] if "eval_pass^1" in entry]
+    assert evals, state["log_history"]
+    clock = ("seconds", "runtime", "per_second", "time")  # each run's own wall clock
+    return {k: v for k, v in evals[-1].items() if k.startswith("eval_") and not any(c in k for c in clock)}
+
+
+def check_same_run(reference: dict, out: Path, name: str) -> float:
+    transcripts = step_one(out / f"probe-{name}")
+    assert len(transcripts) == 16 and transcripts == reference["transcripts"]  # every episode, token for token
+    difference = max_difference(hub_weights(out, name), reference["weights"])
+    assert difference <= TOLERANCE, difference
+    return difference
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_train_what_one_process_trains(reference: dict) -> None:
+    out = reference["out"]
+    text = run(grpo_argv(DDP, out, "ddp", 8), out / "ddp.log", out / "probe-ddp")
+    assert "sharding: DDP (2 processes, cpu)" in text
+    check_same_run(reference, out, "ddp")
+
+
+@pytest.mark.slow
+def test_fsdp2_shards_for_real_and_trains_what_one_process_trains(reference: dict) -> None:
+    out = reference["out"]
+    text = run(grpo_argv(FSDP2, out, "fsdp2", 8, *HELDOUT), out / "fsdp2.log", out / "probe-fsdp2")
+    assert "sharding: FSDP2 (2 processes, cpu)" in text
+    checkpoint = out / "fsdp2" / "checkpoint-2"
+    assert (checkpoint / "pytorch_model_fsdp_0").is_dir(), sorted(p.name for p in checkpoint.iterdir())
+    check_same_run(reference, out, "fsdp2")
+    assert heldout_metrics(out / "fsdp2") == pytest.approx(reference["heldout"], abs=1e-9)
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(out / "fsdp2")  # the final output_dir is a plain model too
+
+
+@pytest.mark.slow
+def test_fsdp2_as_two_nodes_over_loopback(reference: dict) -> None:
+    out = reference["out"]
+    port = str(free_port())
+    nodes = []
+    for rank in (0, 1):
+        node = ["--num_machines", "2", "--num_processes", "2", "--machine_rank", str(rank),
+                "--main_process_ip", "127.0.0.1", "--main_process_port", port]  # fmt: skip
+        argv = grpo_argv([*FSDP2, *node], out, "nodes", 8)
+        log = open(out / f"node{rank}.log", "w", encoding="utf-8")  # noqa: SIM115 - closed below
+        nodes.append((subprocess.Popen(argv, cwd=ROOT, env=env() | {"GRPO_PROBE_DIR": str(out / "probe-nodes")},
+                                       stdout=log, stderr=subprocess.STDOUT), log))  # fmt: skip
+    try:
+        for process, _ in nodes:
+            process.wait(timeout=900)
+    finally:
+        for process, log in nodes:
+            if process.poll() is None:
+                process.kill()
+            log.close()
+    for rank, (process, _) in enumerate(nodes):
+        assert process.returncode == 0, (out / f"node{rank}.log").read_text(errors="replace")[-4000:]
+    assert "sharding: FSDP2 (2 processes, cpu)" in (out / "node0.log").read_text(errors="replace")
+    check_same_run(reference, out, "nodes")
+
+
+@pytest.mark.slow
+def test_fsdp2_stopped_by_sigterm_resumes_to_the_uninterrupted_weights(reference: dict) -> None:
+    """SIGTERM once step 1 of 3 is logged: the ranks finish the step in progress (2), save a sharded checkpoint and
+    exit; the rerun resumes from it and ends with the 1-process run's step-3 weights."""
+    out = reference["out"]
+    argv = grpo_argv(FSDP2, out, "resumed", 8, "--save_steps", "1000", "--max_steps", "3")
+    log_path = out / "resumed-1.log"
+    with open(log_path, "w", encoding="utf-8") as log:
+        launcher = subprocess.Popen(argv, cwd=ROOT, env=env() | {"GRPO_PROBE_DIR": str(out / "probe-resumed-1")},
+                                    stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 600
+            while "step 1/3" not in log_path.read_text(errors="replace") and time.monotonic() < deadline:
+                assert launcher.poll() is None, log_path.read_text(errors="replace")[-4000:]
+                time.sleep(0.5)
+            launcher.send_signal(signal.SIGTERM)
+            launcher.wait(timeout=300)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+    text = log_path.read_text(errors="replace")
+    assert "SIGTERM received" in text, text[-4000:]
+    checkpoints = sorted(p.name for p in (out / "resumed").glob("checkpoint-*"))
+    assert checkpoints in (["checkpoint-1"], ["checkpoint-2"]), text[-4000:]  # the step in progress, finished
+    assert (out / "resumed" / checkpoints[0] / "pytorch_model_fsdp_0").is_dir()
+    text = run(argv, out / "resumed-2.log", out / "probe-resumed-2")
+    assert f"resuming from {out / 'resumed' / checkpoints[0]}" in text
+    assert max_difference(hub_weights(out, "resumed", 3), reference["weights-3"]) <= TOLERANCE
+
+
+def sft_argv(launch: list[str], out: Path, name: str, rows: int) -> list[str]:
+    return [*LAUNCH, *launch, "train_sft.py", "--config", "recipes/sft/cpu_smoke.yaml", "--tasks", "3,40",
+            "--max_length", "2048", "--per_device_train_batch_size", str(rows), "--gradient_accumulation_steps", "1",
+            "--max_steps", "4", "--save_steps", "4", "--output_dir", str(out / name), "--run_name", name,
+            "--hub_dir", str(out / f"hub-{name}"), "--report_to", "none",
+            "--tiny_model_dir", str(out / "tiny")]  # fmt: skip
+
+
+def losses(output_dir: Path) -> list[float]:
+    state = json.loads((output_dir / "checkpoint-4" / "trainer_state.json").read_text(encoding="utf-8"))
+    return [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+
+
+@pytest.mark.slow
+def test_sft_under_fsdp2_follows_the_one_process_loss_curve(tmp_path: Path) -> None:
+    run(sft_argv(ONE, tmp_path, "one", 2), tmp_path / "one.log", tmp_path / "probe")
+    text = run(sft_argv(FSDP2, tmp_path, "fsdp2", 1), tmp_path / "fsdp2.log", tmp_path / "probe")
+    assert "sharding: FSDP2 (2 processes, cpu)" in text
+    one, sharded = losses(tmp_path / "one"), losses(tmp_path / "fsdp2")
+    assert len(one) == len(sharded) == 4
+    assert sharded == pytest.approx(one, abs=1e-4), (one, sharded)
+    assert (tmp_path / "fsdp2" / "checkpoint-4" / "pytorch_model_fsdp_0").is_dir()
+
+
+# ---------------------------------------------------------------------------------------------- fast: the configs
+
+
+@pytest.mark.parametrize("twin", sorted(TWINS))
+def test_each_cpu_twin_keeps_its_gpu_files_sharding_settings(twin: str) -> None:
+    cpu = yaml.safe_load((CONFIGS / twin).read_text(encoding="utf-8"))
+    gpu = yaml.safe_load((CONFIGS / TWINS[twin]).read_text(encoding="utf-8"))
+    for key in sorted(set(cpu) | set(gpu)):
+        if key in CPU_FORCED:
+            assert cpu[key] == CPU_FORCED[key], key
+        else:
+            assert cpu.get(key) == gpu.get(key), (key, cpu.get(key), gpu.get(key))
+
+
+# ------------------------------------------------------------------------------- fast: the shim and the refusals
+
+
+def fake_accelerator(kind: str, processes: int = 2, fsdp_version: int | None = None, zero_stage: int | None = None):
+    from types import SimpleNamespace
+
+    import torch
+    from accelerate.utils import DistributedType
+
+    fsdp = SimpleNamespace(fsdp_version=fsdp_version) if fsdp_version else None
+    deepspeed = SimpleNamespace(zero_stage=zero_stage) if zero_stage else None
+    return SimpleNamespace(distributed_type=DistributedType(kind), num_processes=processes,
+                           device=torch.device("cpu"), is_main_process=True,
+                           state=SimpleNamespace(fsdp_plugin=fsdp, deepspeed_plugin=deepspeed))  # fmt: skip
+
+
+def test_the_shim_promotes_only_fsdp2_on_a_multi_process_cpu_group() -> None:
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    from airline_rl.sharding import wants_cpu_fsdp2
+
+    two, one = FullyShardedDataParallelPlugin(fsdp_version=2), FullyShardedDataParallelPlugin(fsdp_version=1)
+    assert wants_cpu_fsdp2(True, DistributedType.MULTI_CPU, two)
+    assert not wants_cpu_fsdp2(True, DistributedType.MULTI_CPU, one)  # FSDP1 is refused, not promoted
+    assert not wants_cpu_fsdp2(True, DistributedType.MULTI_CPU, None)  # DDP stays DDP
+    assert not wants_cpu_fsdp2(True, DistributedType.NO, two)  # one process: nothing to shard over
+
+
+def test_the_shim_patches_accelerator_state_only_while_active() -> None:
+    from accelerate.state import AcceleratorState
+
+    from airline_rl.sharding import cpu_fsdp2
+
+    original = AcceleratorState.__init__
+    with cpu_fsdp2():
+        assert AcceleratorState.__init__ is not original
+    assert AcceleratorState.__init__ is original
+
+
+@pytest.mark.parametrize(
+    ("environ", "accelerator", "expected"),
+    [
+        ({"WORLD_SIZE": "2"}, ("NO", 1), "share no process group"),
+        ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, ("MULTI_CPU", 2), "only FSDP2 runs"),
+        ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, ("NO", 1), "would not be sharded"),
+        ({"ACCELERATE_USE_DEEPSPEED": "true"}, ("MULTI_CPU", 2), "asks for DeepSpeed"),
+    ],
+)
+def test_silent_downgrades_are_refused_in_one_line(monkeypatch, environ, accelerator, expected) -> None:
+    from airline_rl.sharding import LaunchError, check_launch
+
+    for name in ("WORLD_SIZE", "ACCELERATE_USE_FSDP", "FSDP_VERSION", "ACCELERATE_USE_DEEPSPEED"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(LaunchError, match=expected) as info:
+        check_launch(fake_accelerator(*accelerator))
+    assert "\n" not in str(info.value)
+
+
+def test_launches_that_are_what_they_say_pass(monkeypatch) -> None:
+    from airline_rl.sharding import check_launch
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    check_launch(fake_accelerator("FSDP", fsdp_version=2))
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    check_launch(fake_accelerator("MULTI_CPU"))  # DDP asked, DDP given
+
+
+def test_which_launches_generate_with_sharded_parameters() -> None:
+    from airline_rl.sharding import parameters_sharded_for_generation as sharded
+
+    assert sharded(fake_accelerator("FSDP", fsdp_version=1))
+    assert not sharded(fake_accelerator("FSDP", fsdp_version=2))  # gathered once per rollout round
+    assert sharded(fake_accelerator("DEEPSPEED", zero_stage=3))
+    assert not sharded(fake_accelerator("DEEPSPEED", zero_stage=2))
+    assert not sharded(fake_accelerator("MULTI_CPU"))
+
+
+def test_episode_seeds_follow_the_global_row_index() -> None:
+    from types import SimpleNamespace
+
+    from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+
+    def seeds(process: int, processes: int, rows: int) -> list[int]:
+        accelerator = SimpleNamespace(process_index=process, num_processes=processes)
+        trainer = SimpleNamespace(state=SimpleNamespace(global_step=3), accelerator=accelerator)
+        return [MultiTurnGRPOTrainer._episode_seed(trainer, i, rows) for i in range(rows)]
+
+    assert seeds(0, 2, 8) + seeds(1, 2, 8) == seeds(0, 1, 16)
+    assert seeds(0, 4, 4) + seeds(1, 4, 4) + seeds(2, 4, 4) + seeds(3, 4, 4) == seeds(0, 1, 16)
+
+
+def test_a_rows_tokens_do_not_depend_on_its_batch_under_trls_generation_config(tiny_model_dir, tiny_tokenizer):
+    """The trainer's prefix path samples with TRL's ``GenerationConfig``; with per-row seeds a row draws the same
+    tokens alone or beside others (what makes 2 × 8 rows play what 1 × 16 rows play)."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from airline_rl.backends import TransformersBackend
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    config = GenerationConfig(do_sample=True, temperature=1.0, top_p=0.95, top_k=50, min_p=0.01)
+    backend = TransformersBackend(model, tiny_tokenizer, prefix_cache=False, generation_config=config)
+    prompts = [tiny_tokenizer("I want to cancel my trip")["input_ids"], tiny_tokenizer("Hello")["input_ids"],
+               tiny_tokenizer("Change my flight to tomorrow, please")["input_ids"]]  # fmt: skip
+    together, _ = backend.generate(prompts, 12, seeds=[7, 8, 9])
+    alone = [backend.generate([p], 12, seeds=[s])[0][0] for p, s in zip(prompts, [7, 8, 9], strict=True)]
+    assert together == alone
+    again, _ = backend.generate(prompts[::-1], 12, seeds=[9, 8, 7])
+    assert again == together[::-1]
+    other, _ = backend.generate(prompts, 12, seeds=[1, 2, 3])
+    assert other != together  # the seeds do decide
+
+
+def test_per_row_sampler_applies_top_k_and_min_p() -> None:
+    import torch
+
+    from airline_rl.sampling import PerRowSampler
+
+    scores = torch.tensor([[0.0, 3.0, 2.9, -5.0]] * 64)
+    picked = PerRowSampler(list(range(64)), 1.0, top_k=2)(None, scores).argmax(-1)
+    assert set(picked.tolist()) == {1, 2}
+    picked = PerRowSampler(list(range(64)), 1.0, min_p=0.5)(None, scores).argmax(-1)
+    assert set(picked.tolist()) == {1, 2}  # token 0 has e^-3 ≈ 5% of the top token's probability
+
+
+def test_forcing_prefix_reuse_where_it_cannot_run_is_refused(tmp_path, tiny_model_dir, tiny_tokenizer) -> None:
+    import datasets
+    from transformers import AutoModelForCausalLM
+
+    from airline_rl.configs import MultiTurnGRPOConfig
+    from airline_rl.envs.episode import AirlineEnv
+    from airline_rl.envs.users import get_user_simulator
+    from airline_rl.sharding import LaunchError
+    from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+
+    env = AirlineEnv()
+    args = MultiTurnGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
+                               rollout_prefix_reuse=True, repetition_penalty=1.2, report_to="none", use_cpu=True,
+                               bf16=False)  # fmt: skip
+    rows = datasets.Dataset.from_list([{"prompt": [{"role": "system", "content": "s"}], "task_id": "0"}] * 2)
+    with pytest.raises(LaunchError, match="repetition penalty reads the prompt ids"):
+        MultiTurnGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), args=args, env=env,
+                             user=get_user_simulator("scripted"), train_dataset=rows,
+                             processing_class=tiny_tokenizer)  # fmt: skip
+
+
+def test_the_internals_the_sharding_code_relies_on_still_exist() -> None:
+    """Pinned (accelerate 1.15, transformers 5.17, torch 2.13): ``airline_rl.sharding`` reads or wraps these."""
+    import inspect
+
+    import accelerate
+    import torch
+    import transformers
+    from accelerate.state import AcceleratorState
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+    assert (accelerate.__version__, transformers.__version__) == ("1.15.0", "5.17.0")
+    assert torch.__version__.startswith("2.13.0")
+    assert {"cpu", "fsdp_plugin"} <= set(inspect.signature(AcceleratorState.__init__).parameters)
+    assert "self.accelerator = Accelerator(**args)" in inspect.getsource(
+        transformers.Trainer.create_accelerator_and_postprocess
+    )
+    for name in ("unshard", "reshard", "set_reshard_after_forward", "_get_fsdp_state"):
+        assert hasattr(FSDPModule, name), name
+    assert "_auto_reshard_after_forward" in inspect.getsource(FSDPState.__init__)
+    assert "post_forward_mesh_info" in inspect.getsource(FSDPParamGroup.__init__)
+    assert "if not self._reshard_after_forward:" in inspect.getsource(FSDPParamGroup.reshard)
+
+
+def test_a_node_whose_rank_dies_ends_the_other_node_at_once_with_one_line(tmp_path: Path) -> None:
+    """Two one-process "nodes" (two torchrun agents on 127.0.0.1); node 1's rank dies after the first collective.
+    (Within one node torchrun's agent ends the other ranks itself.)"""
+    port = str(free_port())
+    node = ["--nnodes", "2", "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", port]
+    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *node, "--node_rank", str(rank),
+                                "tests/lost_peer_probe.py"], cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for rank in (0, 1)]  # fmt: skip
+    started = time.monotonic()
+    outputs = [agent.communicate(timeout=120) for agent in agents]
+    assert time.monotonic() - started < 100  # no hang: a dead peer closes its sockets, the survivor fails at once
+    assert all(agent.returncode != 0 for agent in agents)
+    survivor = outputs[0][1]
+    lines = [line for line in survivor.splitlines() if "another process of this run failed" in line]
+    assert lines and "Connection closed by peer" in lines[0], survivor[-3000:]
+    before = survivor[: survivor.index(lines[0])]
+    assert "Traceback" not in before, survivor[-3000:]  # the rank: one line (then torchrun's agent reports its exit)
