@@ -108,6 +108,17 @@ def sharding_name(accelerator: Any) -> str:
     return f"one process ({accelerator.device.type})"
 
 
+def check_launch_environment() -> None:
+    """What can be refused before accelerate builds anything: FSDP1 without a GPU (accelerate's FSDP1 plugin would
+    fail with a device error; on CPU it could only have been DDP anyway)."""
+    version = os.environ.get("FSDP_VERSION", "1")
+    if _env_flag(FSDP_ENV) and version != "2" and not torch.cuda.is_available():
+        raise LaunchError(
+            f"the accelerate config asks for FSDP (fsdp_version {version}), which needs a GPU: on CPU only FSDP2 "
+            "runs (fsdp_version: 2, as in accelerate_configs/cpu_fsdp2.yaml)"
+        )
+
+
 def check_launch(accelerator: Any) -> None:
     """Refuses the launches of the module doc (2) with one line each; returns when the launch is what it says."""
     from accelerate.utils import DistributedType
@@ -198,6 +209,7 @@ class ShardedLaunch:
     accelerator: Any
 
     def create_accelerator_and_postprocess(self) -> None:
+        check_launch_environment()
         with cpu_fsdp2():
             super().create_accelerator_and_postprocess()  # type: ignore[misc]
         check_launch(self.accelerator)

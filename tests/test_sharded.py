@@ -201,12 +201,45 @@ def test_fsdp2_stopped_by_sigterm_resumes_to_the_uninterrupted_weights(reference
     assert max_difference(hub_weights(out, "resumed", 3), reference["weights-3"]) <= TOLERANCE
 
 
+REFUSED = {
+    # the GPU fsdp2.yaml on CPU without --use_cpu: accelerate's type is NO, two unconnected copies would train
+    "no-process-group": (["--config_file", "accelerate_configs/fsdp2.yaml", "--num_processes", "2",
+                          "--mixed_precision", "no"], ["--use_cpu", "false"], "share no process group"),
+    # FSDP1 on CPU: accelerate would wrap the model in DDP and say nothing
+    "fsdp1-on-cpu": ([*FSDP2, "--fsdp_version", "1"], [], "only FSDP2 runs"),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_a_launch_that_would_silently_not_shard_is_refused_in_one_line(tmp_path: Path, case: str) -> None:
+    launch, flags, expected = REFUSED[case]
+    argv = [*grpo_argv(launch, tmp_path, "refused", 8, *flags)]
+    done = subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if expected in line]
+    assert lines and lines[-1].startswith("error: "), done.stderr[-3000:]
+    assert not (tmp_path / "refused" / "checkpoint-1").exists() and "step 1/2" not in done.stdout
+
+
+@pytest.mark.slow
+def test_a_node_that_never_joins_ends_the_launch_within_the_rendezvous_timeout(tmp_path: Path) -> None:
+    """Node 0 alone of two: torchrun's static rendezvous gives up after ``--rdzv_conf timeout=N`` (600 s unset)."""
+    node = ["--num_machines", "2", "--num_processes", "2", "--machine_rank", "0", "--main_process_ip", "127.0.0.1",
+            "--main_process_port", str(free_port()), "--rdzv_conf", "timeout=20"]  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run(grpo_argv([*FSDP2, *node], tmp_path, "alone", 8), cwd=ROOT, env=env(), capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode != 0 and time.monotonic() - started < 240
+    assert "1/2 clients joined" in done.stderr, done.stderr[-3000:]
+
+
 def sft_argv(launch: list[str], out: Path, name: str, rows: int) -> list[str]:
-    return [*LAUNCH, *launch, "train_sft.py", "--config", "recipes/sft/cpu_smoke.yaml", "--tasks", "3,40",
-            "--max_length", "2048", "--per_device_train_batch_size", str(rows), "--gradient_accumulation_steps", "1",
-            "--max_steps", "4", "--save_steps", "4", "--output_dir", str(out / name), "--run_name", name,
-            "--hub_dir", str(out / f"hub-{name}"), "--report_to", "none",
-            "--tiny_model_dir", str(out / "tiny")]  # fmt: skip
+    return [*LAUNCH, *launch, "train_sft.py", "--config", "recipes/sft/cpu_smoke.yaml",
+            "--dataset_path", str(out / "trajectories" / "dataset"), "--per_device_train_batch_size", str(rows),
+            "--gradient_accumulation_steps", "1", "--max_steps", "4", "--save_steps", "4",
+            "--output_dir", str(out / name), "--run_name", name, "--hub_dir", str(out / f"hub-{name}"),
+            "--report_to", "none", "--tiny_model_dir", str(out / "tiny")]  # fmt: skip
 
 
 def losses(output_dir: Path) -> list[float]:
@@ -216,6 +249,10 @@ def losses(output_dir: Path) -> list[float]:
 
 @pytest.mark.slow
 def test_sft_under_fsdp2_follows_the_one_process_loss_curve(tmp_path: Path) -> None:
+    """4 oracle dialogues (train tasks 3 and 40, 2 attempts each), 4 steps of a global batch of 2."""
+    collect = [sys.executable, "collect_trajectories.py", "--teacher", "oracle", "--tasks", "3,40", "--attempts", "2",
+               "--output_dir", str(tmp_path / "trajectories"), "--hub_dir", str(tmp_path / "hub-data")]  # fmt: skip
+    subprocess.run(collect, cwd=ROOT, env=env(), check=True, capture_output=True, timeout=300)
     run(sft_argv(ONE, tmp_path, "one", 2), tmp_path / "one.log", tmp_path / "probe")
     text = run(sft_argv(FSDP2, tmp_path, "fsdp2", 1), tmp_path / "fsdp2.log", tmp_path / "probe")
     assert "sharding: FSDP2 (2 processes, cpu)" in text
@@ -297,6 +334,17 @@ def test_silent_downgrades_are_refused_in_one_line(monkeypatch, environ, acceler
     with pytest.raises(LaunchError, match=expected) as info:
         check_launch(fake_accelerator(*accelerator))
     assert "\n" not in str(info.value)
+
+
+def test_fsdp1_without_a_gpu_is_refused_before_accelerate_builds_anything(monkeypatch) -> None:
+    from airline_rl.sharding import LaunchError, check_launch_environment
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    with pytest.raises(LaunchError, match="only FSDP2 runs"):
+        check_launch_environment()
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    check_launch_environment()
 
 
 def test_launches_that_are_what_they_say_pass(monkeypatch) -> None:
@@ -430,3 +478,12 @@ def test_a_node_whose_rank_dies_ends_the_other_node_at_once_with_one_line(tmp_pa
     assert lines and "Connection closed by peer" in lines[0], survivor[-3000:]
     before = survivor[: survivor.index(lines[0])]
     assert "Traceback" not in before, survivor[-3000:]  # the rank: one line (then torchrun's agent reports its exit)
+
+
+def test_the_default_policy_build_sees_no_launcher_variables() -> None:
+    from airline_rl.data.default_policy import single_process_env
+
+    launched = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+                "ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "TORCHELASTIC_RUN_ID": "x", "PATH": "/bin",
+                "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    assert single_process_env(launched) == {"PATH": "/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}

@@ -15,11 +15,15 @@ How it departs from textbook GRPO (single-turn, one completion per prompt):
    ``_compute_loss`` with ``loss_type="luspo"``; PRM-Lite enters as a second reward function (weight ``prm_coef``).
 5. Truncation comes from the episode record (token budget exhausted), not from the last token, and an episode whose
    user simulator failed gets no reward (NaN: TRL excludes it from the group baseline and gives it advantage 0).
+6. A run does not depend on its process count: episode seeds follow the row's global index, and on the prefix path
+   each turn samples from its own seeded generator; FSDP2 (also on CPU: ``airline_rl.sharding``) gathers the
+   parameters once per rollout round, so the ranks generate locally, whatever their turn counts.
 
 Overridden hooks (pinned to trl==1.16.0, checked by tests/test_trl_hooks.py): ``_generate`` (whole episodes),
 ``_generate_and_score_completions`` (truncation mask, variant advantages, metrics), ``training_step`` (timing),
 transformers' ``_get_grad_norm`` (the pre-clip gradient norm of every step) and
-``evaluate`` (held-out pass^k, ``airline_rl.evaluation.heldout``, instead of the loss on eval prompts).
+``evaluate`` (held-out pass^k, ``airline_rl.evaluation.heldout``, instead of the loss on eval prompts); and, through
+``airline_rl.sharding.ShardedLaunch``, transformers' ``create_accelerator_and_postprocess`` (CPU FSDP2, launch checks).
 
 Launch (see recipes/grpo/*.yaml):
     accelerate launch --config_file accelerate_configs/cpu.yaml train_grpo.py --config recipes/grpo/joint.yaml
