@@ -11,7 +11,8 @@ test_deepspeed_cpu.py), but only with two training flags that an accelerate conf
    fails when training starts, in a traceback ("train_batch_size is not equal to micro_batch_per_gpu *
    gradient_acc_step * world_size 8 != 8 * 1 * 2").
 
-Both are refused here, in one line, before any model is loaded. Nothing here imports DeepSpeed.
+Both are refused here, in one line, before any model is loaded (for an accelerate config; `--deepspeed <json>`,
+which transformers starts without a backend, has not been run on CPU). Nothing here imports DeepSpeed.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ class DeepSpeedLaunchError(ValueError):
 
 
 def deepspeed_cpu_problem(training_args: Any, cuda_available: bool) -> str | None:
-    """Why this DeepSpeed launch cannot run ZeRO on this GPU-less machine, or None (also None when a GPU is there)."""
-    if cuda_available:
+    """Why this DeepSpeed launch (an accelerate config's) cannot run ZeRO on this GPU-less machine, or None (also
+    None when a GPU is there, and for ``--deepspeed <json>``, which transformers starts without a backend: not run)."""
+    if cuda_available or getattr(training_args, "deepspeed", None):
         return None
     if getattr(training_args, "use_cpu", False):
         return (

@@ -68,6 +68,8 @@ def test_a_deepspeed_launch_on_cpu_without_its_two_flags_is_refused(use_cpu, bac
     if refused is not None:
         assert refused in problem and "pass --use_cpu false --ddp_backend gloo" in problem and "\n" not in problem
     assert deepspeed_cpu_problem(args, cuda_available=True) is None  # a GPU machine: DeepSpeed's own business
+    with_json = SimpleNamespace(use_cpu=use_cpu, ddp_backend=backend, deepspeed="ds.json")
+    assert deepspeed_cpu_problem(with_json, cuda_available=False) is None  # --deepspeed <json>: not run on CPU here
 
 
 def test_training_scripts_refuse_it_before_any_work(monkeypatch: pytest.MonkeyPatch) -> None:
