@@ -11,7 +11,7 @@ test_deepspeed_cpu.py), but only with two training flags that an accelerate conf
    fails when training starts, in a traceback ("train_batch_size is not equal to micro_batch_per_gpu *
    gradient_acc_step * world_size 8 != 8 * 1 * 2").
 
-Both are refused here, in one line, before any model is loaded (for an accelerate config; `--deepspeed <json>`,
+Both are refused here, in one line, before any model is loaded (for an accelerate config; ``--deepspeed <json>``,
 which transformers starts without a backend, has not been run on CPU). Nothing here imports DeepSpeed.
 """
 
