@@ -29,6 +29,7 @@ from airline_rl.cli import parse_or_exit, run_main
 from airline_rl.configs import CollectArguments, SFTScriptArguments
 from airline_rl.console import ratio_steps_are_no_mismatch, tied_missing_keys_are_expected
 from airline_rl.data.collect import CollectError, collect, load_trajectories, parse_task_list
+from airline_rl.deepspeed_cpu import DeepSpeedLaunchError
 from airline_rl.envs.data import DomainDataError
 from airline_rl.envs.episode import AirlineEnv
 from airline_rl.envs.splits import SplitError, get_split
@@ -127,7 +128,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     setup_run(training_args, logger)
     try:
         require_for_training(training_args)  # DeepSpeed asked for but not installed: one line, before any work
-    except MissingDependencyError as err:
+    except (MissingDependencyError, DeepSpeedLaunchError) as err:
         raise SystemExit(f"error: {err}") from None
     ensure_writable(script_args.hub_dir)
     if model_args.model_name_or_path:

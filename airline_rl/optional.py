@@ -12,6 +12,8 @@ import importlib.util
 import os
 from typing import Any
 
+from airline_rl.deepspeed_cpu import check_deepspeed_cpu_launch
+
 OPTIONAL_PACKAGES: dict[str, dict[str, str]] = {
     "vllm": {"name": "vLLM", "install": "pip install -r requirements-gpu.txt (vllm==0.31.0)"},
     "deepspeed": {"name": "DeepSpeed", "install": "pip install -r requirements-gpu.txt (deepspeed==0.19.8)"},
@@ -48,3 +50,4 @@ def require_for_training(training_args: Any) -> None:
     if uses_deepspeed(training_args):
         flag = "--deepspeed" if getattr(training_args, "deepspeed", None) else "a DeepSpeed accelerate config"
         require("deepspeed", flag)
+        check_deepspeed_cpu_launch(training_args)  # no GPU: the two flags ZeRO on CPU needs

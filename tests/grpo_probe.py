@@ -9,7 +9,9 @@ It runs ``train_grpo.main`` unchanged, with a ``MultiTurnGRPOTrainer`` subclass 
   are gathered;
 - ``probe`` (colocated vLLM only): right after the step's generation — so after TRL pushed the trainer's weights into
   the engine — the log-probabilities vLLM and the trainer's model give the tokens of a fixed prompt;
-- ``log``: the metrics dict every rank computes at each logging step (TRL gathers them across ranks).
+- ``log``: the metrics dict every rank computes at each logging step (TRL gathers them across ranks);
+- ``final``: at the end of training, the trainer's log-probabilities of the fixed prompt (with LoRA: base + adapter),
+  which the exported hub revision must reproduce when loaded in a plain process.
 
 ``GRPO_PROBE_REWARD=length`` trains on the length of the policy's text instead of the task's rewards: a random tiny
 model earns τ²'s reward 0 in every episode, so its advantages — and its updates — would all be zero, and a weight
@@ -83,11 +85,21 @@ class ProbedTrainer(MultiTurnGRPOTrainer):
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
         (result,) = self.vllm_generation.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
         engine = [entry[token].logprob for token, entry in zip(ids[1:], result.prompt_logprobs[1:], strict=True)]
+        return {"vllm": engine, "trainer": self.trainer_logprobs()}
+
+    def trainer_logprobs(self) -> list[float]:
+        """The trainer's model's log-probabilities of the fixed prompt's tokens (LoRA: with the adapter), in eval mode:
+        LoRA's dropout (``--lora_dropout``, 0.05 by default) would otherwise make them a random draw."""
+        ids = self.processing_class(PROBE_TEXT)["input_ids"]
         model = self.accelerator.unwrap_model(self.model)
-        with torch.no_grad():
-            logits = model(torch.tensor([ids], device=self.accelerator.device)).logits[0, :-1].float()
-        trainer = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1)
-        return {"vllm": engine, "trainer": trainer.tolist()}
+        training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                logits = model(torch.tensor([ids], device=self.accelerator.device)).logits[0, :-1].float()
+        finally:
+            model.train(training)
+        return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1).tolist()
 
 
 class _RankLog(TrainerCallback):
@@ -98,6 +110,10 @@ class _RankLog(TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
         self.trainer._probe_write({"kind": "log", "logs": dict(logs or {})})
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The final weights' log-probabilities, for comparing with the exported hub revision."""
+        self.trainer._probe_write({"kind": "final", "trainer": self.trainer.trainer_logprobs()})
 
 
 if __name__ == "__main__":

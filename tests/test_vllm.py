@@ -181,6 +181,79 @@ def test_grpo_colocate_generates_with_the_synced_weights(colocate_run: dict[str,
     assert sorted(json.loads((hub / "refs.json").read_text())["revisions"].values()) == [1, 2]
 
 
+# LoRA: TRL merges the adapter into the base weights for each sync (``VLLMGeneration._iter_named_params``: merge,
+# push the merged base-layer weights under vLLM's names, unmerge), so the engine serves base + adapter. The rank and
+# learning rate are shrunk/raised so that two steps of a random tiny model move the fixed prompt's log-probabilities
+# well past the vLLM/trainer numerical gap (lora_B starts at zero: step 0 is the base model).
+LORA_FLAGS = ["--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16", "--learning_rate", "2e-2"]
+
+
+@pytest.fixture(scope="module")
+def lora_colocate_run(work: Path, plugin: Path, vllm_model: Path, smoke: dict[str, list[str]]) -> dict[str, Any]:
+    """The same GRPO check with LoRA (``--use_peft true``): its own output dir and hub run."""
+    out, probe = work / "grpo-lora", work / "probe-lora"
+    command = list(smoke["grpo:joint"])
+    command[command.index("--output_dir") + 1] = str(out)
+    command[command.index("--run_name") + 1] = "gpu-smoke-lora"
+    env = cpu_env(plugin, ROOT) | {"GRPO_PROBE_DIR": str(probe), "GRPO_PROBE_REWARD": "length"}
+    start = time.monotonic()
+    run([*command, *GRPO_CPU_FLAGS, *GRPO_SMALL, *LORA_FLAGS], env, work / "grpo-lora.log")
+    hub = work / "hub" / "gpu-smoke-lora"
+    return {"hub": hub, "records": read_jsonl(probe / "rank0.jsonl"), "seconds": time.monotonic() - start}
+
+
+def test_grpo_colocate_lora_generates_with_the_updated_adapter(lora_colocate_run: dict[str, Any]) -> None:
+    records = lora_colocate_run["records"]
+    probes = {r["step"]: r for r in records if r["kind"] == "probe"}
+    assert sorted(probes) == [0, 1]
+    gaps = {step: _mean_gap(p["vllm"], p["trainer"]) for step, p in probes.items()}
+    moved = _mean_gap(probes[0]["trainer"], probes[1]["trainer"])  # what step 1's adapter update changed
+    vllm_moved = _mean_gap(probes[0]["vllm"], probes[1]["vllm"])
+    print(f"LoRA: logprob gap vLLM vs trainer: {gaps}; trainer moved {moved:.4f}, vLLM moved {vllm_moved:.4f}")
+    assert moved > 0.05  # the adapter changed the fixed prompt's log-probabilities ...
+    assert abs(vllm_moved - moved) < 0.2 * moved  # ... and vLLM's moved with them: the merged adapter was synced
+    assert all(gap < 0.02 for gap in gaps.values())
+    logs = [r["logs"] for r in records if r["kind"] == "log" and "loss" in r["logs"]]
+    assert len(logs) == 2
+    assert all(log["sampling/sampling_logp_difference/mean"] < 0.05 for log in logs)
+
+
+def test_grpo_colocate_lora_hub_revision_is_the_adapter(lora_colocate_run: dict[str, Any], vllm_model: Path) -> None:
+    """The revision holds the adapter only (not merged weights), and base + adapter loaded in this process give the
+    trained policy's log-probabilities (the probe's ``final`` record)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.grpo_probe import PROBE_TEXT
+
+    hub = lora_colocate_run["hub"]
+    assert sorted(json.loads((hub / "refs.json").read_text())["revisions"].values()) == [1, 2]
+    revision = hub / "step-000002"
+    assert (revision / "adapter_config.json").is_file() and (revision / "adapter_model.safetensors").is_file()
+    assert not (revision / "model.safetensors").exists() and not (revision / "config.json").exists()
+    adapter_config = json.loads((revision / "adapter_config.json").read_text())
+    assert Path(adapter_config["base_model_name_or_path"]).resolve() == vllm_model.resolve()
+    base = AutoModelForCausalLM.from_pretrained(vllm_model, dtype=torch.float32, local_files_only=True)
+    model = PeftModel.from_pretrained(base, revision).eval()
+    ids = AutoTokenizer.from_pretrained(revision)(PROBE_TEXT)["input_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()
+    loaded = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1).tolist()
+    (final,) = [r for r in lora_colocate_run["records"] if r["kind"] == "final"]
+    gap = max(abs(a - b) for a, b in zip(loaded, final["trainer"], strict=True))
+    print(f"LoRA: hub revision (base + adapter) vs the trained policy: max abs logprob difference {gap:.3g}")
+    assert gap < 1e-4
+    with model.disable_adapter(), torch.no_grad():  # and the adapter is not a no-op: the base alone differs
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()
+    base_only = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1).tolist()
+    assert _mean_gap(base_only, loaded) > 0.05
+
+
+def _mean_gap(a: list[float], b: list[float]) -> float:
+    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
+
+
 def test_evaluate_two_checkpoints_in_one_command_releases_each_engine(
     work: Path, plugin: Path, colocate_run: dict[str, Any], smoke: dict[str, list[str]]
 ) -> None:
