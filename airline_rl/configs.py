@@ -177,8 +177,8 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
         default=None,
         metadata={"help": "Transformers generation (not vLLM): prefill the system prompt shared by all episodes once "
                   "per rollout round and read it once per decoding step, each row sampled from its own seeded "
-                  "generator (airline_rl/backends/trl_prefix.py). Unset: wherever it can run (not under ZeRO-3 / "
-                  "FSDP1, PEFT, prompt-reading decoding rules); true: required, a launch where it cannot run is "
+                  "generator (airline_rl/backends/trl_prefix.py). Unset: wherever it can run (not under FSDP1, "
+                  "PEFT, prompt-reading decoding rules); true: required, a launch where it cannot run is "
                   "refused; false: TRL's own generate call on the full left-padded prompts."},
     )  # fmt: skip
     turn_discount_alpha: float | None = field(

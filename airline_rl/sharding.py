@@ -15,7 +15,8 @@
 3. **Full parameters for generation** (``unsharded_for_generation``): under FSDP2 every forward all-gathers its
    layers, a collective that every rank must make in step; a rollout's forwards differ per rank (prompt lengths,
    turns). The rollout round therefore all-gathers the parameters once, on every rank at the same point, keeps them
-   unsharded until the round ends, and generates locally, like TRL's ZeRO-3 ``ds3_gather_for_generation``.
+   unsharded until the round ends, and generates locally; ZeRO-3 does the same through TRL's
+   ``ds3_gather_for_generation`` context, entered once per round (``backends/trl_prefix.py``).
 """
 
 from __future__ import annotations
@@ -150,16 +151,17 @@ def check_launch(accelerator: Any) -> None:
         )
 
 
-def parameters_sharded_for_generation(accelerator: Any) -> bool:
-    """ZeRO-3 and FSDP1 keep the parameters sharded while generating (TRL's gathered call); FSDP2 gathers them for
-    the rollout round here (``unsharded_for_generation``), and DDP / ZeRO-2 never shard them."""
+def parameters_sharded_for_generation(accelerator: Any, ds3_gather: bool = True) -> bool:
+    """FSDP1, and ZeRO-3 without ``ds3_gather_for_generation``, keep the parameters sharded while generating (every
+    forward is a collective); FSDP2 and gathering ZeRO-3 hold them whole for the rollout round, and DDP / ZeRO-2
+    never shard them."""
     from accelerate.utils import DistributedType
 
     kind = accelerator.distributed_type
     if kind == DistributedType.FSDP:
         return getattr(accelerator.state.fsdp_plugin, "fsdp_version", 1) != 2
     if kind == DistributedType.DEEPSPEED:
-        return accelerator.state.deepspeed_plugin.zero_stage == 3
+        return accelerator.state.deepspeed_plugin.zero_stage == 3 and not ds3_gather
     return False
 
 

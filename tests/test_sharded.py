@@ -18,6 +18,7 @@ line before any step, which the fast tests below check in-process.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -143,6 +144,23 @@ def test_fsdp2_shards_for_real_and_trains_what_one_process_trains(reference: dic
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(out / "fsdp2")  # the final output_dir is a plain model too
+
+
+DEEPSPEED = {"zero2": "accelerate_configs/cpu_zero2.yaml", "zero3": "accelerate_configs/cpu_zero3.yaml"}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed (GPU extra)")
+@pytest.mark.parametrize("stage", sorted(DEEPSPEED))
+def test_deepspeed_zero_trains_what_one_process_trains(reference: dict, stage: str) -> None:
+    """ZeRO-2, and ZeRO-3 with its parameters gathered once per rollout round (the prefix path, per-row seeds)."""
+    out = reference["out"]
+    launch = ["--config_file", DEEPSPEED[stage]]
+    text = run(grpo_argv(launch, out, stage, 8, "--use_cpu", "false", "--ddp_backend", "gloo"), out / f"{stage}.log",
+               out / f"probe-{stage}")  # fmt: skip
+    assert f"sharding: DeepSpeed ZeRO-{stage[-1]} (2 processes, cpu)" in text
+    assert "without prefix reuse" not in text
+    check_same_run(reference, out, stage)
 
 
 @pytest.mark.slow
@@ -363,7 +381,8 @@ def test_which_launches_generate_with_sharded_parameters() -> None:
 
     assert sharded(fake_accelerator("FSDP", fsdp_version=1))
     assert not sharded(fake_accelerator("FSDP", fsdp_version=2))  # gathered once per rollout round
-    assert sharded(fake_accelerator("DEEPSPEED", zero_stage=3))
+    assert not sharded(fake_accelerator("DEEPSPEED", zero_stage=3))  # gathered for the round (the default)
+    assert sharded(fake_accelerator("DEEPSPEED", zero_stage=3), ds3_gather=False)
     assert not sharded(fake_accelerator("DEEPSPEED", zero_stage=2))
     assert not sharded(fake_accelerator("MULTI_CPU"))
 

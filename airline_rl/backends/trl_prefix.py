@@ -13,9 +13,10 @@ gradient checkpointing is off during generation exactly as in TRL) that samples 
 implementation outside the generate calls, so the loss forward is TRL's unchanged.
 
 ``unavailable`` says when the trainer keeps TRL's path: vLLM or transformers continuous batching (they have their own
-prefix handling), parameters sharded while generating (ZeRO-3, FSDP1: under FSDP2 the round gathers them once,
-``airline_rl.sharding.unsharded_for_generation``), a PEFT wrapper, a decoding rule that reads the prompt ids
-(repetition penalties: the shared-prefix path gives ``generate`` only the per-episode rest) or a custom cache.
+prefix handling), parameters that stay sharded while generating (FSDP1, ZeRO-3 without
+``ds3_gather_for_generation``: under FSDP2 and ZeRO-3 the round gathers them once, on every rank at the same point), a
+PEFT wrapper, a decoding rule that reads the prompt ids (repetition penalties: the shared-prefix path gives
+``generate`` only the per-episode rest) or a custom cache.
 """
 
 from __future__ import annotations
@@ -43,8 +44,11 @@ def unavailable(trainer: Any) -> str | None:
         return "vLLM generates (it has its own prefix cache)"
     if getattr(trainer, "use_transformers_continuous_batching", False):
         return "transformers continuous batching generates"
-    if parameters_sharded_for_generation(trainer.accelerator):
-        return "the parameters are sharded while generating (ZeRO-3 / FSDP1; FSDP2 gathers them for the round)"
+    if parameters_sharded_for_generation(trainer.accelerator, trainer.args.ds3_gather_for_generation):
+        return (
+            "the parameters stay sharded while generating (FSDP1, or ZeRO-3 with --ds3_gather_for_generation false; "
+            "FSDP2 and ZeRO-3 gather them once per rollout round)"
+        )
     config = trainer.generation_config
     if config.repetition_penalty not in (None, 1.0) or getattr(config, "encoder_repetition_penalty", None) not in (
         None,
@@ -64,51 +68,58 @@ def unavailable(trainer: Any) -> str | None:
 class TrlPrefixGeneration:
     """One rollout round's generation through ``SharedPrefixTransformersBackend`` with TRL's decoding rule.
 
-    A round starts with ``begin_round`` (every rank, at the same point: under FSDP2 it all-gathers the parameters,
-    which then stay local until ``close``) and ends with ``close``. ``seeds`` (one per prompt) draw each row from its
-    own generator with TRL's decoding rule, so a rollout does not depend on how rows are spread over processes.
+    A round starts with ``begin_round`` (every rank, at the same point: under FSDP2 or ZeRO-3 it gathers the
+    parameters, which then stay local until ``close``) and ends with ``close``. ``seeds`` (one per prompt) draw each
+    row from its own generator with TRL's decoding rule, so a rollout does not depend on how rows are spread over
+    processes.
     """
 
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.backend: SharedPrefixTransformersBackend | None = None
         self._round: contextlib.ExitStack | None = None
+        self._model: Any = None
 
     def begin_round(self) -> None:
-        """Gathers sharded (FSDP2) parameters for the round; a no-op when the round has begun or nothing is sharded."""
-        if self._round is None:
-            stack = contextlib.ExitStack()
-            stack.enter_context(unsharded_for_generation(self.trainer.model_wrapped))
-            self._round = stack
+        """Makes the round's generation model, once per round on every rank at the same point: FSDP2 all-gathers
+        its parameters, ZeRO-3 gathers them (``ds3_gather_for_generation``, TRL's own context, hooks removed), both
+        kept until ``close``; gradient checkpointing is off meanwhile, as in TRL. A no-op when the round has begun."""
+        if self._round is not None:
+            return
+        from trl.models.utils import unwrap_model_for_generation  # noqa: PLC0415 - trl is heavy to import
+
+        trainer = self.trainer
+        stack = contextlib.ExitStack()
+        stack.enter_context(unsharded_for_generation(trainer.model_wrapped))
+        self._model = stack.enter_context(
+            unwrap_model_for_generation(
+                trainer.model_wrapped,
+                trainer.accelerator,
+                gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+                generation_kwargs=trainer.generation_kwargs,
+                gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
+            )
+        )
+        self._round = stack
 
     @torch.no_grad()
     def generate(
         self, prompts: list[list[int]], max_new_tokens: int, seeds: list[int] | None = None
     ) -> list[list[int]]:
         """Sampled ids per prompt, each ending at its first eos id (TRL's trimming)."""
-        from trl.models.utils import unwrap_model_for_generation  # noqa: PLC0415 - trl is heavy to import
-
         self.begin_round()
         trainer = self.trainer
-        with unwrap_model_for_generation(
-            trainer.model_wrapped,
-            trainer.accelerator,
-            gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
-            generation_kwargs=trainer.generation_kwargs,
-            gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
-        ) as model:
-            if self.backend is None or self.backend.model is not model:
-                self._drop_backend()
-                tokenizer = trainer.processing_class
-                tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's tokenizer
-                self.backend = SharedPrefixTransformersBackend(
-                    model,
-                    tokenizer,
-                    eos_token_ids=list(trainer.eos_token_ids),
-                    max_batch_size=10**6,  # TRL generates a wave in one call; so does this
-                    generation_config=trainer.generation_config,  # copied per call
-                )
-            ids, _ = self.backend.generate(prompts, max_new_tokens, seeds=seeds)
+        if self.backend is None:
+            tokenizer = trainer.processing_class
+            tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's tokenizer
+            self.backend = SharedPrefixTransformersBackend(
+                self._model,
+                tokenizer,
+                eos_token_ids=list(trainer.eos_token_ids),
+                max_batch_size=10**6,  # TRL generates a wave in one call; so does this
+                generation_config=trainer.generation_config,  # copied per call
+            )
+        ids, _ = self.backend.generate(prompts, max_new_tokens, seeds=seeds)
         return ids
 
     def _drop_backend(self) -> None:
@@ -117,8 +128,9 @@ class TrlPrefixGeneration:
             backend.close()
 
     def close(self) -> None:
-        """Ends the round: the cached prefix (stale after the optimiser step) is dropped, FSDP2 reshards."""
+        """Ends the round: the cached prefix (stale after the optimiser step) is dropped, sharded parameters go back
+        to their shards."""
         self._drop_backend()
-        stack, self._round = self._round, None
+        stack, self._round, self._model = self._round, None, None
         if stack is not None:
             stack.close()
