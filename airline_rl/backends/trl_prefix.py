@@ -10,7 +10,9 @@ benchmarks/rollout_bench.py: wave-batched like that is *slower* than one episode
 gradient checkpointing is off during generation exactly as in TRL) that samples with TRL's ``generation_config``
 (temperature, top-p/k, min-p, eos and pad ids, the recipe's ``generation_kwargs``). It lives for one rollout round
 (``close``, called by ``TrainerBackend.drain``, drops the cached prefix); the policy runs on its own attention
-implementation outside the generate calls, so the loss forward is TRL's unchanged.
+implementation outside the generate calls, so the loss forward is TRL's unchanged. Within the round each episode
+keeps its KV cache between waves (turn caching, ``rollout_turn_cache_tokens``): a wave prefills only the tokens
+added since the episode's last turn.
 
 ``unavailable`` says when the trainer keeps TRL's path: vLLM or transformers continuous batching (they have their own
 prefix handling), sharded parameters (ZeRO-3, FSDP), a PEFT wrapper, a decoding rule that reads the prompt ids
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 
 from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend, supports_shared_prefix
+from airline_rl.backends.turn_cache import DEFAULT_MAX_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +67,7 @@ class TrlPrefixGeneration:
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.backend: SharedPrefixTransformersBackend | None = None
+        self.stats: dict[str, int] = {}
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -88,12 +92,15 @@ class TrlPrefixGeneration:
                     eos_token_ids=list(trainer.eos_token_ids),
                     max_batch_size=10**6,  # TRL generates a wave in one call; so does this
                     generation_config=trainer.generation_config,  # copied per call
+                    turn_cache_tokens=getattr(trainer.args, "rollout_turn_cache_tokens", DEFAULT_MAX_TOKENS),
                 )
             ids, _ = self.backend.generate(prompts, max_new_tokens)
         return ids
 
     def close(self) -> None:
-        """Ends the round: the cached prefix (stale after the optimiser step) is dropped."""
+        """Ends the round: the cached prefix and the episodes' turn caches (stale after the optimiser step) are
+        dropped; the round's turn-cache counters stay in ``stats`` for the rollout metrics."""
         backend, self.backend = self.backend, None
         if backend is not None:
+            self.stats = backend.turn_cache_stats
             backend.close()

@@ -120,6 +120,7 @@ class TrainerBackend:
         """Ends a rollout round (the prefix cache of these weights is dropped before the optimiser step)."""
         if self.prefix_generation is not None:
             self.prefix_generation.close()
+            self.trainer._turn_cache_stats = self.prefix_generation.stats  # logged with the rollout's metrics
 
 
 def _max_context(trainer: GRPOTrainer) -> int:
@@ -408,6 +409,8 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         metrics["timing/env_user"].append(timings.env + timings.user)
         metrics["timing/reward_prm"].append(timings.reward)
         metrics["timing/rollout"].append(seconds)
+        for key, value in getattr(self, "_turn_cache_stats", {}).items():  # this rank's round (trl_prefix)
+            metrics[f"rollout/turn_cache_{key}"].append(float(value))
         if hasattr(self.user, "stats"):  # each rank has its own client: counts summed, latencies the worst rank's
             stats = [self.user.stats()]
             stats = gather_object(stats) if self.accelerator.num_processes > 1 else stats
