@@ -350,7 +350,7 @@ MODES = {  # key: (label, batched, maker kind)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--episodes", type=int, default=16)
+    parser.add_argument("--episodes", type=int, default=None, help="default: 16, and 8 with --horizon")
     parser.add_argument("--turn-tokens", type=int, default=32)
     parser.add_argument("--model-dir", default=None, help="default: outputs/tiny-qwen2 (built if missing)")
     parser.add_argument(
@@ -398,6 +398,8 @@ def main() -> None:
         parser.exit(2, f"error: --horizon: expected comma-separated integers, got {args.horizon!r}\n")
     if any(h < 1 for h in horizons):
         parser.exit(2, f"error: --horizon: turns must be >= 1, got {args.horizon!r}\n")
+    if args.episodes is None:
+        args.episodes = 8 if horizons else 16
     if args.threads > 0:
         torch.set_num_threads(args.threads)
 
