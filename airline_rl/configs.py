@@ -504,3 +504,7 @@ class EvalArguments(EnvArguments):
         metadata={"help": "Compare mode: the variant the last table column is relative to (default: vanilla when "
                   "present, else the first variant)."},
     )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.turn_cache_tokens < 0:
+            raise ValueError(f"--turn_cache_tokens must be >= 0 (0: off), got {self.turn_cache_tokens}")

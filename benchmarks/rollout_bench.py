@@ -44,6 +44,18 @@ so each decoding step copied every row's whole cache twice more; 5.24 packs the 
 ``airline_rl.backends.attention`` now does that packing for both transformers backends, and the engine's
 shared-prefix attention never copies the prefix at all (its prefill goes through torch's fused CPU kernel).
 
+Turn caching across horizons (issue 30, ``--horizon 4,8,16,32``): instead of the modes, the same ``--episodes``
+(default 8) are played wave-batched through the evaluator's engine (``prefix-batched``) at each horizon (max turns;
+the scripted user answers up to the horizon, so the random model plays full-length episodes), once with turn
+caching (each episode's KV kept between waves, ``airline_rl/backends/turn_cache.py``) and once re-prefilling every
+history at every wave (``turn_cache_tokens=0``, the engine before issue 30). Per horizon: wall / prefix build /
+prefill / decode seconds of both, the ratio, turns per episode, max context, environment tokens per turn, the turn
+cache's peak size and counters, and whether both modes played the same transcripts; then the log-log slope of wall
+time against the horizon (least squares over the horizons), the peak memory (the process's max RSS; the turn
+cache's largest size between waves), and last the speed-up at the longest horizon. ``--observations tau2`` makes
+the histories grow as in τ²: every turn, the text the environment runs is the task's next gold read call (cycled),
+so each turn appends a real τ² tool result (JSON of hundreds of tokens) while the engine samples as usual.
+
 Usage: ``python benchmarks/rollout_bench.py [--episodes 16] [--turn-tokens 32] [--threads N] [--repeats N]
 [--modes plain-one,prefix-batched,...]``. The speed-up of the engine (wave-batched + prefix reuse) over one episode
 at a time with plain generate is the last line. On a machine shared with other jobs, use ``--repeats 2`` or more

@@ -4,8 +4,9 @@ trainer's rollouts through ``airline_rl.backends.trl_prefix`` equal TRL's own ge
 benchmark measures speed.
 
 Shrunk (each marked where set): 4 episodes, at most 3 turns of 8 tokens, and 16 turns in the slow variants (turn
-caching: each episode keeps its KV between waves, so long horizons are the case to check); the real system prompt (its policy text, without tool
-schemas for the trainer) so that the shared prefix is thousands of tokens long as in a real run.
+caching: each episode keeps its KV between waves, so long horizons are the case to check); the real system prompt
+(its policy text, without tool schemas for the trainer) so that the shared prefix is thousands of tokens long as in
+a real run.
 """
 
 from __future__ import annotations

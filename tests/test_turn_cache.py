@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 
 from airline_rl.backends.turn_cache import FINGERPRINT, CachedTurn, TurnCache
@@ -65,3 +66,13 @@ def test_a_call_keeps_only_its_own_entries_and_the_cap_drops_the_oldest_episodes
     assert cache.stats["peak_tokens"] == 80
     cache.clear()
     assert len(cache) == 0
+
+
+def test_a_negative_cap_is_an_error_naming_its_flag(tmp_path):
+    from airline_rl.configs import EvalArguments, MultiTurnGRPOConfig
+
+    with pytest.raises(ValueError, match="--turn_cache_tokens must be >= 0"):
+        EvalArguments(turn_cache_tokens=-1)
+    with pytest.raises(ValueError, match="--rollout_turn_cache_tokens must be >= 0"):
+        MultiTurnGRPOConfig(output_dir=str(tmp_path), rollout_turn_cache_tokens=-1, report_to="none")
+    assert EvalArguments().turn_cache_tokens > 0  # on by default

@@ -398,8 +398,6 @@ def build_policy(args: EvalArguments, target: EvalTarget, env: AirlineEnv) -> tu
     else:
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
-        if args.turn_cache_tokens < 0:
-            raise EvaluationError(f"--turn_cache_tokens must be >= 0 (0: off), got {args.turn_cache_tokens}")
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype: Any = args.dtype if args.dtype in ("auto", None) else getattr(torch, args.dtype, None)
         if dtype is None:
