@@ -607,7 +607,7 @@ def evaluate_target(
                 tau2.save()
     finally:
         bar.close()
-        turn_cache = getattr(agent.backend, "turn_cache_stats", None) or {}  # counters die with the backend
+        turn_cache = getattr(getattr(agent, "backend", None), "turn_cache_stats", None) or {}  # die with it
         release()
         if played:
             results.add_run(
