@@ -184,6 +184,7 @@ class SharedPrefixTransformersBackend(TransformersBackend):
         kwargs["prefix_cache"] = True
         super().__init__(model, tokenizer, *args, **kwargs)
         self.turn_cache = TurnCache(turn_cache_tokens) if turn_cache_tokens > 0 else None
+        self._one_batch = False  # the current generate call is one batch (its old turn caches can go early)
         self._layers: dict[int, torch.nn.Module] = {}
         reason = supports_shared_prefix(model)
         self.enabled = reason is None
@@ -204,6 +205,7 @@ class SharedPrefixTransformersBackend(TransformersBackend):
     def generate(
         self, prompts: list[list[int]], max_new_tokens: int, seeds: list[int] | None = None
     ) -> tuple[list[list[int]], None]:
+        self._one_batch = len(prompts) <= self.max_batch_size
         try:
             return super().generate(prompts, max_new_tokens, seeds)
         finally:
@@ -361,7 +363,9 @@ class SharedPrefixTransformersBackend(TransformersBackend):
                         values[row, :, past - reused :] = entry.values[index][:, :reused]
                 cache.update(keys, values, index)
         born = [turns.next_born() if entry is None else entry.born for entry, _ in matches]
-        del matches  # the batch cache holds the reused keys now; the call's end frees what no row continues
+        del matches
+        if self._one_batch:  # the batch cache holds every reused key now: the old entries are garbage
+            turns.release()
         kwargs = self._generate_kwargs(max_new_tokens)
         clock = _StepClock()
         with self._prefix_attached(prefix_length):
