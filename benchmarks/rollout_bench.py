@@ -303,6 +303,7 @@ def horizon_sweep(model, tokenizer, specs, horizons: list[int], args) -> None:
                     return backend, GoldCallAgent(agent) if args.observations == "tau2" else agent
 
                 run = play(env, tokenizer, make, specs, batched=True, max_user_turns=horizon + 1)
+                print(f"  ({horizon} turns, {name}: {run[0]:.2f}s)", file=sys.stderr, flush=True)  # progress
                 if (horizon, name) not in results or run[0] < results[(horizon, name)][0]:
                     results[(horizon, name)] = run
     walls: dict[str, list[float]] = {name: [] for name in modes}
