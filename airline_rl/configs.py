@@ -181,6 +181,14 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
                   "PEFT, prompt-reading decoding rules); true: required, a launch where it cannot run is "
                   "refused; false: TRL's own generate call on the full left-padded prompts."},
     )  # fmt: skip
+    rollout_turn_cache_tokens: int = field(
+        default=1 << 20,
+        metadata={"help": "With rollout_prefix_reuse: most tokens of per-episode KV cache kept between the waves of a "
+                  "rollout, so each turn prefills only the tokens added since the episode's last one "
+                  "(airline_rl/backends/turn_cache.py); past it the oldest episodes' caches are dropped and "
+                  "re-prefilled (metric rollout/turn_cache_dropped). A token costs 2 x layers x kv_heads x head_dim "
+                  "x dtype bytes (12 KiB for Qwen2.5-0.5B in bf16). 0: re-prefill every episode's history each wave."},
+    )  # fmt: skip
     turn_discount_alpha: float | None = field(
         default=None, metadata={"help": "turn_discount only: α in d = α^(T−1−k) (default 1.05)."}
     )
@@ -243,6 +251,8 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
             )
         if self.max_turn_tokens < 1:
             raise ValueError(f"--max_turn_tokens must be >= 1, got {self.max_turn_tokens}")
+        if self.rollout_turn_cache_tokens < 0:
+            raise ValueError(f"--rollout_turn_cache_tokens must be >= 0, got {self.rollout_turn_cache_tokens}")
         if self.heldout_num_samples < 1 or self.heldout_uncovered_tasks < 0:
             raise ValueError("--heldout_num_samples must be >= 1 and --heldout_uncovered_tasks >= 0")
         self.loss_type = "luspo"
@@ -446,6 +456,14 @@ class EvalArguments(EnvArguments):
                   "(airline_rl/backends/shared_prefix.py) instead of copying it into each row; implies "
                   "--prefix_cache."},
     )  # fmt: skip
+    turn_cache_tokens: int = field(
+        default=1 << 20,
+        metadata={"help": "transformers backend with --shared_prefix_attention: most tokens of per-episode KV cache "
+                  "kept between waves, so each turn prefills only the tokens added since the episode's last one "
+                  "(airline_rl/backends/turn_cache.py); past it the oldest episodes' caches are dropped and "
+                  "re-prefilled (counted in results.json's runs). A token costs 2 x layers x kv_heads x head_dim x "
+                  "dtype bytes (12 KiB for Qwen2.5-0.5B in bf16). 0: re-prefill every episode's history each wave."},
+    )  # fmt: skip
     generation_batch_size: int = field(
         default=64, metadata={"help": "transformers backend: most sequences in one generate call."}
     )
@@ -488,3 +506,7 @@ class EvalArguments(EnvArguments):
         metadata={"help": "Compare mode: the variant the last table column is relative to (default: vanilla when "
                   "present, else the first variant)."},
     )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.turn_cache_tokens < 0:
+            raise ValueError(f"--turn_cache_tokens must be >= 0 (0: off), got {self.turn_cache_tokens}")

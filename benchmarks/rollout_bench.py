@@ -13,7 +13,8 @@ Modes (same episodes, same seeds; ``--modes`` picks some):
 - ``plain-batched``: one ``run_episodes`` call for all episodes, one ``generate`` per wave;
 - ``prefix-one`` / ``prefix-batched``: the same with ``SharedPrefixTransformersBackend`` (the evaluator's engine):
   the KV cache of the shared prefix is computed once, only the per-episode rest is prefilled, and a wave's rows
-  attend to one copy of the prefix (read once per decoding step whatever the batch size);
+  attend to one copy of the prefix (read once per decoding step whatever the batch size); since issue 30 with turn
+  caching on (the numbers below for these modes and ``trl-prefix-batched`` were measured before it);
 - ``copied-batched``: wave-batched with ``TransformersBackend(prefix_cache=True)``, the prefix cache copied into
   every row (``generate`` then moves B × prefix bytes per decoding step);
 - ``trl-one`` / ``trl-batched`` / ``trl-prefix-batched``: the trainer's rollouts, ``MultiTurnGRPOTrainer``'s own
@@ -44,6 +45,48 @@ so each decoding step copied every row's whole cache twice more; 5.24 packs the 
 ``airline_rl.backends.attention`` now does that packing for both transformers backends, and the engine's
 shared-prefix attention never copies the prefix at all (its prefill goes through torch's fused CPU kernel).
 
+Turn caching across horizons (issue 30, ``--horizon 4,8,16,32``): instead of the modes, the same ``--episodes``
+(default 8) are played wave-batched through the evaluator's engine (``prefix-batched``) at each horizon (max turns;
+the scripted user answers up to the horizon, so the random model plays full-length episodes), once with turn
+caching (each episode's KV kept between waves, ``airline_rl/backends/turn_cache.py``) and once re-prefilling every
+history at every wave (``turn_cache_tokens=0``, the engine before issue 30). Per horizon: wall / prefix build /
+prefill / decode seconds of both, the ratio, turns per episode, max context, environment tokens per turn, the turn
+cache's peak size and counters, and whether both modes played the same transcripts; then the log-log slope of wall
+time against the horizon (least squares over the horizons), the peak memory (the process's max RSS; the turn
+cache's largest size between waves), and last the speed-up at the longest horizon. ``--observations tau2`` makes
+the histories grow as in τ²: every turn, the text the environment runs is the task's next gold read call (cycled),
+so each turn appends a real τ² tool result (JSON of hundreds of tokens) while the engine samples as usual.
+
+Measured (issue 30) on 2 CPU cores shared with other jobs, one torch thread, transformers 5.17.0, torch 2.13.0+cpu.
+The defaults (``--horizon 4,8,16,32``: 8 episodes, 32 tokens a turn, scripted observations; commit fec2241, load
+average 9-12, so 8 min 52 s of wall for 55 s of CPU), turn caching vs re-prefill, wall (prefill / decode) seconds:
+
+=======  ===========================  =============================  =====
+turns    turn caching                 re-prefill                     ratio
+=======  ===========================  =============================  =====
+4        5.83 (0.64 / 3.70)           8.61 (2.39 / 4.84)             1.48x
+8        11.46 (1.28 / 8.31)          19.44 (9.20 / 8.44)            1.70x
+16       24.87 (3.00 / 19.13)         68.69 (47.17 / 19.11)          2.76x
+32       65.00 (8.16 / 51.60)         276.56 (226.97 / 43.97)        4.26x
+=======  ===========================  =============================  =====
+
+slope of wall vs turns 1.16 with caching, 1.68 without; max context 6,276 tokens; process max RSS 794 MiB; the turn
+cache at most 7.2 MiB (14,759 tokens) between waves, none dropped; transcripts equal in both modes at every horizon
+(8/8); last line ``4.3x at 32 turns: ...``. An earlier run with ``--episodes 16`` (load 6-7): 1.66x / 2.30x /
+3.59x / 9.98x, slopes 0.89 and 1.73, ``10.0x at 32 turns``. Where the time goes with caching: decoding, 79% of the
+wall at 32 turns (each step attends to the prefix and to the episode's history, which grows with the turns);
+prefill is 13% (it was 82% of the re-prefill wall).
+
+τ²-scale check (``--horizon 4,8,16,32 --observations tau2 --episodes 2``, commit 7ad1014, load 6-11, 13 min 47 s of
+wall for 177 s of CPU): 297-365 environment tokens a turn (real τ² tool JSON), max context 16,326 at 32 turns (the
+tiny model's 16,384 positions cut the episodes to 30 turns on average), turn caching vs re-prefill: 2.16 vs 3.30 s
+(1.53x), 4.84 vs 17.87 s (3.70x), 18.99 vs 77.83 s (4.10x), 46.04 vs 623.86 s (13.55x); slopes 1.52 and 2.48;
+process max RSS 1,096 MiB, turn cache at most 11.6 MiB (23,794 tokens); transcripts equal (2/2) at every horizon;
+last line ``13.6x at 32 turns: ...``. Here the slope with caching is above 1.3: prefill is still 62% of the wall at
+32 turns (28.4 of 46.0 s) because each of the ~365 new tokens of a turn attends to the whole history (up to 16k
+keys; the episode's own part goes through matrix products, only the prefix part through the fused kernel), so
+prefill work grows as turns x history even though no token is prefilled twice.
+
 Usage: ``python benchmarks/rollout_bench.py [--episodes 16] [--turn-tokens 32] [--threads N] [--repeats N]
 [--modes plain-one,prefix-batched,...]``. The speed-up of the engine (wave-batched + prefix reuse) over one episode
 at a time with plain generate is the last line. On a machine shared with other jobs, use ``--repeats 2`` or more
@@ -54,7 +97,9 @@ at a time with plain generate is the last line. On a machine shared with other j
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -71,10 +116,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from airline_rl.backends import TransformersBackend  # noqa: E402
 from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend  # noqa: E402
+from airline_rl.backends.turn_cache import DEFAULT_MAX_TOKENS  # noqa: E402
 from airline_rl.data.tiny_model import build_tiny_model, default_tiny_model_dir  # noqa: E402
 from airline_rl.envs.episode import AirlineEnv, EnvConfig  # noqa: E402
 from airline_rl.envs.runner import RunTimings, run_episodes  # noqa: E402
-from airline_rl.envs.tools import TOOL_SCHEMAS  # noqa: E402
+from airline_rl.envs.tool_calls import format_tool_call  # noqa: E402
+from airline_rl.envs.tools import TERMINAL_TOOLS, TOOL_SCHEMAS, WRITE_TOOLS  # noqa: E402
 from airline_rl.envs.users import get_user_simulator  # noqa: E402
 from airline_rl.rollout import TokenPolicyAgent  # noqa: E402
 
@@ -103,16 +150,17 @@ class TimedBackend:
             self.inner.drain()
 
 
-def engine_backend(model, tokenizer, kind: str) -> TransformersBackend:
-    """The evaluator-side backend of a mode: ``plain``, ``copied`` (prefix cache per row) or ``prefix`` (shared)."""
+def engine_backend(model, tokenizer, kind: str, turn_cache_tokens: int = DEFAULT_MAX_TOKENS) -> TransformersBackend:
+    """The evaluator-side backend of a mode: ``plain``, ``copied`` (prefix cache per row) or ``prefix`` (shared;
+    ``turn_cache_tokens`` 0: every wave re-prefills each episode's history)."""
     eos = tokenizer.eos_token_id
     options = {"temperature": 0.0, "eos_token_ids": [eos], "generation_kwargs": {"forced_eos_token_id": eos}}
     if kind == "prefix":
-        return SharedPrefixTransformersBackend(model, tokenizer, **options)
+        return SharedPrefixTransformersBackend(model, tokenizer, turn_cache_tokens=turn_cache_tokens, **options)
     return TransformersBackend(model, tokenizer, prefix_cache=kind == "copied", **options)
 
 
-def play(env, tokenizer, make_agent: Callable[[], tuple[Any, Any]], specs, *, batched: bool):
+def play(env, tokenizer, make_agent: Callable[[], tuple[Any, Any]], specs, *, batched: bool, max_user_turns=15):
     """Plays ``specs``; returns (wall seconds without the raw replays, per-episode completion ids, stats)."""
     timings = RunTimings()
     backend, agent = make_agent()
@@ -121,7 +169,8 @@ def play(env, tokenizer, make_agent: Callable[[], tuple[Any, Any]], specs, *, ba
     groups = [list(specs)] if batched else [[spec] for spec in specs]
     for group in groups:
         group_episodes = [env.reset(task_id, seed) for task_id, seed in group]
-        run_episodes(env, agent, get_user_simulator("scripted"), group, timings=timings, episodes=group_episodes)
+        user = get_user_simulator("scripted", max_user_turns=max_user_turns)
+        run_episodes(env, agent, user, group, timings=timings, episodes=group_episodes)
         backend.drain()  # the trainer's backend ends its rollout round here (as MultiTurnGRPOTrainer._generate does)
         episodes.extend(group_episodes)
     wall = time.perf_counter() - start - (backend.raw_seconds or 0.0)
@@ -133,6 +182,8 @@ def play(env, tokenizer, make_agent: Callable[[], tuple[Any, Any]], specs, *, ba
         "sampled": sum(sum(ep.agent_state["tool_mask"]) for ep in episodes),
         "context": max(len(ep.agent_state["prompt_ids"]) + len(ep.agent_state["completion_ids"]) for ep in episodes),
         "env_user": timings.env + timings.user + timings.reward,
+        "observation": sum(len(ep.agent_state["tool_mask"]) - sum(ep.agent_state["tool_mask"]) for ep in episodes)
+        / max(1, sum(len(ep.record.turns) for ep in episodes)),
     }
     return wall, completions, backend, stats
 
@@ -210,7 +261,7 @@ def first_wave_prompts(env, tokenizer, specs, turn_tokens: int) -> list[list[int
 
 def decode_ms_per_step(model, tokenizer, kind: str, prompts: list[list[int]], turn_tokens: int, repeats: int) -> float:
     """Best decode milliseconds per step of one wave of ``prompts`` (prefix built and checked in a warm-up call)."""
-    backend = engine_backend(model, tokenizer, kind)
+    backend = engine_backend(model, tokenizer, kind, turn_cache_tokens=0)  # the same prompts again: no turn cache
     try:
         backend.generate(prompts, 2)
         best = float("inf")
@@ -222,6 +273,111 @@ def decode_ms_per_step(model, tokenizer, kind: str, prompts: list[list[int]], tu
     finally:
         if hasattr(backend, "close"):
             backend.close()
+
+
+def _warm_up(model, tokenizer, env, turn_tokens: int) -> tuple[Any, Any]:
+    backend = TimedBackend(engine_backend(model, tokenizer, "prefix"))
+    eos = tokenizer.eos_token_id
+    return backend, TokenPolicyAgent(backend, tokenizer, env.tools, [eos], 8192, turn_tokens)
+
+
+class GoldCallAgent:
+    """τ²-sized observations: the engine samples every turn as usual (its ids are the transcript), but the text the
+    environment runs is the task's next gold read call (cycled; ``get_user_details`` of the task's user when the gold
+    has none), so each turn appends a real τ² tool result (JSON of hundreds of tokens) to the history."""
+
+    def __init__(self, agent: TokenPolicyAgent) -> None:
+        self.agent = agent
+        self.backend = agent.backend
+
+    @staticmethod
+    def calls(episode) -> list[str]:
+        task = episode.task
+        reads = [a for a in task.actions if a.name not in WRITE_TOOLS | TERMINAL_TOOLS]
+        if reads:
+            return [format_tool_call(a.name, a.arguments) for a in reads]
+        user_id = next((a.arguments["user_id"] for a in task.actions if "user_id" in a.arguments), "mia_li_3668")
+        return [format_tool_call("get_user_details", {"user_id": user_id})]
+
+    def act(self, episodes):
+        turns = self.agent.act(episodes)
+        for episode, turn in zip(episodes, turns, strict=True):
+            calls = self.calls(episode)
+            if not turn.truncated:
+                turn.text = calls[(len(episode.record.turns)) % len(calls)]
+        return turns
+
+
+def _slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of log(y) against log(x)."""
+    lx, ly = [math.log(x) for x in xs], [math.log(max(y, 1e-9)) for y in ys]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    den = sum((a - mx) ** 2 for a in lx)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True)) / den if den else float("nan")
+
+
+def horizon_sweep(model, tokenizer, specs, horizons: list[int], args) -> None:
+    """Plays the same episodes at each horizon with turn caching on and off (the evaluator's engine, wave-batched);
+    prints per horizon wall / prefill / decode, then the slopes, peak memory and, last, the speed-up."""
+    eos = tokenizer.eos_token_id
+    context = model.config.max_position_embeddings
+    modes = {"turn caching": DEFAULT_MAX_TOKENS, "re-prefill": 0}
+    results: dict[tuple[int, str], tuple] = {}
+    for _ in range(args.repeats):  # round robin, best of N: load bursts on a shared machine hit every mode
+        for horizon in horizons:
+            env = AirlineEnv(config=EnvConfig(max_turns=horizon))
+            for name, tokens in modes.items():
+
+                def make(tokens: int = tokens, env: AirlineEnv = env) -> tuple[Any, Any]:
+                    backend = TimedBackend(engine_backend(model, tokenizer, "prefix", turn_cache_tokens=tokens))
+                    agent = TokenPolicyAgent(backend, tokenizer, env.tools, [eos], context, args.turn_tokens, context)
+                    return backend, GoldCallAgent(agent) if args.observations == "tau2" else agent
+
+                run = play(env, tokenizer, make, specs, batched=True, max_user_turns=horizon + 1)
+                print(f"  ({horizon} turns, {name}: {run[0]:.2f}s)", file=sys.stderr, flush=True)  # progress
+                if (horizon, name) not in results or run[0] < results[(horizon, name)][0]:
+                    results[(horizon, name)] = run
+    walls: dict[str, list[float]] = {name: [] for name in modes}
+    equal_everywhere = True
+    peak_cache = 0
+    for horizon in horizons:
+        cells = []
+        reference = results[(horizon, "re-prefill")][1]
+        for name in modes:
+            wall, completions, backend, stats = results[(horizon, name)]
+            walls[name].append(wall)
+            t = backend.inner.timings
+            cells.append(f"{name} wall {wall:6.2f}s (prefix {t['prefix']:.2f}s, prefill {t['prefill']:6.2f}s, "
+                         f"decode {t['decode']:5.2f}s)")  # fmt: skip
+            if name == "turn caching":
+                same = sum(a == b for a, b in zip(completions, reference, strict=True))
+                equal_everywhere &= same == len(specs)
+                cache = backend.inner.turn_cache_stats
+                peak_cache = max(peak_cache, cache["peak_bytes"])
+                detail = (
+                    f"{stats['turns']:.1f} turns/episode, max context {stats['context']}, "
+                    f"{stats['observation']:.0f} env tokens/turn | turn cache peak {cache['peak_bytes'] / 2**20:.1f} "
+                    f"MiB ({cache['peak_tokens']} tokens), {cache['dropped']} dropped, {cache['reused_tokens']} "
+                    f"reused / {cache['prefilled_tokens']} prefilled tokens | same transcripts: {same}/{len(specs)}"
+                )
+        ratio = walls["re-prefill"][-1] / walls["turn caching"][-1]
+        print(f"horizon {horizon:3d}: {' | '.join(cells)} | {ratio:.2f}x | {detail}")
+    slopes = {name: _slope(horizons, walls[name]) for name in modes}
+    span = f"{horizons[0]}->{horizons[-1]} turns"
+    if len(horizons) > 1:
+        print(f"log-log slope of wall time vs turns ({span}): turn caching {slopes['turn caching']:.2f}, "
+              f"re-prefill {slopes['re-prefill']:.2f}")  # fmt: skip
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    print(f"peak memory: process max RSS {rss:.0f} MiB; turn cache at most {peak_cache / 2**20:.1f} MiB "
+          f"between waves (cap {DEFAULT_MAX_TOKENS} tokens)")  # fmt: skip
+    speedup = walls["re-prefill"][-1] / walls["turn caching"][-1]
+    print(
+        f"{speedup:.1f}x at {horizons[-1]} turns: turn caching vs re-prefill (wave-batched engine, {len(specs)} "
+        f"episodes, {args.observations} observations); wall-time slope vs turns {slopes['turn caching']:.2f} with "
+        f"caching, {slopes['re-prefill']:.2f} without ({span}); at {horizons[0]} turns "
+        f"{walls['re-prefill'][0] / walls['turn caching'][0]:.2f}x; transcripts equal in both modes at every "
+        f"horizon: {'yes' if equal_everywhere else 'NO'}"
+    )
 
 
 MODES = {  # key: (label, batched, maker kind)
@@ -238,7 +394,7 @@ MODES = {  # key: (label, batched, maker kind)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--episodes", type=int, default=16)
+    parser.add_argument("--episodes", type=int, default=None, help="default: 16, and 8 with --horizon")
     parser.add_argument("--turn-tokens", type=int, default=32)
     parser.add_argument("--model-dir", default=None, help="default: outputs/tiny-qwen2 (built if missing)")
     parser.add_argument(
@@ -257,6 +413,20 @@ def main() -> None:
     parser.add_argument(
         "--batch-sizes", default="1,4,16", help="batch sizes of the decode ms/step line (empty: skip it)"
     )
+    parser.add_argument(
+        "--horizon",
+        default="",
+        help="comma-separated max turns per episode, e.g. 4,8,16,32: instead of the modes, play the same episodes "
+        "wave-batched through the evaluator's engine with turn caching on and off at each horizon (the last line: "
+        "the speed-up at the longest horizon)",
+    )
+    parser.add_argument(
+        "--observations",
+        choices=["scripted", "tau2"],
+        default="scripted",
+        help="--horizon: scripted (the scripted user answers every turn) or tau2 (every turn runs the task's next "
+        "gold read call: real τ² tool-result JSON in the history)",
+    )
     args = parser.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
@@ -266,6 +436,14 @@ def main() -> None:
         batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
     except ValueError:
         parser.exit(2, f"error: --batch-sizes: expected comma-separated integers, got {args.batch_sizes!r}\n")
+    try:
+        horizons = sorted({int(h) for h in args.horizon.split(",") if h.strip()})
+    except ValueError:
+        parser.exit(2, f"error: --horizon: expected comma-separated integers, got {args.horizon!r}\n")
+    if any(h < 1 for h in horizons):
+        parser.exit(2, f"error: --horizon: turns must be >= 1, got {args.horizon!r}\n")
+    if args.episodes is None:
+        args.episodes = 8 if horizons else 16
     if args.threads > 0:
         torch.set_num_threads(args.threads)
 
@@ -279,8 +457,12 @@ def main() -> None:
     print(
         f"model {model_dir} ({model.num_parameters():,} params, vocab {len(tokenizer)}), torch threads "
         f"{torch.get_num_threads()}, transformers {transformers.__version__}, torch {torch.__version__}; "
-        f"{len(specs)} episodes x max 4 turns x {args.turn_tokens} tokens, greedy"
+        f"{len(specs)} episodes x max {','.join(map(str, horizons)) or 4} turns x {args.turn_tokens} tokens, greedy"
     )
+    if horizons:
+        play(env, tokenizer, lambda: _warm_up(model, tokenizer, env, args.turn_tokens), specs[:2], batched=True)
+        horizon_sweep(model, tokenizer, specs, horizons, args)
+        return
     eos = tokenizer.eos_token_id
     context = model.config.max_position_embeddings
     trainers: dict[str, Any] = {}

@@ -136,6 +136,7 @@ def test_tiny_model_evaluates_resumes_and_refuses_another_configuration(tmp_path
     split = get_split("seed")
     assert {t: e["group"] for t, e in data["tasks"].items()} == {"0": split.group_of("0"), "18": split.group_of("18")}
     assert [r["episodes"] for r in data["runs"]] == [4]
+    assert data["runs"][0]["turn_cache"]["dropped"] == 0  # the engine's turn-cache counters are kept with the run
 
     # a rerun with the same configuration plays nothing and leaves the file as it is
     before = path.read_bytes()

@@ -3,8 +3,10 @@ evaluator's engine, benchmarks/rollout_bench.py) equal one episode at a time wit
 trainer's rollouts through ``airline_rl.backends.trl_prefix`` equal TRL's own generation call. No timing here: the
 benchmark measures speed.
 
-Shrunk (each marked where set): 4 episodes, at most 3 turns of 8 tokens; the real system prompt (its policy text,
-without tool schemas for the trainer) so that the shared prefix is thousands of tokens long as in a real run.
+Shrunk (each marked where set): 4 episodes, at most 3 turns of 8 tokens, and 16 turns in the slow variants (turn
+caching: each episode keeps its KV between waves, so long horizons are the case to check); the real system prompt
+(its policy text, without tool schemas for the trainer) so that the shared prefix is thousands of tokens long as in
+a real run.
 """
 
 from __future__ import annotations
@@ -82,39 +84,55 @@ def _play(env, tokenizer, backend, batched: bool, turn_tokens: int = 8) -> list[
     return [ep.agent_state["completion_ids"] for ep in episodes]
 
 
-def test_wave_batched_prefix_reuse_equals_one_at_a_time_plain_generate(tiny_model_dir, tiny_tokenizer):
+HORIZONS = [3, pytest.param(16, marks=pytest.mark.slow)]  # shrunk from 30 turns; 16-turn episodes run 14 turns
+
+
+@pytest.mark.parametrize("max_turns", HORIZONS)
+def test_wave_batched_prefix_reuse_equals_one_at_a_time_plain_generate(tiny_model_dir, tiny_tokenizer, max_turns):
     from transformers import AutoModelForCausalLM
 
     tok = tiny_tokenizer
-    env = AirlineEnv(config=EnvConfig(max_turns=3))  # shrunk from 30 turns; the real ~7k-token prompt
+    env = AirlineEnv(config=EnvConfig(max_turns=max_turns))  # the real ~7k-token prompt
     forced = {"forced_eos_token_id": tok.eos_token_id}  # every 8-token turn ends the turn: full multi-turn episodes
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     plain = TransformersBackend(model, tok, temperature=0.0, prefix_cache=False, generation_kwargs=forced)
     expected = _play(env, tok, plain, batched=False)
-    shared = SharedPrefixTransformersBackend(model, tok, temperature=0.0, generation_kwargs=forced)
-    try:
-        assert _play(env, tok, shared, batched=True) == expected
-        assert shared.enabled and shared.checked  # the cascade attention ran (its self-check passed)
-        assert shared.prefix_stats["built"] == 1 and shared.prefix_stats["prefix_tokens"] > 1000
-        # one at a time through the same backend: the one-row path (materialised prefix, grouped decode attention)
-        assert _play(env, tok, shared, batched=False) == expected
-    finally:
-        shared.close()
+    for turn_cache_tokens in (1 << 20, 0):  # turn caching on (the default), then every history re-prefilled
+        shared = SharedPrefixTransformersBackend(
+            model, tok, temperature=0.0, generation_kwargs=forced, turn_cache_tokens=turn_cache_tokens
+        )
+        try:
+            assert _play(env, tok, shared, batched=True) == expected
+            assert shared.enabled and shared.checked  # the cascade attention ran (its self-check passed)
+            assert shared.prefix_stats["built"] == 1 and shared.prefix_stats["prefix_tokens"] > 1000
+            if turn_cache_tokens:
+                stats = shared.turn_cache_stats  # later turns prefilled only what the environment added
+                assert stats["reused_tokens"] > stats["prefilled_tokens"] and stats["diverged"] == 0
+            else:
+                assert shared.turn_cache_stats == {}
+            # one at a time: turn caching on a one-row batch; off: the one-row path (materialised prefix, grouped
+            # decode attention); once, at the short horizon (the 16-turn references cost a minute on CPU)
+            if max_turns < 16:
+                assert _play(env, tok, shared, batched=False) == expected
+            else:
+                assert shared.turn_cache_stats == {} or shared.turn_cache_stats["dropped"] == 0
+        finally:
+            shared.close()
     assert model.config._attn_implementation != shared_prefix_module.ATTENTION_NAME
-    assert all(len(ids) > 30 for ids in expected)  # really multi-turn: user/tool messages between the turns
+    assert all(len(ids) > 20 * max_turns for ids in expected)  # really multi-turn: user/tool messages between turns
 
 
-def _trainer(tmp_path, model_dir, tokenizer, prefix_reuse: bool) -> MultiTurnGRPOTrainer:
+def _trainer(tmp_path, model_dir, tokenizer, prefix_reuse: bool, max_turns: int = 3) -> MultiTurnGRPOTrainer:
     from transformers import AutoModelForCausalLM
 
-    env = AirlineEnv(config=EnvConfig(max_turns=3))  # shrunk from 30
+    env = AirlineEnv(config=EnvConfig(max_turns=max_turns))  # shrunk from 30
     env.tools = []  # shrunk: the policy text alone (thousands of tokens) is the shared prefix
     args = MultiTurnGRPOConfig(
         output_dir=str(tmp_path / "out"),
         variant="vanilla",
         per_device_train_batch_size=4,  # shrunk from 8: one group
         num_generations=4,  # shrunk from 8
-        max_completion_length=192,  # shrunk from 8192
+        max_completion_length=2048,  # shrunk from 8192 (16 turns fit)
         max_turn_tokens=8,  # shrunk from 512
         # greedy, so that both generation paths must agree token for token; forced eos ends every 8-token turn
         generation_kwargs={"do_sample": False, "forced_eos_token_id": tokenizer.eos_token_id},
@@ -142,14 +160,15 @@ def _rollout(trainer: MultiTurnGRPOTrainer) -> list[list[int]]:
     return completion_ids
 
 
+@pytest.mark.parametrize("max_turns", HORIZONS)
 def test_trainer_rollouts_with_prefix_reuse_equal_trls_generation(
-    tmp_path, tiny_model_dir, tiny_tokenizer, monkeypatch
+    tmp_path, tiny_model_dir, tiny_tokenizer, monkeypatch, max_turns
 ) -> None:
-    reference = _trainer(tmp_path / "trl", tiny_model_dir, tiny_tokenizer, prefix_reuse=False)
+    reference = _trainer(tmp_path / "trl", tiny_model_dir, tiny_tokenizer, prefix_reuse=False, max_turns=max_turns)
     assert trl_prefix.unavailable(reference) == "--rollout_prefix_reuse is false"
     expected = _rollout(reference)
 
-    trainer = _trainer(tmp_path / "prefix", tiny_model_dir, tiny_tokenizer, prefix_reuse=True)
+    trainer = _trainer(tmp_path / "prefix", tiny_model_dir, tiny_tokenizer, prefix_reuse=True, max_turns=max_turns)
     assert trl_prefix.unavailable(trainer) is None
     attention = trainer.model.config._attn_implementation
     built = []
@@ -160,7 +179,9 @@ def test_trainer_rollouts_with_prefix_reuse_equal_trls_generation(
     assert _rollout(trainer) == expected
     assert built and built[0] > 1000  # the rollout did start from a cached system-prompt prefix
     assert trainer.model.config._attn_implementation == attention  # restored before the loss sees the model
-    assert all(len(ids) > 30 for ids in expected)
+    assert all(len(ids) > 20 * max_turns for ids in expected)  # user/tool messages between the turns
+    stats = trainer._turn_cache_stats  # the round's turn-cache counters (turn caching is on by default)
+    assert stats["reused_tokens"] > stats["prefilled_tokens"] and stats["dropped"] == 0
 
 
 def test_trainer_keeps_trls_call_when_the_decoding_rule_reads_the_prompt(tmp_path, tiny_model_dir, tiny_tokenizer):

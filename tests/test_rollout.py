@@ -344,3 +344,77 @@ def test_a_zero_token_turn_ends_the_episode_without_a_turn(airline_env):
     assert episode.env_response("", num_policy_tokens=0, truncated=True) == []
     assert episode.record.termination == TOKEN_BUDGET and episode.record.turns == []
     assert episode.messages == before
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Turn caching (SharedPrefixTransformersBackend): each episode's KV kept between waves must not change any token
+
+
+def _waves(backend, prompts, rng, waves: int, new: int, seeds=None) -> list[list[list[int]]]:
+    """``waves`` calls like a rollout's: each prompt grows by its sampled ids and a few "environment" tokens; the
+    second row finishes after wave 5 (it leaves the batch) and every row's environment suffix has its own length."""
+    out = []
+    prompts = [list(p) for p in prompts]
+    for wave in range(waves):
+        live = [i for i in range(len(prompts)) if not (i == 1 and wave > 5)]
+        ids, _ = backend.generate([prompts[i] for i in live], new, **({"seeds": [seeds[i] + wave for i in live]}
+                                                                      if seeds else {}))  # fmt: skip
+        out.append(ids)
+        for i, sampled in zip(live, ids, strict=True):
+            prompts[i] += sampled + [rng.randrange(1000) for _ in range(rng.randint(1, 30))]
+    return out
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "per-row-seeds"])
+def test_turn_caching_equals_re_prefill_over_16_waves(tiny_model, tiny_tokenizer, airline_env, temperature):
+    """16 waves through the turn cache == the same backend re-prefilling every history == plain ``generate`` one
+    prompt at a time (greedy), token for token; sampling with per-row seeds draws the same tokens too."""
+    from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend
+
+    tok = tiny_tokenizer
+    agent = TokenPolicyAgent(None, tok, airline_env.tools, [tok.eos_token_id], 1, 1)
+    prefix = agent._prompt(airline_env.reset("0").messages[:2])[:300]  # a shared prefix (shortened for speed)
+    starts = [prefix + [random.Random(i).randrange(1000) for _ in range(20 + 7 * i)] for i in range(3)]
+    options = {"temperature": temperature, "eos_token_ids": [tok.eos_token_id], "min_prefix_tokens": 16}
+    seeds = [11, 22, 33] if temperature else None
+    results = {}
+    for name, tokens in (("cached", 1 << 20), ("re-prefill", 0)):
+        backend = SharedPrefixTransformersBackend(tiny_model, tok, turn_cache_tokens=tokens, **options)
+        results[name] = _waves(backend, starts, random.Random(5), waves=16, new=6, seeds=seeds)
+        if tokens:
+            stats = backend.turn_cache_stats
+            # from the second wave on, each live row reuses its history: far more reused than prefilled tokens
+            assert stats["reused_tokens"] > 3 * stats["prefilled_tokens"] and stats["dropped"] == 0
+            assert stats["diverged"] == 0 and backend.enabled
+        backend.close()
+    assert results["cached"] == results["re-prefill"]
+    assert all(len(ids) > 0 for wave in results["cached"] for ids in wave)
+    if not temperature:  # the plain reference: each wave's prompts one at a time through plain generate
+        plain = TransformersBackend(tiny_model, tok, prefix_cache=False, **options)
+        one_at_a_time = _OneAtATime(plain)
+        assert _waves(one_at_a_time, starts, random.Random(5), waves=16, new=6) == results["cached"]
+
+
+class _OneAtATime:
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def generate(self, prompts, max_new_tokens):
+        return [self.inner.generate([p], max_new_tokens)[0][0] for p in prompts], None
+
+
+def test_turn_cache_cap_drops_the_oldest_and_transcripts_stay_equal(tiny_model, tiny_tokenizer, airline_env):
+    """A cap below one wave's cached tokens: the oldest episodes are dropped and re-prefilled, nothing changes."""
+    from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend
+
+    tok = tiny_tokenizer
+    agent = TokenPolicyAgent(None, tok, airline_env.tools, [tok.eos_token_id], 1, 1)
+    prefix = agent._prompt(airline_env.reset("0").messages[:2])[:300]
+    starts = [prefix + [random.Random(i).randrange(1000) for _ in range(20 + 7 * i)] for i in range(3)]
+    options = {"temperature": 0.0, "eos_token_ids": [tok.eos_token_id], "min_prefix_tokens": 16}
+    capped = SharedPrefixTransformersBackend(tiny_model, tok, turn_cache_tokens=150, **options)  # ~2 rows' worth
+    free = SharedPrefixTransformersBackend(tiny_model, tok, turn_cache_tokens=0, **options)
+    got = _waves(capped, starts, random.Random(5), waves=8, new=6)
+    assert got == _waves(free, starts, random.Random(5), waves=8, new=6)
+    stats = capped.turn_cache_stats
+    assert stats["dropped"] > 0 and stats["peak_tokens"] <= 150 and stats["reused_tokens"] > 0

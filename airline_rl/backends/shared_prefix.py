@@ -19,6 +19,12 @@ batches and anything else the model does (the trainer's loss) keep its own imple
 Correctness: on its first use the backend compares the next-token logits of one prompt through this path and through
 the parent's materialised-prefix path and falls back to the parent (with a warning) if they differ; models with
 sliding-window layers use the parent directly. Outputs equal plain ``generate`` up to float rounding.
+
+Turn caching (``turn_cache_tokens`` > 0, ``airline_rl.backends.turn_cache``): each episode's own KV (after the
+prefix) is kept between waves, so a wave prefills only the tokens added since the episode's last turn. A batch then
+starts from a cache holding every row's reused tokens, right-aligned, ``[padding | cached]``, followed by the new
+tokens ``[padding | new]``; the mask and the position ids (continuing each row's own count) make every row see
+exactly its unpadded sequence. One-row batches take this path too while turn caching is on.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from airline_rl.backends import TransformersBackend, _StepClock
 from airline_rl.backends.attention import grouped_sdpa_attention, use_attention
+from airline_rl.backends.turn_cache import DEFAULT_MAX_TOKENS, CachedTurn, TurnCache
 
 logger = logging.getLogger(__name__)
 
@@ -164,9 +171,20 @@ def supports_shared_prefix(model: Any) -> str | None:
 class SharedPrefixTransformersBackend(TransformersBackend):
     """``TransformersBackend`` whose batches read the shared prefix's KV once per step (see the module docstring)."""
 
-    def __init__(self, model: Any, tokenizer: Any, *args: Any, tolerance: float | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *args: Any,
+        tolerance: float | None = None,
+        turn_cache_tokens: int = DEFAULT_MAX_TOKENS,
+        **kwargs: Any,
+    ) -> None:
+        """``turn_cache_tokens``: most tokens of per-episode KV kept between waves (0: re-prefill every wave)."""
         kwargs["prefix_cache"] = True
         super().__init__(model, tokenizer, *args, **kwargs)
+        self.turn_cache = TurnCache(turn_cache_tokens) if turn_cache_tokens > 0 else None
+        self._one_batch = False  # the current generate call is one batch (its old turn caches can go early)
         self._layers: dict[int, torch.nn.Module] = {}
         reason = supports_shared_prefix(model)
         self.enabled = reason is None
@@ -177,6 +195,32 @@ class SharedPrefixTransformersBackend(TransformersBackend):
             return
         register_attention()
         self._layers = _attention_modules(model)
+
+    @property
+    def turn_cache_stats(self) -> dict[str, int]:
+        """Counters of the turn cache (empty when it is off): reused / prefilled own tokens, entries dropped by the
+        cap, prompts that did not extend their episode's cache, peak cached tokens and bytes."""
+        return dict(self.turn_cache.stats) if self.turn_cache is not None else {}
+
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int, seeds: list[int] | None = None
+    ) -> tuple[list[list[int]], None]:
+        self._one_batch = len(prompts) <= self.max_batch_size
+        try:
+            return super().generate(prompts, max_new_tokens, seeds)
+        finally:
+            if self.turn_cache is not None:
+                self.turn_cache.commit()  # this call's episodes stay cached; finished ones are freed
+
+    def _build_prefix(self, prefix: list[int]) -> None:
+        if self.turn_cache is not None:
+            self.turn_cache.clear()  # positions and attention of every cached episode depend on the prefix
+        super()._build_prefix(prefix)
+
+    def reset_prefix_cache(self) -> None:
+        if getattr(self, "turn_cache", None) is not None:
+            self.turn_cache.clear()
+        super().reset_prefix_cache()
 
     # -- prefix attachment ----------------------------------------------------------------------------------------
 
@@ -261,13 +305,15 @@ class SharedPrefixTransformersBackend(TransformersBackend):
     def _generate_batch(
         self, prompts: list[list[int]], max_new_tokens: int, prefix_length: int = 0
     ) -> list[list[int]]:
-        if not prefix_length or not self.enabled or len(prompts) == 1:
+        if not prefix_length or not self.enabled or (len(prompts) == 1 and self.turn_cache is None):
             # one row: copying the prefix costs one copy, and fused sdpa beats the two-part attention
             return super()._generate_batch(prompts, max_new_tokens, prefix_length)
         if not self.checked:
             self._self_check(prompts, prefix_length)
             if not self.enabled:
                 return super()._generate_batch(prompts, max_new_tokens, prefix_length)
+        if self.turn_cache is not None:
+            return self._generate_turn_cached(prompts, max_new_tokens, prefix_length, self.turn_cache)
         device = self.model.device
         input_ids, attention, positions = self._inputs_after_prefix(prompts, prefix_length)
         kwargs = self._generate_kwargs(max_new_tokens)
@@ -283,6 +329,75 @@ class SharedPrefixTransformersBackend(TransformersBackend):
             )
         return self._completions(output, input_ids.shape[1], clock)
 
+    def _generate_turn_cached(
+        self, prompts: list[list[int]], max_new_tokens: int, prefix_length: int, turns: TurnCache
+    ) -> list[list[int]]:
+        """``_generate_batch`` starting each row from its episode's cached KV; stores every row's KV afterwards."""
+        device = self.model.device
+        owns = [p[prefix_length:] for p in prompts]
+        matches = [turns.lookup(own) for own in owns]
+        past = max(length for _, length in matches)
+        news = [own[length:] for own, (_, length) in zip(owns, matches, strict=True)]
+        width = max(len(new) for new in news)
+        batch = len(prompts)
+        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((batch, past + width), dtype=torch.long)
+        positions = torch.full((batch, width), prefix_length, dtype=torch.long)
+        for row, ((_, reused), new) in enumerate(zip(matches, news, strict=True)):
+            input_ids[row, width - len(new) :] = torch.tensor(new, dtype=torch.long)
+            attention[row, past - reused : past] = 1
+            attention[row, past + width - len(new) :] = 1
+            positions[row, width - len(new) :] = torch.arange(len(new)) + prefix_length + reused
+            turns.stats["reused_tokens"] += reused
+            turns.stats["prefilled_tokens"] += len(new)
+        cache = DynamicCache(config=self.model.config)
+        if past:
+            for index in sorted(self._layers):
+                assert self._prefix_kv is not None
+                like = self._prefix_kv[index][0]  # [1, Hkv, P, d]: the layer's dtype, device and head shape
+                keys = like.new_zeros((batch, like.shape[1], past, like.shape[3]))
+                values = like.new_zeros((batch, like.shape[1], past, like.shape[3]))
+                for row, (entry, reused) in enumerate(matches):
+                    if entry is not None:
+                        keys[row, :, past - reused :] = entry.keys[index][:, :reused]
+                        values[row, :, past - reused :] = entry.values[index][:, :reused]
+                cache.update(keys, values, index)
+        born = [turns.next_born() if entry is None else entry.born for entry, _ in matches]
+        del matches
+        if self._one_batch:  # the batch cache holds every reused key now: the old entries are garbage
+            turns.release()
+        kwargs = self._generate_kwargs(max_new_tokens)
+        clock = _StepClock()
+        with self._prefix_attached(prefix_length):
+            output = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention.to(device),
+                position_ids=positions.to(device),
+                past_key_values=cache,
+                streamer=clock,
+                **kwargs,
+            )
+        completions = self._completions(output, width, clock)
+        fed = cache.get_seq_length() - past - width  # generated tokens the model has seen (not the last one)
+        for row, (own, new, completion) in enumerate(zip(owns, news, completions, strict=True)):
+            kept = min(len(completion), fed)
+            start = past - (len(own) - len(new))
+            index = torch.cat(
+                [torch.arange(start, past), torch.arange(past + width - len(new), past + width + kept)]
+            ).to(device)
+            turns.add(
+                CachedTurn(
+                    tokens=own + completion[:kept],
+                    keys=[cache.layers[i].keys[row].index_select(1, index) for i in sorted(self._layers)],
+                    values=[cache.layers[i].values[row].index_select(1, index) for i in sorted(self._layers)],
+                    born=born[row],
+                )
+            )
+        return completions
+
     def close(self) -> None:
-        """Drops the prefix tensors attached to the model (it runs on its own attention outside ``generate``)."""
+        """Drops the prefix tensors attached to the model (it runs on its own attention outside ``generate``) and
+        the episodes' turn caches."""
         self._detach()
+        if self.turn_cache is not None:
+            self.turn_cache.clear()

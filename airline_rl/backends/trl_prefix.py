@@ -10,7 +10,9 @@ benchmarks/rollout_bench.py: wave-batched like that is *slower* than one episode
 gradient checkpointing is off during generation exactly as in TRL) that samples with TRL's ``generation_config``
 (temperature, top-p/k, min-p, eos and pad ids, the recipe's ``generation_kwargs``). It lives for one rollout round
 (``close``, called by ``TrainerBackend.drain``, drops the cached prefix); the policy runs on its own attention
-implementation outside the generate calls, so the loss forward is TRL's unchanged.
+implementation outside the generate calls, so the loss forward is TRL's unchanged. Within the round each episode
+keeps its KV cache between waves (turn caching, ``rollout_turn_cache_tokens``): a wave prefills only the tokens
+added since the episode's last turn.
 
 ``unavailable`` says when the trainer keeps TRL's path: vLLM or transformers continuous batching (they have their own
 prefix handling), parameters that stay sharded while generating (FSDP1, ZeRO-3 without
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 
 from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend, supports_shared_prefix
+from airline_rl.backends.turn_cache import DEFAULT_MAX_TOKENS
 from airline_rl.sharding import parameters_sharded_for_generation, unsharded_for_generation
 
 logger = logging.getLogger(__name__)
@@ -79,6 +82,7 @@ class TrlPrefixGeneration:
         self.backend: SharedPrefixTransformersBackend | None = None
         self._round: contextlib.ExitStack | None = None
         self._model: Any = None
+        self.stats: dict[str, int] = {}
 
     def begin_round(self) -> None:
         """Makes the round's generation model, once per round on every rank at the same point: FSDP2 all-gathers
@@ -118,6 +122,7 @@ class TrlPrefixGeneration:
                 eos_token_ids=list(trainer.eos_token_ids),
                 max_batch_size=10**6,  # TRL generates a wave in one call; so does this
                 generation_config=trainer.generation_config,  # copied per call
+                turn_cache_tokens=getattr(trainer.args, "rollout_turn_cache_tokens", DEFAULT_MAX_TOKENS),
             )
         ids, _ = self.backend.generate(prompts, max_new_tokens, seeds=seeds)
         return ids
@@ -125,6 +130,7 @@ class TrlPrefixGeneration:
     def _drop_backend(self) -> None:
         backend, self.backend = self.backend, None
         if backend is not None:
+            self.stats = backend.turn_cache_stats
             backend.close()
 
     def close(self) -> None:

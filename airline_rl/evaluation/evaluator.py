@@ -405,10 +405,12 @@ def build_policy(args: EvalArguments, target: EvalTarget, env: AirlineEnv) -> tu
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
         generation_config = model.generation_config
         backend_class: Any = TransformersBackend
+        extra: dict[str, Any] = {}
         if args.shared_prefix_attention:
             from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend
 
             backend_class = SharedPrefixTransformersBackend
+            extra["turn_cache_tokens"] = args.turn_cache_tokens
         backend = backend_class(
             model,
             tokenizer,
@@ -418,6 +420,7 @@ def build_policy(args: EvalArguments, target: EvalTarget, env: AirlineEnv) -> tu
             max_batch_size=args.generation_batch_size,
             seed=args.seed,
             prefix_cache=args.prefix_cache or args.shared_prefix_attention,
+            **extra,
         )
         max_context = getattr(model.config, "max_position_embeddings", None)
     agent = TokenPolicyAgent(
@@ -604,6 +607,7 @@ def evaluate_target(
                 tau2.save()
     finally:
         bar.close()
+        turn_cache = getattr(getattr(agent, "backend", None), "turn_cache_stats", None) or {}  # die with it
         release()
         if played:
             results.add_run(
@@ -614,6 +618,7 @@ def evaluate_target(
                     "waves": timings.waves,
                     "timings": {k: round(getattr(timings, k), 3) for k in ("agent", "env", "user", "reward")},
                     "user_simulator": {"name": user.name, **user.stats()},
+                    **({"turn_cache": turn_cache} if turn_cache else {}),
                 }
             )
             results.save()

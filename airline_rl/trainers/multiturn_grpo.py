@@ -139,6 +139,7 @@ class TrainerBackend:
         """Ends a rollout round (the prefix cache of these weights is dropped before the optimiser step)."""
         if self.prefix_generation is not None:
             self.prefix_generation.close()
+            self.trainer._turn_cache_stats = self.prefix_generation.stats  # logged with the rollout's metrics
 
 
 def _max_context(trainer: GRPOTrainer) -> int:
@@ -441,6 +442,11 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         metrics["timing/env_user"].append(timings.env + timings.user)
         metrics["timing/reward_prm"].append(timings.reward)
         metrics["timing/rollout"].append(seconds)
+        cache_stats = [getattr(self, "_turn_cache_stats", {})]  # this round's (trl_prefix): summed over ranks,
+        cache_stats = gather_object(cache_stats) if self.accelerator.num_processes > 1 else cache_stats  # peaks: max
+        for key in sorted({k for stats in cache_stats for k in stats}):
+            values = [float(stats.get(key, 0)) for stats in cache_stats]
+            metrics[f"rollout/turn_cache_{key}"].append(max(values) if key.startswith("peak") else sum(values))
         if hasattr(self.user, "stats"):  # each rank has its own client: counts summed, latencies the worst rank's
             stats = [self.user.stats()]
             stats = gather_object(stats) if self.accelerator.num_processes > 1 else stats
