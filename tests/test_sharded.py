@@ -120,6 +120,7 @@ def check_same_run(reference: dict, out: Path, name: str) -> float:
     transcripts = step_one(out / f"probe-{name}")
     assert len(transcripts) == 16 and transcripts == reference["transcripts"]  # every episode, token for token
     difference = max_difference(hub_weights(out, name), reference["weights"])
+    print(f"{name} vs 1 process: max abs weight difference {difference:.3g}")  # pytest -s shows the measured value
     assert difference <= TOLERANCE, difference
     return difference
 
