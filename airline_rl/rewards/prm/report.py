@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from airline_rl.rewards.prm.engine import PRM_RULE_SETS
 from airline_rl.rewards.prm.rules import DEFAULT_RULE_SET, RULE_SETS, Rule
 from airline_rl.rewards.prm.stats import Calibration, RealCalibration
 
@@ -328,8 +329,8 @@ def calibrate_all(
     imported = import_conversations(trajectories, task_map, env)
     writes = {task_id: task.writes for task_id, task in env.domain.tasks.items()}
     return (
-        {name: calibrate(corpus, rules=name) for name in RULE_SETS},
-        {name: calibrate_real(imported, writes, rules=name) for name in RULE_SETS},
+        {name: calibrate(corpus, rules=name, env=env) for name in PRM_RULE_SETS},
+        {name: calibrate_real(imported, writes, rules=name, env=env) for name in PRM_RULE_SETS},
     )
 
 
@@ -346,7 +347,7 @@ def score_conversations(trajectories: str, task_map: str, rules: str) -> str:
     if not imported.conversations:
         raise ValueError(f"--trajectories: no conversation of {trajectories} could be replayed")
     writes = {task_id: task.writes for task_id, task in env.domain.tasks.items()}
-    return real_markdown(calibrate_real(imported, writes, rules=rules))
+    return real_markdown(calibrate_real(imported, writes, rules=rules, env=env))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -365,7 +366,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--task_map", metavar="FILE", help="with --trajectories: source task id -> τ² task id (JSON)")
     parser.add_argument(
-        "--prm_rules", choices=sorted(RULE_SETS), default=DEFAULT_RULE_SET, help="rule set to score with"
+        "--prm_rules",
+        choices=PRM_RULE_SETS,
+        default=DEFAULT_RULE_SET,
+        help="rule set to score with (reference, reference+v2: against the task's gold actions, training only)",
     )
     args = parser.parse_args(argv)
     if not (args.markdown or args.calibration or args.update_docs or args.trajectories):
@@ -387,10 +391,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return 0
     if args.calibration:
+        from airline_rl.envs.episode import AirlineEnv
         from airline_rl.rewards.prm.corpus import build_corpus
         from airline_rl.rewards.prm.stats import calibrate
 
-        sys.stdout.write(calibration_markdown(calibrate(build_corpus(), rules=args.prm_rules)))
+        env = AirlineEnv()
+        sys.stdout.write(calibration_markdown(calibrate(build_corpus(env), rules=args.prm_rules, env=env)))
         return 0
     corpus, real = calibrate_all()
     update_docs(args.update_docs, docs_calibration_markdown(corpus, real))

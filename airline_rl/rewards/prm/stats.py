@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from airline_rl.rewards.prm.detectors import is_confirmation
-from airline_rl.rewards.prm.engine import PRMResult, score_episode
+from airline_rl.rewards.prm.engine import HasDomain, PRMResult, score_episode
 from airline_rl.rewards.prm.rules import DEFAULT_RULE_SET, RULES
 
 if TYPE_CHECKING:
@@ -129,10 +129,16 @@ ORACLES = ("oracle_terse", "oracle_text")
 
 
 def calibrate(
-    corpus: Sequence[Trajectory], results: Sequence[PRMResult] | None = None, rules: str = DEFAULT_RULE_SET
+    corpus: Sequence[Trajectory],
+    results: Sequence[PRMResult] | None = None,
+    rules: str = DEFAULT_RULE_SET,
+    env: HasDomain | None = None,
 ) -> Calibration:
-    """Scores ``corpus`` with rule set ``rules`` (unless ``results`` are given) and computes the report's numbers."""
-    results = list(results) if results is not None else [score_episode(t.record, rules=rules) for t in corpus]
+    """Scores ``corpus`` with rule set ``rules`` (unless ``results`` are given) and computes the report's numbers;
+    ``env`` (the corpus's environment) is what the reference sets read the tasks from."""
+    if results is None:
+        results = [score_episode(t.record, rules=rules, env=env) for t in corpus]
+    results = list(results)
     scores = [r.process_score for r in results]
     labels = [t.success for t in corpus]
     by_task: dict[str, list[int]] = defaultdict(list)
@@ -488,13 +494,15 @@ def calibrate_real(
     task_writes: Mapping[str, bool],
     rules: str = DEFAULT_RULE_SET,
     weights: dict[str, float] | None = None,
+    env: HasDomain | None = None,
 ) -> RealCalibration:
     """Scores the imported conversations with rule set ``rules`` (``weights`` overriding some of its weights, as the
     config's ``prm_weights`` does) and computes the real-set report.
 
-    ``task_writes`` (τ² task id → whether its gold actions write) only splits the report; the rules never see it."""
+    ``task_writes`` (τ² task id → whether its gold actions write) only splits the report; the rules never see it
+    (the reference sets read the tasks from ``env``, the environment the conversations were replayed in)."""
     conversations = report.conversations
-    results = [score_episode(c.record, rules=rules, weights=weights) for c in conversations]
+    results = [score_episode(c.record, rules=rules, weights=weights, env=env) for c in conversations]
     scores = [r.process_score for r in results]
     labels = [c.success for c in conversations]
     by_task: dict[str, list[int]] = defaultdict(list)
