@@ -48,9 +48,11 @@ PRM_RULE_SETS: tuple[str, ...] = ("v1", "v2", *REFERENCE_SETS)
 
 
 class HasDomain(Protocol):
-    """What the reference sets need of the environment: its loaded domain (tasks with their gold actions)."""
+    """What the reference sets need of the environment (an ``AirlineEnv``): its domain, whose tasks hold the gold
+    actions, and its canonical database."""
 
     domain: Any  # airline_rl.envs.data.Domain (not imported: this module reads no gold data itself)
+    base: Any  # airline_rl.envs.state.CanonicalBase
 
 
 @dataclass
@@ -138,13 +140,12 @@ def _score_with_reference(
         raise ValueError(
             f"prm_rules {rules!r} scores against the task's gold actions: pass the environment (env=...) that holds it"
         )
-    task = env.domain.get_task(record.task_id)
     base = REFERENCE_SETS[rules]
     tables: dict[str, Any] = dict(REFERENCE_TERMS)
     if base is not None:
         tables.update(get_rule_set(base))
     resolved = _effective_weights(tables, weights)
-    reference = reference_turns(record, task)
+    reference = reference_turns(record, env)
     if base is not None:
         turn_scores, fired_per_turn, rule_counts = _score_rules(record, get_rule_set(base), resolved)
     else:
