@@ -186,6 +186,10 @@ def test_one_step_updates_parameters_with_environment_tokens_masked(
     assert "prm/mixed_groups" in logs
     if logs["prm/mixed_groups"] > 0:
         assert 0.0 <= logs["prm/within_group_auc"] <= 1.0 and 0.0 <= logs["prm/sign_agreement"] <= 1.0
+    # ... and the groups with equal outcomes, in which the process score is the only signal
+    assert "prm/saturated_groups" in logs
+    if logs["prm/saturated_groups"] > 0:
+        assert 0.0 <= logs["prm/saturated_groups_with_signal"] <= 1.0
     for key in ("generation", "env_user", "reward_prm", "rollout", "optimisation", "env_user_reward_share"):
         assert f"timing/{key}" in logs, key
     assert 0.0 <= logs["timing/env_user_reward_share"] <= 1.0

@@ -402,6 +402,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             [e["rules"] for e in everything],
         )  # fmt: skip
         metrics["prm/mixed_groups"].append(signal.pop("mixed_groups"))
+        metrics["prm/saturated_groups"].append(signal.pop("saturated_groups"))
         for key, value in signal.items():
             if not math.isnan(value):
                 metrics[f"prm/{key}"].append(value)

@@ -390,7 +390,8 @@ def within_group_signal(
       the rule never varies within a mixed group);
     - ``mixed_groups``: how many groups the numbers are over (all NaN when none);
     - ``saturated_groups_with_signal``: of the groups whose outcomes are all equal (GRPO's outcome advantage is zero
-      there), the share whose process scores still differ, the signal that breaks saturation (NaN when none).
+      there), the share whose process scores still differ, the signal that breaks saturation (NaN when none), over
+      ``saturated_groups`` groups (of two or more episodes).
     """
     if not len(scores) == len(outcomes) == len(groups):
         raise ValueError(f"{len(scores)} scores, {len(outcomes)} outcomes, {len(groups)} group keys")
@@ -401,6 +402,7 @@ def within_group_signal(
     stats: dict[str, float] = {"mixed_groups": float(len(mixed))}
     saturated = [idx for idx in members.values() if len(idx) > 1 and len({outcomes[i] for i in idx}) == 1]
     differing = sum(max(scores[i] for i in idx) - min(scores[i] for i in idx) > 1e-12 for idx in saturated)
+    stats["saturated_groups"] = float(len(saturated))
     stats["saturated_groups_with_signal"] = differing / len(saturated) if saturated else math.nan
     aucs = [auc([scores[i] for i in idx], [outcomes[i] >= 1.0 for i in idx]) for idx in mixed]
     stats["within_group_auc"] = statistics.fmean(aucs) if aucs else math.nan
