@@ -12,10 +12,11 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from airline_rl.rewards.prm.engine import PRM_RULE_SETS
+from airline_rl.rewards.prm.reference import REFERENCE_TERMS, ReferenceTerm
 from airline_rl.rewards.prm.rules import DEFAULT_RULE_SET, RULE_SETS, Rule
 from airline_rl.rewards.prm.stats import Calibration, RealCalibration
 
@@ -27,7 +28,7 @@ REAL_TASK_MAP = REAL_SET_DIR / "v1_to_tau2_task.json"
 """The real calibration set in the repository: 100 GPT-4o conversations of τ-bench v1 tasks 0–24 (MIT; see README)."""
 
 
-PER_COUNT_RULES = ("P8", "B3", "P9", "P10", "P11")
+PER_COUNT_RULES = ("P8", "B3", "P9", "P10", "P11", "B9", "P12", "B10", "B11", "P14", "P13")
 """Rules that fire more than once a turn (per call, per tool, per write): the table says "per count"."""
 
 
@@ -35,7 +36,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _rule_table(rules: dict[str, Rule]) -> list[str]:
+def _rule_table(rules: Mapping[str, Rule | ReferenceTerm]) -> list[str]:
     lines = ["| ID | Name | Weight | Trigger | Rationale |", "|---|---|---|---|---|"]
     for rule in rules.values():
         per_count = rule.rule_id in PER_COUNT_RULES
@@ -46,11 +47,14 @@ def _rule_table(rules: dict[str, Rule]) -> list[str]:
 
 
 def rules_markdown() -> str:
-    """The rule tables of every version, default first, as markdown (the generated part of docs/prm_lite.md)."""
+    """The rule tables of every version, default first, then the reference terms, as markdown (the generated part
+    of docs/prm_lite.md)."""
     lines: list[str] = []
     for name in sorted(RULE_SETS, key=lambda n: n != DEFAULT_RULE_SET):
         default = " (default)" if name == DEFAULT_RULE_SET else ""
         lines += [f"**Rule set {name}**{default}", "", *_rule_table(RULE_SETS[name]), ""]
+    title = "**Rule set reference** (the task's gold actions: training only; `reference+v2` adds the v2 table)"
+    lines += [title, "", *_rule_table(REFERENCE_TERMS), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
