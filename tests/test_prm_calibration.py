@@ -518,8 +518,8 @@ def test_within_group_signal() -> None:
     assert flat["within_group_auc"] == 0.5 and flat["sign_agreement"] == 0.0 and math.isnan(flat["rule/B5/corr"])
     none = within_group_signal([0.1, 0.2], [1.0, 1.0], ["a", "a"])
     assert none["mixed_groups"] == 0 and math.isnan(none["within_group_auc"]) and math.isnan(none["sign_agreement"])
-    # saturated groups (equal outcomes): b's scores tie, so 0 of 1 carries a signal; in ``none`` 1 of 1 does
-    assert signal["saturated_groups"] == 1.0 and signal["saturated_groups_with_signal"] == 0.0
+    # saturated groups (equal outcomes): b (two successes) scores 0.0 and 0.5, so 1 of 1 carries a signal
+    assert signal["saturated_groups"] == 1.0 and signal["saturated_groups_with_signal"] == 1.0
     assert none["saturated_groups"] == 1.0 and none["saturated_groups_with_signal"] == 1.0
     saturated = within_group_signal([0.1, 0.1, 0.0, 0.2, 0.3], [0.0] * 4 + [1.0], ["a", "a", "b", "b", "c"])
     assert saturated["saturated_groups"] == 2.0 and saturated["saturated_groups_with_signal"] == 0.5  # c: one episode
