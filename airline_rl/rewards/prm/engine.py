@@ -3,6 +3,9 @@
 Context rule: assistant turn k is judged only on what the agent could have seen when it wrote turn k: user messages
 and results of *successful* tool calls that came before it in ``record.messages`` (an error result only echoes the
 agent's own arguments, so it does not make a value "seen"). The context is built incrementally in one pass.
+
+The reference sets (``REFERENCE_SETS``) add ``reference``'s per-turn terms, the only path by which a score reads the
+task (its gold actions, through the environment passed as ``env``); the rule modules never do.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from airline_rl.envs.episode import EpisodeRecord, ToolCallRecord
 from airline_rl.envs.tools import READ_TOOLS
@@ -29,7 +32,7 @@ from airline_rl.rewards.prm.detectors import (
     mentionable_values,
 )
 from airline_rl.rewards.prm.policy import PolicyFacts, write_violations
-from airline_rl.rewards.prm.reference import REFERENCE_TERMS, ReferenceTerm, reference_turns
+from airline_rl.rewards.prm.reference import REFERENCE_TERMS, HasDomain, ReferenceTerm, reference_turns
 from airline_rl.rewards.prm.rules import (
     DEFAULT_RULE_SET,
     Rule,
@@ -45,14 +48,6 @@ REFERENCE_SETS: dict[str, str | None] = {"reference": None, "reference+v2": "v2"
 summed with it (None: the reference terms alone)."""
 PRM_RULE_SETS: tuple[str, ...] = ("v1", "v2", *REFERENCE_SETS)
 """Every name ``score_episode(rules=...)`` and the config's ``prm_rules`` accept."""
-
-
-class HasDomain(Protocol):
-    """What the reference sets need of the environment (an ``AirlineEnv``): its domain, whose tasks hold the gold
-    actions, and its canonical database."""
-
-    domain: Any  # airline_rl.envs.data.Domain (not imported: this module reads no gold data itself)
-    base: Any  # airline_rl.envs.state.CanonicalBase
 
 
 @dataclass

@@ -118,7 +118,7 @@ class ReferenceTurns:
     unattached: dict[str, int]  # P13 when the episode has no turn to carry it
 
 
-def reference_turns(record: EpisodeRecord, env: HasDomainAndBase) -> ReferenceTurns:
+def reference_turns(record: EpisodeRecord, env: HasDomain) -> ReferenceTurns:
     """Which reference terms fire on each turn of ``record`` against its task's gold actions and required info
     (``env``: the environment that played it)."""
     task = env.domain.get_task(record.task_id)
@@ -188,8 +188,9 @@ def write_order_matters(base: CanonicalBase, task: Task) -> bool:
 _ORDER_MATTERS: dict[tuple[int, str], bool] = {}
 
 
-class HasDomainAndBase(Protocol):
-    """The environment, as far as the reference reads it: its tasks and its canonical database."""
+class HasDomain(Protocol):
+    """The environment (an ``AirlineEnv``), as far as the reference reads it: its domain, whose tasks hold the gold
+    actions, and its canonical database (for the gold replay)."""
 
     domain: Domain
     base: CanonicalBase
