@@ -207,6 +207,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
             raise SystemExit(f"error: {err}") from None
     hub_config = {
         "variant": training_args.variant,
+        "prm_rules": training_args.prm_rules,  # evaluate.py copies it into results.json, --compare shows it
         "base_model": model_path,
         "learning_rate": training_args.learning_rate,
         "num_generations": training_args.num_generations,

@@ -202,11 +202,12 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
         default=None,
         metadata={"help": "joint only: a token's advantage gets this × its turn's PRM-Lite score (default 0.3)."},
     )
-    prm_rules: Literal["v1", "v2"] = field(
+    prm_rules: Literal["v1", "v2", "reference", "reference+v2"] = field(
         default="v2",
-        metadata={"help": "PRM-Lite rule set: v2 (policy checks of every write, calibrated on real agents) or v1 (the "
-                  "scripted-corpus rules); the reward of prm_lite/joint, and the prm/* signal metrics of every "
-                  "variant (docs/prm_lite.md)."},
+        metadata={"help": "PRM-Lite rule set: v2 (policy checks of every write, calibrated on real agents), v1 (the "
+                  "scripted-corpus rules), reference (progress against the task's gold actions: privileged, "
+                  "training only) or reference+v2 (both, summed); the reward of prm_lite/joint, and the prm/* "
+                  "signal metrics of every variant (docs/prm_lite.md)."},
     )  # fmt: skip
     length_reference: float | None = field(
         default=None,

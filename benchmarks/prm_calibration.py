@@ -1,9 +1,10 @@
-"""PRM-Lite calibration: both rule sets on the scripted corpus and on real conversations, the acceptance numbers.
+"""PRM-Lite calibration: every rule set on the scripted corpus and on real conversations, the acceptance numbers.
 
 The corpus is every scripted behaviour (oracle, noop, farmers, placeholder calls, unconfirmed / corrupted / reordered
 writes, partial oracles, premature transfer, rambler) on all 50 tasks against the scripted user, offline. The real set
 is 100 GPT-4o conversations of τ-bench v1 airline tasks 0–24 (``tests/data/real_trajectories``), replayed through our
-environment under their τ² tasks, labelled by the recorded reward. docs/prm_lite.md has the definitions and the full
+environment under their τ² tasks, labelled by the recorded reward. The reference sets (``reference``,
+``reference+v2``) read the tasks' gold actions (training only). docs/prm_lite.md has the definitions and the full
 reports (``python -m airline_rl.rewards.prm_lite --update-docs docs/prm_lite.md`` regenerates them).
 
 Usage: ``python benchmarks/prm_calibration.py [--seed 0] [--tasks 0,1,2] [--rules] [--trajectories F --task_map F]``.
@@ -22,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from airline_rl.envs.episode import AirlineEnv  # noqa: E402
 from airline_rl.rewards.prm.conversations import ConversationFileError, import_conversations  # noqa: E402
 from airline_rl.rewards.prm.corpus import build_corpus  # noqa: E402
+from airline_rl.rewards.prm.engine import PRM_RULE_SETS  # noqa: E402
 from airline_rl.rewards.prm.report import REAL_TASK_MAP, REAL_TRAJECTORIES, headline, real_headline  # noqa: E402
-from airline_rl.rewards.prm.rules import DEFAULT_RULE_SET, RULE_SETS, get_rule  # noqa: E402
+from airline_rl.rewards.prm.rules import DEFAULT_RULE_SET, get_rule  # noqa: E402
 from airline_rl.rewards.prm.stats import calibrate, calibrate_real  # noqa: E402
 
 ABLATED_RULES = ("P9", "P10", "P11", "B8")
@@ -67,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     for reason in imported.skipped:
         print(f"  not replayed: {reason}")
     writes = {task_id: task.writes for task_id, task in env.domain.tasks.items()}
-    order = sorted(RULE_SETS, key=lambda name: name == DEFAULT_RULE_SET)  # the default last
+    order = sorted(PRM_RULE_SETS, key=lambda name: name == DEFAULT_RULE_SET)  # the default last
     for name in order:
-        calibration = calibrate(corpus, rules=name)
+        calibration = calibrate(corpus, rules=name, env=env)
         print(f"[rules {name}] scripted corpus")
         for row, value in headline(calibration):
             if row in ACCEPTANCE_ROWS:
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.rules:
             for rule_id, (good, bad, diff) in calibration.rule_rates.items():
                 print(f"  {rule_id}: fires on {good:.0%} of successes, {bad:.0%} of failures ({diff:+.2f})")
-    real = {name: calibrate_real(imported, writes, rules=name) for name in order}
+    real = {name: calibrate_real(imported, writes, rules=name, env=env) for name in order}
     for name in order:
         cal = real[name]
         print(f"[rules {name}] real set")

@@ -225,7 +225,8 @@ def test_local_hub_steps_write_one_results_file_per_step(tmp_path: Path, tiny_mo
         shutil.copytree(tiny_model, run / f"step-{step:06d}")
     (run / "refs.json").write_text(json.dumps({"main": "step-000002", "revisions": {"step-000001": 1,
                                                                                     "step-000002": 2}}))  # fmt: skip
-    (run / "step-000002" / "README.md").write_text("# myrun @ step 2\n\n## Training\n- `variant`: lata\n")
+    card = "# myrun @ step 2\n\n## Training\n- `prm_rules`: reference\n- `variant`: lata\n"
+    (run / "step-000002" / "README.md").write_text(card)
     out = tmp_path / "eval"
     common = {"tasks": "2", "num_samples": 1, "hub_dir": str(hub)}
     paths = run_evaluation(tiny_args(out, "myrun", steps="1,2", **common))
@@ -233,6 +234,7 @@ def test_local_hub_steps_write_one_results_file_per_step(tmp_path: Path, tiny_mo
     configs = [load(p)["config"] for p in paths]
     assert [c["step"] for c in configs] == [1, 2] and [c["model"] for c in configs] == ["myrun@1", "myrun@2"]
     assert configs[1]["variant"] == "lata" and configs[0]["label"] == "myrun"
+    assert configs[1]["prm_rules"] == "reference" and configs[0]["prm_rules"] is None  # step 1 has no card
     # 'run@step' and plain 'run' (newest revision) resolve to the same layout, and resume the same file
     before = paths[1].read_bytes()
     assert run_evaluation(tiny_args(out, "myrun@2", **common)) == [paths[1]]
@@ -411,7 +413,13 @@ def test_llm_user_accounting_goes_into_results(tmp_path: Path) -> None:
 
 
 def synthetic_results(
-    path: Path, label: str, step: int | None, rate: float, variant: str | None = None, samples: int = 4
+    path: Path,
+    label: str,
+    step: int | None,
+    rate: float,
+    variant: str | None = None,
+    samples: int = 4,
+    prm_rules: str | None = None,
 ) -> Path:
     """A results file whose task t succeeds in the first round(rate × 4) of ``samples`` (task-dependent offset)."""
     tasks, meta = [str(i) for i in range(12)], {}
@@ -420,7 +428,8 @@ def synthetic_results(
         meta[task_id] = {"group": group, "writes": index % 2 == 0, "communicate": False,
                          "refusal_passes": index % 2 == 1}  # fmt: skip
     config = {"format": 1, "agent": "model", "model": label, "label": label, "variant": variant or label,
-              "step": step, "tasks": tasks, "num_samples": samples, "seed": 0, "bootstrap_samples": 200}  # fmt: skip
+              "step": step, "tasks": tasks, "num_samples": samples, "seed": 0, "bootstrap_samples": 200,
+              "prm_rules": prm_rules}  # fmt: skip
     results = ResultsFile.open(path, config, meta)
     for index, task_id in enumerate(tasks):
         wins = min(4, max(0, round(rate * 4) + (index % 3) - 1))
@@ -440,7 +449,8 @@ def test_compare_writes_the_table_and_two_readable_plots(tmp_path: Path) -> None
     for step, rate in ((100, 0.25), (200, 0.5)):
         synthetic_results(runs / "vanilla" / f"step-{step:06d}" / "results.json", "vanilla", step, rate)
     for step, rate in ((100, 0.5), (200, 0.75)):
-        synthetic_results(runs / "grpo-joint" / f"step-{step:06d}" / "results.json", "grpo-joint", step, rate, "joint")
+        synthetic_results(runs / "grpo-joint" / f"step-{step:06d}" / "results.json", "grpo-joint", step, rate, "joint",
+                          prm_rules="reference")  # fmt: skip
     noop = synthetic_results(runs / "noop" / "results.json", "noop", None, 0.0)
     noop_data = json.loads(noop.read_text())
     noop_data["config"]["agent"] = "noop"
@@ -452,6 +462,8 @@ def test_compare_writes_the_table_and_two_readable_plots(tmp_path: Path) -> None
     assert header == "| metric | vanilla @ 200 | joint @ 200 | noop | noop floor | Δ vs vanilla |"
     overall = next(line for line in table.splitlines() if line.startswith("| pass^1 overall"))
     assert overall.endswith(" | +0.250 |")  # joint improves on vanilla; the noop column gets no change
+    # the rule set each policy's process reward used in training (from its results file; none recorded: —)
+    assert "| PRM rule set (training) | — | reference | — | — | — |" in table
     assert next(line for line in table.splitlines() if line.startswith("| pass^1 on tasks whose gold writes"))
     assert "| pass^4 overall |" in table and "## pass^1 by checkpoint step" in table
     # whether PRM-Lite's process score tracked success inside each task (the synthetic score always does)

@@ -202,11 +202,27 @@ def test_the_entry_script_dry_run_with_dashes_and_overrides(tmp_path: Path) -> N
         ({"steps": "0"}, "--steps"),
         ({"stages": "grpo,train"}, "--stages: unknown stage"),
         ({"profile": "gpu-reference", "user_model_path": "none", "user_model": None}, "--user_model"),
+        ({"prm_rules": "gold"}, "--prm_rules: unknown rule set 'gold'"),
+        ({"prm_rules": "lata=reference"}, "--prm_rules 'lata=reference': expected"),
+        ({"prm_rules": "joint=v2,joint=v1"}, "at most once"),
+        ({"prm_rules": "joint=v2,reference"}, "variant=rules pairs"),
     ],
 )
 def test_bad_arguments_name_their_flag(kwargs: dict, needle: str, tmp_path: Path) -> None:
     with pytest.raises(ExperimentError, match=needle):
         resolve(AblationArguments(output_dir=str(tmp_path), **kwargs))
+
+
+def test_prm_rules_per_variant_reach_the_grpo_commands(tmp_path: Path) -> None:
+    """--prm_rules: one rule set for every variant, or per variant; the others keep their recipe's."""
+    every = resolve(AblationArguments(output_dir=str(tmp_path), prm_rules="reference"))
+    assert every.prm_rules == {"vanilla": "reference", "joint": "reference"}
+    lines: list[str] = []
+    args = AblationArguments(output_dir=str(tmp_path / "a"), dry_run=True, prm_rules="joint=reference+v2")
+    assert run(args, print_fn=lines.append) == 0
+    grpo = [line for line in lines if "train_grpo.py" in line]
+    assert len(grpo) == 2 and "--prm_rules" not in grpo[0]  # vanilla: its recipe's
+    assert "--variant joint" in grpo[1] and "--save_steps 2 --prm_rules reference+v2" in grpo[1]
 
 
 def test_save_steps_is_the_gcd_of_the_evaluated_steps(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from airline_rl.envs.episode import AirlineEnv, EpisodeRecord, ToolCallRecord, T
 from airline_rl.rewards.prm import RULES, auc, detectors, engine, rules, score_episode, spearman
 from airline_rl.rewards.prm.conversations import import_conversations
 from airline_rl.rewards.prm.corpus import Trajectory, build_corpus
+from airline_rl.rewards.prm.engine import PRM_RULE_SETS
 from airline_rl.rewards.prm.report import (
     CALIBRATION_END,
     CALIBRATION_START,
@@ -52,10 +53,10 @@ def calibration(corpus: list[Trajectory]) -> Calibration:
 
 @pytest.fixture(scope="module")
 def real() -> dict[str, RealCalibration]:
-    """Both rule sets on the 100 real conversations (tests/data/real_trajectories), replayed once."""
+    """Every rule set on the 100 real conversations (tests/data/real_trajectories), replayed once."""
     imported = import_conversations(REAL_TRAJECTORIES, REAL_TASK_MAP, ENV)
     writes = {task_id: task.writes for task_id, task in ENV.domain.tasks.items()}
-    return {name: calibrate_real(imported, writes, rules=name) for name in ("v1", "v2")}
+    return {name: calibrate_real(imported, writes, rules=name, env=ENV) for name in PRM_RULE_SETS}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -103,7 +104,7 @@ def test_labels(corpus: list[Trajectory]) -> None:
 
 def test_rules_never_read_gold() -> None:
     """The rule modules import nothing that holds gold data (tasks, outcome reward, corpus)."""
-    for module in (detectors, rules, engine):
+    for module in (detectors, rules, engine):  # the engine reaches the task only through prm.reference
         tree = ast.parse(inspect.getsource(module))
         imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
@@ -177,7 +178,7 @@ def test_docs_report_matches_the_corpus(
     (regenerate with ``python -m airline_rl.rewards.prm_lite --update-docs docs/prm_lite.md``)."""
     text = (Path(__file__).resolve().parents[1] / "docs" / "prm_lite.md").read_text(encoding="utf-8")
     block = text.split(CALIBRATION_START, 1)[1].split(CALIBRATION_END, 1)[0]
-    corpus_cals = {"v1": calibrate(corpus, rules="v1"), "v2": calibration}
+    corpus_cals = {name: calibrate(corpus, rules=name, env=ENV) for name in PRM_RULE_SETS}
     assert block.strip() == docs_calibration_markdown(corpus_cals, real).strip()
     assert calibration_markdown(calibration).strip() in block
 
@@ -306,7 +307,7 @@ def test_benchmark_prints_the_real_set_per_task_auc_last(
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1] == f"real-set per-task AUC: {real_headline(real['v2'])}"
     assert float(lines[-1].split(": ", 1)[1].split()[0]) == pytest.approx(real["v2"].per_task_auc, abs=5e-4)
-    assert sum(line.strip().startswith("oracle strictly above") for line in lines) == 2  # v1 and v2
+    assert sum(line.strip().startswith("oracle strictly above") for line in lines) == len(PRM_RULE_SETS)
     with pytest.raises(SystemExit):
         module["main"](["--tasks", "999"])
     with pytest.raises(SystemExit):
@@ -517,5 +518,11 @@ def test_within_group_signal() -> None:
     assert flat["within_group_auc"] == 0.5 and flat["sign_agreement"] == 0.0 and math.isnan(flat["rule/B5/corr"])
     none = within_group_signal([0.1, 0.2], [1.0, 1.0], ["a", "a"])
     assert none["mixed_groups"] == 0 and math.isnan(none["within_group_auc"]) and math.isnan(none["sign_agreement"])
+    # saturated groups (equal outcomes): b (two successes) scores 0.0 and 0.5, so 1 of 1 carries a signal
+    assert signal["saturated_groups"] == 1.0 and signal["saturated_groups_with_signal"] == 1.0
+    assert none["saturated_groups"] == 1.0 and none["saturated_groups_with_signal"] == 1.0
+    saturated = within_group_signal([0.1, 0.1, 0.0, 0.2, 0.3], [0.0] * 4 + [1.0], ["a", "a", "b", "b", "c"])
+    assert saturated["saturated_groups"] == 2.0 and saturated["saturated_groups_with_signal"] == 0.5  # c: one episode
+    assert math.isnan(flat["saturated_groups_with_signal"]) and flat["saturated_groups"] == 0.0
     with pytest.raises(ValueError, match="group keys"):
         within_group_signal([0.1], [1.0, 0.0], ["a", "a"])

@@ -19,6 +19,7 @@ from airline_rl.envs.tool_calls import format_tool_call
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.envs.users.scripted import ScriptedUser
 from airline_rl.rewards import prm_lite
+from airline_rl.rewards.prm.reference import REFERENCE_TERMS
 from airline_rl.rewards.prm_lite import (
     DOCS_END,
     DOCS_START,
@@ -648,8 +649,10 @@ def test_markdown_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert prm_lite.main(["--markdown"]) == 0
     out = capsys.readouterr().out
     assert out == rules_markdown()
-    # per set: title, blank, header, separator, one line per rule; a blank line between sets
-    assert out.count("\n") == sum(4 + len(rules) for rules in RULE_SETS.values()) + len(RULE_SETS) - 1
+    # per set: title, blank, header, separator, one line per rule; a blank line between sets; the reference last
+    tables = [*RULE_SETS.values(), REFERENCE_TERMS]
+    assert out.count("\n") == sum(4 + len(rules) for rules in tables) + len(tables) - 1
+    assert "**Rule set reference** (the task's gold actions: training only" in out
 
 
 def _result(*fired_rules: str) -> PRMResult:

@@ -186,6 +186,10 @@ def test_one_step_updates_parameters_with_environment_tokens_masked(
     assert "prm/mixed_groups" in logs
     if logs["prm/mixed_groups"] > 0:
         assert 0.0 <= logs["prm/within_group_auc"] <= 1.0 and 0.0 <= logs["prm/sign_agreement"] <= 1.0
+    # ... and the groups with equal outcomes, in which the process score is the only signal
+    assert "prm/saturated_groups" in logs
+    if logs["prm/saturated_groups"] > 0:
+        assert 0.0 <= logs["prm/saturated_groups_with_signal"] <= 1.0
     for key in ("generation", "env_user", "reward_prm", "rollout", "optimisation", "env_user_reward_share"):
         assert f"timing/{key}" in logs, key
     assert 0.0 <= logs["timing/env_user_reward_share"] <= 1.0
@@ -222,6 +226,24 @@ def test_within_group_signal_metrics_are_logged(tmp_path, tiny_model, tiny_token
     assert metrics["prm/within_group_auc"] == [1.0]
     assert metrics["prm/sign_agreement"] == [pytest.approx(0.75)]  # the 0.1 failure is above its group mean
     assert metrics["prm/rule/B5/corr"] == [pytest.approx(1.0)] and "prm/rule/P9/corr" not in metrics  # constant
+    # group 1 is saturated (all failed) and its process scores tie: no signal left to break the saturation
+    assert metrics["prm/saturated_groups"] == [1.0] and metrics["prm/saturated_groups_with_signal"] == [0.0]
+
+
+def test_reference_rules_score_rollouts_against_the_envs_task(tmp_path, tiny_model, tiny_tokenizer, short_env):
+    """prm_rules reference: the trainer passes its environment, so each episode is scored against its own task's gold
+    actions (the reward the variant adds is that score)."""
+    from airline_rl.rewards.prm import REFERENCE_TERMS, score_episode
+
+    trainer = make_trainer(tmp_path, "prm_lite", tiny_model, tiny_tokenizer, short_env, reward_funcs=None,
+                           prm_rules="reference")  # fmt: skip
+    trainer.model.train()
+    trainer._generate_and_score_completions(one_group(trainer))
+    records = [ep.record for ep in trainer._rollout_episodes]
+    assert [r.rule_counts for r in trainer._last_prm] == [
+        score_episode(record, clip=(-0.5, 0.5), rules="reference", env=trainer.env).rule_counts for record in records
+    ]
+    assert all(set(r.rule_counts) == set(REFERENCE_TERMS) for r in trainer._last_prm)
 
 
 def test_default_rewards_follow_the_variant(tmp_path, tiny_model, tiny_tokenizer, short_env):
@@ -314,6 +336,7 @@ def test_train_resume_and_hub_export(tmp_path, tiny_model_dir, short_env, monkey
         assert AutoTokenizer.from_pretrained(revision, local_files_only=True).eos_token == "<|im_end|>"
         card = (revision / "README.md").read_text()
         assert "`variant`: vanilla" in card and f"# {run} @ step {int(name[-6:])}" in card
+        assert "`prm_rules`: v2" in card  # the process reward's rule set: evaluate.py copies it to results.json
         assert "`system_prompt`: full" in card and read_prompt_style(revision) == "full"
     assert read_prompt_style(run_dir) == "full"  # the final model in output_dir too
     assert resolve_model(run, hub) == hub / run / "step-000002"

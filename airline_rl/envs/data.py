@@ -39,6 +39,8 @@ class GoldAction:
     action_id: str
     name: str
     arguments: dict[str, Any]
+    compare_args: tuple[str, ...] | None = None
+    """The arguments τ² compares with an agent's call (``None``: all the call's arguments)."""
 
 
 @dataclass(frozen=True)
@@ -194,9 +196,19 @@ def _parse_task(raw: Any, index: int, location: str) -> Task:
         _expect(isinstance(action, dict), location, apath, "an action object")
         _expect(isinstance(action.get("name"), str), location, f"{apath}.name", "a tool name")
         _expect(isinstance(action.get("arguments", {}), dict), location, f"{apath}.arguments", "an object")
+        compare = action.get("compare_args")
+        _expect(
+            compare is None or (isinstance(compare, list) and all(isinstance(a, str) for a in compare)),
+            location,
+            f"{apath}.compare_args",
+            "null or a list of argument names",
+        )
         actions.append(
             GoldAction(
-                action_id=str(action.get("action_id", j)), name=action["name"], arguments=action.get("arguments", {})
+                action_id=str(action.get("action_id", j)),
+                name=action["name"],
+                arguments=action.get("arguments", {}),
+                compare_args=None if compare is None else tuple(compare),
             )
         )
     communicate = criteria.get("communicate_info") or []

@@ -185,6 +185,9 @@ def ablation_table(entries: Sequence[Entry], baseline: str | None = None) -> str
         "| " + " | ".join(header) + " |",
         "|---|" + "---:|" * (len(header) - 1),
     ]
+    rules = [str(finals[lab].data["config"].get("prm_rules") or "—") for lab in labels]
+    if any(r != "—" for r in rules):  # the process reward's rule set each policy was trained with
+        lines.append("| PRM rule set (training) | " + " | ".join(rules) + " | — | — |")
     for name, kind, key in rows:
         cells = [_cell(finals[lab].metrics, kind, key) for lab in labels]
         floor = fmt(floor_source.get(key)) if kind == "pass1" else "—"

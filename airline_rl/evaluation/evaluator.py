@@ -63,7 +63,7 @@ logger = logging.getLogger(__name__)
 
 SCRIPTED_AGENTS = ("oracle", "noop")
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-_VARIANT_LINE = re.compile(r"^- `variant`: (\S+)\s*$", re.M)
+_CARD_LINE = r"^- `{}`: (\S+)\s*$"  # a training field in a local-hub model card (airline_rl.hub.model_card)
 
 
 class EvaluationError(ValueError):
@@ -81,6 +81,7 @@ class EvalTarget:
     model_path: Path | None
     out_dir: Path
     variant: str | None = None
+    prm_rules: str | None = None  # the process reward's rule set the model was trained with (its model card)
 
     @property
     def results_path(self) -> Path:
@@ -193,10 +194,10 @@ def _hub_revision(path: Path) -> tuple[str, int] | None:
     return None
 
 
-def _variant_of(path: Path) -> str | None:
-    """The loss variant named in a local-hub model card (README.md), if any."""
+def _card_field(path: Path, key: str) -> str | None:
+    """A training field (``variant``, ``prm_rules``) named in a local-hub model card (README.md), if any."""
     try:
-        match = _VARIANT_LINE.search((path / "README.md").read_text(encoding="utf-8"))
+        match = re.search(_CARD_LINE.format(re.escape(key)), (path / "README.md").read_text(encoding="utf-8"), re.M)
     except OSError:
         return None
     return match.group(1) if match else None
@@ -250,7 +251,8 @@ def resolve_targets(args: EvalArguments) -> list[EvalTarget]:
             label = _safe_name(args.eval_name or path.resolve().name)
             out_dir = output_dir / label
             spec_id = spec
-        targets.append(EvalTarget("model", spec_id, label, step, path, out_dir, _variant_of(path)))
+        card = {key: _card_field(path, key) for key in ("variant", "prm_rules")}
+        targets.append(EvalTarget("model", spec_id, label, step, path, out_dir, **card))
     return targets
 
 
@@ -307,6 +309,7 @@ def build_config(
         "model": target.model,
         "label": target.label,
         "variant": target.variant or (target.kind if not policy else None),
+        "prm_rules": target.prm_rules,  # what the training's process reward was (not a fingerprint field)
         "model_path": str(target.model_path.resolve()) if target.model_path else None,
         "model_digest": model_digest(target.model_path) if target.model_path else None,
         "step": target.step,

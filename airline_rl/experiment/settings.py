@@ -166,6 +166,12 @@ class AblationArguments:
     )
     collect_args: str | None = field(default=None, metadata={"help": "Extra flags for collect_trajectories.py."})
     sft_args: str | None = field(default=None, metadata={"help": "Extra flags for train_sft.py."})
+    prm_rules: str | None = field(
+        default=None,
+        metadata={"help": "PRM-Lite rule set of the GRPO runs: one for every variant (e.g. 'reference'), or "
+                  "comma-separated variant=rules pairs ('prm_lite=reference,joint=v2'; the others keep their "
+                  "recipe's). Recorded in each model card, results file and the --compare table."},
+    )  # fmt: skip
     grpo_args: str | None = field(default=None, metadata={"help": "Extra flags for train_grpo.py (every variant)."})
     eval_args: str | None = field(default=None, metadata={"help": "Extra flags for evaluate.py (evaluations)."})
 
@@ -193,6 +199,7 @@ class Settings:
     accelerate_config: str
     eval_sft: bool
     extra: dict[str, list[str]]
+    prm_rules: dict[str, str] = field(default_factory=dict)  # variant -> --prm_rules of its GRPO run
     accelerate_args: list[str] = field(default_factory=list)
     stop_grace_s: int = 900
 
@@ -256,6 +263,7 @@ def resolve(args: AblationArguments) -> Settings:
             ("eval", args.eval_args),
         )
     }
+    prm_rules = _prm_rules(args.prm_rules, variants)
     return Settings(
         profile=profile,
         output_dir=output_dir,
@@ -272,6 +280,30 @@ def resolve(args: AblationArguments) -> Settings:
         accelerate_config=args.accelerate_config or profile.accelerate_config,
         eval_sft=args.eval_sft,
         extra=extra,
+        prm_rules=prm_rules,
         accelerate_args=shlex.split(args.accelerate_args or ""),
         stop_grace_s=args.stop_grace_s,
     )
+
+
+def _prm_rules(value: str | None, variants: list[str]) -> dict[str, str]:
+    """``--prm_rules``: one rule set for every variant, or variant=rules pairs -> {variant: rules}."""
+    from airline_rl.rewards.prm.engine import PRM_RULE_SETS
+
+    if not value:
+        return {}
+    pairs = split_csv(value)
+    if len(pairs) == 1 and "=" not in pairs[0]:
+        pairs = [f"{variant}={pairs[0]}" for variant in variants]
+    chosen: dict[str, str] = {}
+    for pair in pairs:
+        variant, sep, rules = (part.strip() for part in pair.partition("="))
+        if not sep or variant not in variants or variant in chosen:
+            raise ExperimentError(
+                f"--prm_rules {value!r}: expected one rule set, or variant=rules pairs naming each of the run's "
+                f"variants ({', '.join(variants)}) at most once"
+            )
+        if rules not in PRM_RULE_SETS:
+            raise ExperimentError(f"--prm_rules: unknown rule set {rules!r}; valid: {', '.join(PRM_RULE_SETS)}")
+        chosen[variant] = rules
+    return chosen

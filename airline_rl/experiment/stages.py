@@ -141,6 +141,8 @@ def build_stages(settings: Settings) -> list[Stage]:
         command += ["--model_name_or_path", str(sft_dir), *_user_flags(settings)]
         command += ["--output_dir", str(out / run), "--run_name", run, "--hub_dir", str(hub)]
         command += ["--max_steps", str(settings.max_steps), "--save_steps", str(settings.save_steps)]
+        if variant in settings.prm_rules:
+            command += ["--prm_rules", settings.prm_rules[variant]]
         command += settings.extra["grpo"]
         stages.append(
             Stage(f"grpo:{variant}", "grpo", command,

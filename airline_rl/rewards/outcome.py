@@ -10,10 +10,11 @@ failure); otherwise reward = DB × COMMUNICATE where
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airline_rl.envs.data import Task
+from airline_rl.envs.data import GoldAction, Task
 from airline_rl.envs.state import AirlineState, CanonicalBase
 from airline_rl.envs.tools import execute_tool
 
@@ -37,6 +38,18 @@ def gold_db_hash(base: CanonicalBase, task: Task) -> str:
     if key not in _GOLD_HASHES:
         _GOLD_HASHES[key] = gold_state(base, task).db_hash()
     return _GOLD_HASHES[key]
+
+
+def matches_gold(action: GoldAction, name: str, arguments: Mapping[str, Any] | None) -> bool:
+    """τ²'s comparison of a tool call with a gold action (``Action.compare_with_tool_call``): the same name, and equal
+    values on the action's ``compare_args`` (all of the call's own arguments when it names none)."""
+    if name != action.name:
+        return False
+    arguments = arguments or {}
+    keys = arguments.keys() if action.compare_args is None else action.compare_args
+    return {k: arguments[k] for k in keys if k in arguments} == {
+        k: action.arguments[k] for k in keys if k in action.arguments
+    }
 
 
 def communicate_checks(task: Task, agent_messages: list[str]) -> dict[str, bool]:

@@ -290,7 +290,8 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
             backend.drain()
         prm_start = time.perf_counter()
         clip = self.args.prm_clip if self.args.prm_clip is not None else 0.5
-        prm_results = [score_episode(record, clip=(-clip, clip), rules=self.args.prm_rules) for record in records]
+        rules = self.args.prm_rules  # the reference sets read each record's task from the env that played it
+        prm_results = [score_episode(record, clip=(-clip, clip), rules=rules, env=self.env) for record in records]
         timings.reward += time.perf_counter() - prm_start
 
         prompt_ids = [ep.agent_state["prompt_ids"] for ep in episodes]
@@ -435,6 +436,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
             [e["rules"] for e in everything],
         )  # fmt: skip
         metrics["prm/mixed_groups"].append(signal.pop("mixed_groups"))
+        metrics["prm/saturated_groups"].append(signal.pop("saturated_groups"))
         for key, value in signal.items():
             if not math.isnan(value):
                 metrics[f"prm/{key}"].append(value)

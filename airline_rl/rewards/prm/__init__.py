@@ -6,12 +6,15 @@ end, so GRPO cannot tell which turns helped. PRM-Lite adds dense, readable turn-
 whatever the task. The rules read only the trajectory, never the task's gold actions or expected outcome; they are
 calibrated on a labelled corpus of scripted behaviours (``corpus``) and on real agents' conversations
 (``conversations``), and the report lives in docs/prm_lite.md. Two rule sets (``RULE_SETS``): ``v1`` (15 rules, the
-scripted corpus) and ``v2`` (default: policy checks of every write, ``policy``).
+scripted corpus) and ``v2`` (default: policy checks of every write, ``policy``). Two more (``REFERENCE_SETS``) are not
+trajectory-only: ``reference`` scores progress against the task's gold actions (``reference``: privileged task
+information, a training signal only, never an evaluation metric) and ``reference+v2`` adds v2 to it.
 
 Modules: ``detectors`` (what is a placeholder, a confirmation, an id), ``policy`` (the airline policy as checks on
-the records seen), ``rules`` (the rule sets), ``engine`` (``score_episode``), ``stats`` (fire rates, AUC, Spearman,
-within-group signal, calibration), ``corpus`` (the behaviour corpus), ``conversations`` (importing real
-conversations), ``report`` (the generated docs and the command line).
+the records seen), ``rules`` (the rule sets), ``reference`` (the gold-action terms), ``engine``
+(``score_episode``), ``stats`` (fire rates, AUC, Spearman, within-group signal, calibration), ``corpus`` (the
+behaviour corpus), ``conversations`` (importing real conversations), ``report`` (the generated docs and the command
+line).
 """
 
 from airline_rl.rewards.prm.detectors import (
@@ -27,7 +30,8 @@ from airline_rl.rewards.prm.detectors import (
     is_placeholder,
     mentionable_values,
 )
-from airline_rl.rewards.prm.engine import DEFAULT_CLIP, PRMResult, score_episode
+from airline_rl.rewards.prm.engine import DEFAULT_CLIP, PRM_RULE_SETS, REFERENCE_SETS, PRMResult, score_episode
+from airline_rl.rewards.prm.reference import REFERENCE_TERMS
 from airline_rl.rewards.prm.rules import (
     DEFAULT_RULE_SET,
     MAX_FREE_TOOL_CALLS,
@@ -48,6 +52,9 @@ from airline_rl.rewards.prm.stats import auc, episode_rule_stats, spearman, with
 __all__ = [
     "DEFAULT_CLIP",
     "DEFAULT_RULE_SET",
+    "PRM_RULE_SETS",
+    "REFERENCE_SETS",
+    "REFERENCE_TERMS",
     "RULE_SETS",
     "RULES_V1",
     "RULES_V2",

@@ -3,6 +3,9 @@
 Context rule: assistant turn k is judged only on what the agent could have seen when it wrote turn k: user messages
 and results of *successful* tool calls that came before it in ``record.messages`` (an error result only echoes the
 agent's own arguments, so it does not make a value "seen"). The context is built incrementally in one pass.
+
+The reference sets (``REFERENCE_SETS``) add ``reference``'s per-turn terms, the only path by which a score reads the
+task (its gold actions, through the environment passed as ``env``); the rule modules never do.
 """
 
 from __future__ import annotations
@@ -29,9 +32,22 @@ from airline_rl.rewards.prm.detectors import (
     mentionable_values,
 )
 from airline_rl.rewards.prm.policy import PolicyFacts, write_violations
-from airline_rl.rewards.prm.rules import DEFAULT_RULE_SET, Rule, TurnContext, _unknown, get_rule_set
+from airline_rl.rewards.prm.reference import REFERENCE_TERMS, HasDomain, ReferenceTerm, reference_turns
+from airline_rl.rewards.prm.rules import (
+    DEFAULT_RULE_SET,
+    Rule,
+    TurnContext,
+    UnknownRuleSetError,
+    _unknown,
+    get_rule_set,
+)
 
 DEFAULT_CLIP = (-0.5, 0.5)
+REFERENCE_SETS: dict[str, str | None] = {"reference": None, "reference+v2": "v2"}
+"""Rule sets that also score against the task's gold actions (``reference``): name -> the trajectory-only rule set
+summed with it (None: the reference terms alone)."""
+PRM_RULE_SETS: tuple[str, ...] = ("v1", "v2", *REFERENCE_SETS)
+"""Every name ``score_episode(rules=...)`` and the config's ``prm_rules`` accept."""
 
 
 @dataclass
@@ -54,7 +70,9 @@ class PRMResult:
         }
 
 
-def _effective_weights(rules: Mapping[str, Rule], weights: Mapping[str, float] | None) -> dict[str, float]:
+def _effective_weights(
+    rules: Mapping[str, Rule | ReferenceTerm], weights: Mapping[str, float] | None
+) -> dict[str, float]:
     resolved = {rule_id: rule.weight for rule_id, rule in rules.items()}
     if weights:
         unknown = [rule_id for rule_id in weights if rule_id not in rules]
@@ -73,6 +91,7 @@ def score_episode(
     clip: tuple[float, float] = DEFAULT_CLIP,
     weights: dict[str, float] | None = None,
     rules: str = DEFAULT_RULE_SET,
+    env: HasDomain | None = None,
 ) -> PRMResult:
     """Scores every assistant turn of ``record`` with the rules of version ``rules``, in one pass over
     ``record.messages``.
@@ -80,12 +99,76 @@ def score_episode(
     Turn k is judged against the user messages and successful tool results that precede its assistant message; the
     results of its own calls are folded into the context only after it is scored, except that each write's policy
     check (``policy.write_violations``) sees the records returned by the calls before it in the same turn.
+
+    The reference sets (``REFERENCE_SETS``: "reference", "reference+v2") also score each turn against the task's
+    gold actions, which only they read, from ``env`` (the environment that played the episode: ``env.domain``); the
+    turn scores are summed and the episode total clipped once.
     """
     low, high = clip
     if not low <= high:
         raise ValueError(f"clip must be (low, high) with low <= high, got {clip}")
+    if rules not in PRM_RULE_SETS:
+        raise UnknownRuleSetError(f"unknown PRM-Lite rule set {rules!r}; valid: {', '.join(PRM_RULE_SETS)}")
+    if rules in REFERENCE_SETS:
+        return _score_with_reference(record, (low, high), weights, rules, env)
     rule_set = get_rule_set(rules)
     resolved = _effective_weights(rule_set, weights)
+    turn_scores, fired_per_turn, rule_counts = _score_rules(record, rule_set, resolved)
+    raw = sum(turn_scores)
+    return PRMResult(
+        turn_scores=turn_scores,
+        fired=fired_per_turn,
+        process_score=min(max(raw, low), high),
+        raw_score=raw,
+        rule_counts=rule_counts,
+    )
+
+
+def _score_with_reference(
+    record: EpisodeRecord,
+    clip: tuple[float, float],
+    weights: dict[str, float] | None,
+    rules: str,
+    env: HasDomain | None,
+) -> PRMResult:
+    if env is None:
+        raise ValueError(
+            f"prm_rules {rules!r} scores against the task's gold actions: pass the environment (env=...) that holds it"
+        )
+    base = REFERENCE_SETS[rules]
+    tables: dict[str, Any] = dict(REFERENCE_TERMS)
+    if base is not None:
+        tables.update(get_rule_set(base))
+    resolved = _effective_weights(tables, weights)
+    reference = reference_turns(record, env)
+    if base is not None:
+        turn_scores, fired_per_turn, rule_counts = _score_rules(record, get_rule_set(base), resolved)
+    else:
+        turn_scores, fired_per_turn, rule_counts = [0.0] * len(record.turns), [{} for _ in record.turns], {}
+    rule_counts.update(dict.fromkeys(REFERENCE_TERMS, 0))
+    for turn, fired in enumerate(reference.fired):
+        for rule_id, count in fired.items():
+            fired_per_turn[turn][rule_id] = count
+            rule_counts[rule_id] += count
+            turn_scores[turn] += resolved[rule_id] * count
+    raw = sum(turn_scores)
+    for rule_id, count in reference.unattached.items():  # an episode without a turn still owes its missing writes
+        rule_counts[rule_id] += count
+        raw += resolved[rule_id] * count
+    low, high = clip
+    return PRMResult(
+        turn_scores=turn_scores,
+        fired=fired_per_turn,
+        process_score=min(max(raw, low), high),
+        raw_score=raw,
+        rule_counts=rule_counts,
+    )
+
+
+def _score_rules(
+    record: EpisodeRecord, rule_set: Mapping[str, Rule], resolved: Mapping[str, float]
+) -> tuple[list[float], list[dict[str, int]], dict[str, int]]:
+    """One pass of ``rule_set`` over ``record``: per-turn scores and firings, and the episode's firing counts."""
     n_assistant = sum(message.get("role") == "assistant" for message in record.messages)
     skip = n_assistant - len(record.turns)  # the fixed greeting(s) before the first policy turn
     if skip < 0:
@@ -210,14 +293,7 @@ def score_episode(
             if id_name is not None and call.arguments and id_name in call.arguments:
                 verified_ids.add((id_name, str(call.arguments[id_name]).strip().lower()))
 
-    raw = sum(turn_scores)
-    return PRMResult(
-        turn_scores=turn_scores,
-        fired=fired_per_turn,
-        process_score=min(max(raw, low), high),
-        raw_score=raw,
-        rule_counts=rule_counts,
-    )
+    return turn_scores, fired_per_turn, rule_counts
 
 
 def _track_status(result: str, cancelled_ids: set[str]) -> None:

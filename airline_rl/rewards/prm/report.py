@@ -12,9 +12,11 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from airline_rl.rewards.prm.engine import PRM_RULE_SETS
+from airline_rl.rewards.prm.reference import REFERENCE_TERMS, ReferenceTerm
 from airline_rl.rewards.prm.rules import DEFAULT_RULE_SET, RULE_SETS, Rule
 from airline_rl.rewards.prm.stats import Calibration, RealCalibration
 
@@ -26,7 +28,7 @@ REAL_TASK_MAP = REAL_SET_DIR / "v1_to_tau2_task.json"
 """The real calibration set in the repository: 100 GPT-4o conversations of τ-bench v1 tasks 0–24 (MIT; see README)."""
 
 
-PER_COUNT_RULES = ("P8", "B3", "P9", "P10", "P11")
+PER_COUNT_RULES = ("P8", "B3", "P9", "P10", "P11", "B9", "P12", "B10", "B11", "P14", "P13")
 """Rules that fire more than once a turn (per call, per tool, per write): the table says "per count"."""
 
 
@@ -34,7 +36,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _rule_table(rules: dict[str, Rule]) -> list[str]:
+def _rule_table(rules: Mapping[str, Rule | ReferenceTerm]) -> list[str]:
     lines = ["| ID | Name | Weight | Trigger | Rationale |", "|---|---|---|---|---|"]
     for rule in rules.values():
         per_count = rule.rule_id in PER_COUNT_RULES
@@ -45,11 +47,14 @@ def _rule_table(rules: dict[str, Rule]) -> list[str]:
 
 
 def rules_markdown() -> str:
-    """The rule tables of every version, default first, as markdown (the generated part of docs/prm_lite.md)."""
+    """The rule tables of every version, default first, then the reference terms, as markdown (the generated part
+    of docs/prm_lite.md)."""
     lines: list[str] = []
     for name in sorted(RULE_SETS, key=lambda n: n != DEFAULT_RULE_SET):
         default = " (default)" if name == DEFAULT_RULE_SET else ""
         lines += [f"**Rule set {name}**{default}", "", *_rule_table(RULE_SETS[name]), ""]
+    title = "**Rule set reference** (the task's gold actions: training only; `reference+v2` adds the v2 table)"
+    lines += [title, "", *_rule_table(REFERENCE_TERMS), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -328,8 +333,8 @@ def calibrate_all(
     imported = import_conversations(trajectories, task_map, env)
     writes = {task_id: task.writes for task_id, task in env.domain.tasks.items()}
     return (
-        {name: calibrate(corpus, rules=name) for name in RULE_SETS},
-        {name: calibrate_real(imported, writes, rules=name) for name in RULE_SETS},
+        {name: calibrate(corpus, rules=name, env=env) for name in PRM_RULE_SETS},
+        {name: calibrate_real(imported, writes, rules=name, env=env) for name in PRM_RULE_SETS},
     )
 
 
@@ -346,7 +351,7 @@ def score_conversations(trajectories: str, task_map: str, rules: str) -> str:
     if not imported.conversations:
         raise ValueError(f"--trajectories: no conversation of {trajectories} could be replayed")
     writes = {task_id: task.writes for task_id, task in env.domain.tasks.items()}
-    return real_markdown(calibrate_real(imported, writes, rules=rules))
+    return real_markdown(calibrate_real(imported, writes, rules=rules, env=env))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -365,7 +370,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--task_map", metavar="FILE", help="with --trajectories: source task id -> τ² task id (JSON)")
     parser.add_argument(
-        "--prm_rules", choices=sorted(RULE_SETS), default=DEFAULT_RULE_SET, help="rule set to score with"
+        "--prm_rules",
+        choices=PRM_RULE_SETS,
+        default=DEFAULT_RULE_SET,
+        help="rule set to score with (reference, reference+v2: against the task's gold actions, training only)",
     )
     args = parser.parse_args(argv)
     if not (args.markdown or args.calibration or args.update_docs or args.trajectories):
@@ -387,10 +395,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return 0
     if args.calibration:
+        from airline_rl.envs.episode import AirlineEnv
         from airline_rl.rewards.prm.corpus import build_corpus
         from airline_rl.rewards.prm.stats import calibrate
 
-        sys.stdout.write(calibration_markdown(calibrate(build_corpus(), rules=args.prm_rules)))
+        env = AirlineEnv()
+        sys.stdout.write(calibration_markdown(calibrate(build_corpus(env), rules=args.prm_rules, env=env)))
         return 0
     corpus, real = calibrate_all()
     update_docs(args.update_docs, docs_calibration_markdown(corpus, real))

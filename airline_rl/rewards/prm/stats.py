@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from airline_rl.rewards.prm.detectors import is_confirmation
-from airline_rl.rewards.prm.engine import PRMResult, score_episode
+from airline_rl.rewards.prm.engine import HasDomain, PRMResult, score_episode
 from airline_rl.rewards.prm.rules import DEFAULT_RULE_SET, RULES
 
 if TYPE_CHECKING:
@@ -129,10 +129,16 @@ ORACLES = ("oracle_terse", "oracle_text")
 
 
 def calibrate(
-    corpus: Sequence[Trajectory], results: Sequence[PRMResult] | None = None, rules: str = DEFAULT_RULE_SET
+    corpus: Sequence[Trajectory],
+    results: Sequence[PRMResult] | None = None,
+    rules: str = DEFAULT_RULE_SET,
+    env: HasDomain | None = None,
 ) -> Calibration:
-    """Scores ``corpus`` with rule set ``rules`` (unless ``results`` are given) and computes the report's numbers."""
-    results = list(results) if results is not None else [score_episode(t.record, rules=rules) for t in corpus]
+    """Scores ``corpus`` with rule set ``rules`` (unless ``results`` are given) and computes the report's numbers;
+    ``env`` (the corpus's environment) is what the reference sets read the tasks from."""
+    if results is None:
+        results = [score_episode(t.record, rules=rules, env=env) for t in corpus]
+    results = list(results)
     scores = [r.process_score for r in results]
     labels = [t.success for t in corpus]
     by_task: dict[str, list[int]] = defaultdict(list)
@@ -382,7 +388,10 @@ def within_group_signal(
     - ``rule/<id>/corr``: Pearson correlation, pooled over the mixed groups after subtracting each group's means, of
       "rule fired in the episode" with the outcome: positive is right for a bonus, negative for a penalty (NaN when
       the rule never varies within a mixed group);
-    - ``mixed_groups``: how many groups the numbers are over (all NaN when none).
+    - ``mixed_groups``: how many groups the numbers are over (all NaN when none);
+    - ``saturated_groups_with_signal``: of the groups whose outcomes are all equal (GRPO's outcome advantage is zero
+      there), the share whose process scores still differ, the signal that breaks saturation (NaN when none), over
+      ``saturated_groups`` groups (of two or more episodes).
     """
     if not len(scores) == len(outcomes) == len(groups):
         raise ValueError(f"{len(scores)} scores, {len(outcomes)} outcomes, {len(groups)} group keys")
@@ -391,6 +400,10 @@ def within_group_signal(
         members[key].append(i)
     mixed = [idx for idx in members.values() if len({outcomes[i] >= 1.0 for i in idx}) == 2]
     stats: dict[str, float] = {"mixed_groups": float(len(mixed))}
+    saturated = [idx for idx in members.values() if len(idx) > 1 and len({outcomes[i] for i in idx}) == 1]
+    differing = sum(max(scores[i] for i in idx) - min(scores[i] for i in idx) > 1e-12 for idx in saturated)
+    stats["saturated_groups"] = float(len(saturated))
+    stats["saturated_groups_with_signal"] = differing / len(saturated) if saturated else math.nan
     aucs = [auc([scores[i] for i in idx], [outcomes[i] >= 1.0 for i in idx]) for idx in mixed]
     stats["within_group_auc"] = statistics.fmean(aucs) if aucs else math.nan
     agree = total = 0
@@ -488,13 +501,15 @@ def calibrate_real(
     task_writes: Mapping[str, bool],
     rules: str = DEFAULT_RULE_SET,
     weights: dict[str, float] | None = None,
+    env: HasDomain | None = None,
 ) -> RealCalibration:
     """Scores the imported conversations with rule set ``rules`` (``weights`` overriding some of its weights, as the
     config's ``prm_weights`` does) and computes the real-set report.
 
-    ``task_writes`` (τ² task id → whether its gold actions write) only splits the report; the rules never see it."""
+    ``task_writes`` (τ² task id → whether its gold actions write) only splits the report; the rules never see it
+    (the reference sets read the tasks from ``env``, the environment the conversations were replayed in)."""
     conversations = report.conversations
-    results = [score_episode(c.record, rules=rules, weights=weights) for c in conversations]
+    results = [score_episode(c.record, rules=rules, weights=weights, env=env) for c in conversations]
     scores = [r.process_score for r in results]
     labels = [c.success for c in conversations]
     by_task: dict[str, list[int]] = defaultdict(list)
