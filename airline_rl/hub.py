@@ -299,4 +299,7 @@ class LocalHubCallback(TrainerCallback):
         return self.last_exported
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        stop = getattr(self.trainer, "user_error_stop", None)
+        if stop is not None and stop.stopped:  # a checkpoint to resume from, not a model to publish
+            return
         self.export(state)

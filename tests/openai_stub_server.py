@@ -60,7 +60,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _stopped(self) -> bool:
+        """After ``stop()`` a kept-alive connection is dropped without an answer, as a dead server's would be."""
+        if self.server.stub._stopping.is_set():
+            self.close_connection = True
+            return True
+        return False
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        if self._stopped():
+            return
         if self.path.rstrip("/") == "/v1/models":
             model = {"id": self.server.stub.model, "object": "model", "created": 0, "owned_by": "stub"}
             self._send_json(200, {"object": "list", "data": [model]})
@@ -70,6 +79,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - http.server's naming
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
+        if self._stopped():
+            return
         if self.path.rstrip("/") != "/v1/chat/completions":
             self._send_json(404, {"error": {"message": f"no route {self.path}"}})
             return
@@ -131,6 +142,7 @@ class StubServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self) -> StubServer:
+        self._stopping.clear()
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.stub = self
         self._thread = threading.Thread(
