@@ -40,7 +40,14 @@ from airline_rl.precision import check_update_precision
 from airline_rl.run_guard import RunGuardError, claim_output_dir, model_identity
 from airline_rl.script_setup import setup_run
 from airline_rl.trainers.console import summary_line, tensorboard_dir
-from airline_rl.trainers.sft import REPORT_FILE, SFTDataError, export_model_dir, prepare_sft_dataset, trainer_columns
+from airline_rl.trainers.sft import (
+    REPORT_FILE,
+    SFTDataError,
+    export_model_dir,
+    prepare_sft_dataset,
+    trainer_columns,
+    validate_columns,
+)
 from airline_rl.update_monitor import add_update_monitor
 
 logger = logging.getLogger(__name__)
@@ -80,7 +87,12 @@ def resolve_model_path(
 def resolve_dataset(script_args: SFTScriptArguments) -> datasets.Dataset:
     """The trajectories: ``--dataset_path``, or the embedded default (oracle on the split's covered tasks)."""
     if script_args.dataset_path:
-        return load_trajectories(script_args.dataset_path, script_args.hub_dir)
+        dataset = load_trajectories(script_args.dataset_path, script_args.hub_dir)
+        try:  # a foreign dataset is refused here, before any model is built
+            validate_columns(dataset)
+        except SFTDataError as err:
+            raise SFTDataError(f"--dataset_path {script_args.dataset_path}: {err}") from None
+        return dataset
     args = CollectArguments(
         data_dir=script_args.data_dir,
         split=script_args.split,

@@ -128,13 +128,15 @@ class StubServer:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._server: _Server | None = None
+        self._port: int | None = None
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
-        if self._server is None:
+        """The port it serves (or served, once stopped: a test may name the dead endpoint)."""
+        if self._port is None:
             raise RuntimeError("the stub server is not started")
-        return self._server.server_address[1]
+        return self._port
 
     @property
     def base_url(self) -> str:
@@ -145,6 +147,7 @@ class StubServer:
         self._stopping.clear()
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.stub = self
+        self._port = self._server.server_address[1]
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="openai-stub", daemon=True
         )

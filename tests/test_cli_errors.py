@@ -47,6 +47,21 @@ def test_train_sft_corrupt_arrow_dataset(tmp_path: Path, capsys) -> None:
     assert err.startswith(f"error: --dataset_path {tmp_path / 'd'}: the dataset files are corrupt or unreadable")
 
 
+def test_train_sft_on_an_empty_or_foreign_dataset_is_one_line(tmp_path: Path, capsys) -> None:
+    from airline_rl.data.collect import rows_to_dataset
+
+    rows_to_dataset([]).save_to_disk(str(tmp_path / "empty"))  # what a failed collection used to leave behind
+    datasets.Dataset.from_dict({"text": ["hello"], "label": [1]}).save_to_disk(str(tmp_path / "foreign"))
+    capsys.readouterr()
+    common = ["--output_dir", str(tmp_path / "o"), "--hub_dir", str(tmp_path / "hub"), *CPU]
+    err = one_line_exit(capsys, train_sft.cli, ["--dataset_path", str(tmp_path / "empty"), *common])
+    assert err == f"error: --dataset_path {tmp_path / 'empty'}: the dataset is empty (0 rows): nothing to train on"
+    err = one_line_exit(capsys, train_sft.cli, ["--dataset_path", str(tmp_path / "foreign"), *common])
+    assert err.startswith(f"error: --dataset_path {tmp_path / 'foreign'}: the trajectory dataset lacks the required "
+                          "column(s) ['task_id', 'messages', 'tools'] (it has ['text', 'label'])"), err  # fmt: skip
+    assert not (tmp_path / "o").exists()  # refused before any model was built or any directory claimed
+
+
 def test_train_grpo_llm_user_without_url(tmp_path: Path, capsys) -> None:
     argv = ["--user_simulator", "llm", "--output_dir", str(tmp_path / "o"), "--hub_dir", str(tmp_path / "h"), *CPU]
     err = one_line_exit(capsys, train_grpo.cli, argv)
