@@ -455,7 +455,7 @@ def test_reply_text_formats_structured_calls() -> None:
 
 
 def test_a_failing_user_endpoint_is_named_and_leaves_no_dataset(tmp_path: Path) -> None:
-    """An LLM user whose endpoint answers ``GET /models`` but HTTP 500 to every chat request (tests/openai_stub_server):
+    """An LLM user whose endpoint answers ``GET /models`` but HTTP 500 to every chat request (the test stub):
     the message names the user simulator, and neither an empty dataset nor a hub dataset is left behind."""
     from openai_stub_server import StubServer
 
