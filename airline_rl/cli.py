@@ -28,6 +28,10 @@ EXIT_USAGE = 2
 
 _REPEAT_TIMEOUT_S = 60.0
 
+EXIT_INTERRUPTED = 130
+"""Ctrl-C (the shell's 128 + SIGINT)."""
+INTERRUPTED_LINE = "interrupted (Ctrl-C); rerun the same command to resume from what was saved"
+
 
 def error_line(message: str) -> str:
     text = " ".join(str(message).split())  # one line, whatever the message held
@@ -134,6 +138,6 @@ def run_main(main: Callable[[], T], input_errors: tuple[type[BaseException], ...
             exit_with_error(exc.code)
         raise
     except KeyboardInterrupt:  # Ctrl-C outside training (which stops gracefully): one line, not a traceback
-        exit_with_line("interrupted (Ctrl-C); rerun the same command to resume from what was saved", 130)
+        exit_with_line(INTERRUPTED_LINE, EXIT_INTERRUPTED)
     except input_errors as err:
         exit_with_error(str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err))

@@ -139,6 +139,35 @@ def test_evaluate_exits_non_zero_when_no_episode_could_be_scored(tmp_path: Path,
     assert "no episode could be scored (2 of 2 failed with user_error)" in err
 
 
+def test_evaluate_ctrl_c_is_one_line_and_status_130(tmp_path: Path, capsys, monkeypatch) -> None:
+    from airline_rl.envs.users import get_user_simulator
+
+    class CtrlC(UserSimulator):
+        """The scripted user, until a Ctrl-C lands in the middle of the evaluation."""
+
+        name = "ctrl-c"
+
+        def __init__(self) -> None:
+            self.scripted, self.calls = get_user_simulator("scripted"), 0
+
+        def reply(self, episode) -> UserReply:
+            self.calls += 1
+            if self.calls == 3:
+                raise KeyboardInterrupt
+            return self.scripted.reply(episode)
+
+    monkeypatch.setattr(evaluator_module, "get_user_simulator", lambda *a, **k: CtrlC())
+    argv = ["--model", "oracle", "--tasks", "0,1", "--num_samples", "1", "--output_dir", str(tmp_path),
+            "--progress", "false", "--protocol", "airline_rl"]  # fmt: skip
+    with pytest.raises(SystemExit) as info:
+        evaluate.cli(argv)
+    assert info.value.code == 130
+    err = capsys.readouterr().err.strip()
+    assert err == "interrupted (Ctrl-C); rerun the same command to resume from what was saved", err
+    monkeypatch.undo()
+    assert evaluate.cli(argv) == 0  # the rerun finishes the evaluation
+
+
 def test_evaluate_exits_non_zero_when_results_are_incomplete(tmp_path: Path, capsys) -> None:
     argv = ["--model", "oracle", "--tasks", "0,1", "--num_samples", "1", "--output_dir", str(tmp_path),
             "--progress", "false", "--protocol", "airline_rl"]  # fmt: skip
