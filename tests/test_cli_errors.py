@@ -121,6 +121,26 @@ def test_results_file_with_wrong_types_is_one_line(tmp_path: Path, capsys) -> No
     assert evaluate.cli(["--compare", str(tmp_path / "nope"), "--output_dir", str(tmp_path / "c")]) == 2
 
 
+def test_results_file_with_a_repeated_or_out_of_range_sample_index_is_one_line(tmp_path: Path, capsys) -> None:
+    """A hand-merged results.json with sample 0 twice: a resume would play sample 1 as missing and pass^1 would
+    count 3 episodes for --num_samples 2."""
+    argv = ["--model", "oracle", "--tasks", "0", "--num_samples", "2", "--output_dir", str(tmp_path),
+            "--progress", "false", "--protocol", "airline_rl"]  # fmt: skip
+    assert evaluate.cli(argv) == 0
+    path = tmp_path / "oracle" / "results.json"
+    good = json.loads(path.read_text())
+    for index, message in [(0, "tasks['0'].samples[1].sample 0 repeats samples[0].sample"),
+                           (2, "tasks['0'].samples[1].sample must be in 0..1 (num_samples), got 2")]:  # fmt: skip
+        data = json.loads(json.dumps(good))
+        data["tasks"]["0"]["samples"][1]["sample"] = index
+        path.write_text(json.dumps(data))
+        capsys.readouterr()
+        assert evaluate.cli(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"evaluate.py: error: results file {path}: {message}; fix or move the file away", err
+        assert json.loads(path.read_text()) == data  # refused, not rewritten
+
+
 class DeadUser(UserSimulator):
     """An LLM user whose endpoint died mid-run: every reply is a simulator failure."""
 
