@@ -87,7 +87,7 @@ def cli(argv: list[str] | None = None) -> int:
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", handlers=[logging.StreamHandler(sys.stdout)]
     )
     logging.getLogger("airline_rl").setLevel(logging.INFO)
-    (args,) = parse_or_exit(make_parser(), argv)
+    (args,) = parse_or_exit(make_parser(), argv, prog="evaluate.py")
     try:
         paths = main(args)
     except KeyboardInterrupt:  # finished episodes are in results.json already: a rerun resumes after them

@@ -28,7 +28,7 @@ from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 from airline_rl.cli import parse_or_exit, run_main
 from airline_rl.configs import CollectArguments, SFTScriptArguments
 from airline_rl.console import ratio_steps_are_no_mismatch, tied_missing_keys_are_expected
-from airline_rl.data.collect import CollectError, collect, load_trajectories, parse_task_list
+from airline_rl.data.collect import CollectError, collect, load_trajectories, parse_task_list, select_tasks
 from airline_rl.envs.data import DomainDataError
 from airline_rl.envs.episode import AirlineEnv
 from airline_rl.envs.splits import SplitError, get_split
@@ -135,6 +135,8 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
 
     env = AirlineEnv(script_args.data_dir, script_args.env_config())
     split = get_split(script_args.split, script_args.split_file, frozenset(env.domain.tasks))
+    if script_args.tasks is not None:  # an unknown id is named here, not reported later as an empty dataset
+        select_tasks(parse_task_list(script_args.tasks), split, env.domain.tasks, allow_test_tasks=True)
     with training_args.main_process_first(desc="teacher trajectories"):  # the default collects them once
         trajectories = resolve_dataset(script_args)
     model_path = resolve_model_path(model_args, script_args, training_args.output_dir, env)

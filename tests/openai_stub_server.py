@@ -14,12 +14,20 @@ It is a real HTTP server on a real socket (``ThreadingHTTPServer`` in a backgrou
 
 A request may pick its own mode with a marker ``[[stub:<mode>]]`` anywhere in its messages (the newest marker wins),
 so one batch can mix good and bad episodes. The server counts requests and the most requests in flight at once.
+
+By hand, to try the LLM user simulator without a GPU (Ctrl-C stops it):
+
+    python tests/openai_stub_server.py --mode stop --stop_after 2 --port 8001
+    python evaluate.py --model oracle --tasks 0,1 --num_samples 1 --user_simulator llm \
+        --user_base_url http://127.0.0.1:8001/v1 --user_model stub-model
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
+import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -111,8 +119,10 @@ class StubServer:
         delay_s: float = 0.2,
         hang_s: float = 30.0,
         model: str = "stub-model",
+        port: int = 0,
     ) -> None:
         marker(mode)  # validates the mode
+        self.requested_port = port  # 0: a free port
         self.mode = mode
         self.stop_after = stop_after
         self.stop_after_by_text = dict(stop_after_by_text or {})
@@ -145,7 +155,7 @@ class StubServer:
 
     def start(self) -> StubServer:
         self._stopping.clear()
-        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server = _Server(("127.0.0.1", self.requested_port), _Handler)
         self._server.stub = self
         self._port = self._server.server_address[1]
         self._thread = threading.Thread(
@@ -227,3 +237,33 @@ class StubServer:
                 "total_tokens": prompt_tokens + completion_tokens,
             },
         }
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serves until Ctrl-C (or SIGTERM), printing the base URL to pass as ``--user_base_url``."""
+    parser = argparse.ArgumentParser(description="A local OpenAI-compatible stub for the LLM user simulator.")
+    parser.add_argument("--mode", choices=MODES, default="stop", help="how it answers (see the module docstring)")
+    parser.add_argument("--stop_after", type=int, default=2, help="stop mode: replies before ###STOP###")
+    parser.add_argument("--port", type=int, default=8001, help="port on 127.0.0.1 (0: any free port)")
+    parser.add_argument("--model", default="stub-model", help="the model id it serves (pass it as --user_model)")
+    args = parser.parse_args(argv)
+    try:
+        server = StubServer(args.mode, stop_after=args.stop_after, model=args.model, port=args.port).start()
+    except OSError as err:
+        parser.exit(2, f"{parser.prog}: error: --port {args.port}: {err.strerror or err}\n")
+    print(f"serving {args.model!r} in mode {args.mode!r} at {server.base_url} (Ctrl-C stops)", flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

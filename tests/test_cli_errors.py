@@ -62,6 +62,12 @@ def test_train_sft_on_an_empty_or_foreign_dataset_is_one_line(tmp_path: Path, ca
     assert not (tmp_path / "o").exists()  # refused before any model was built or any directory claimed
 
 
+def test_train_sft_unknown_task_id_is_named(tmp_path: Path, capsys) -> None:
+    argv = ["--tasks", "999", "--output_dir", str(tmp_path / "o"), "--hub_dir", str(tmp_path / "hub"), *CPU]
+    err = one_line_exit(capsys, train_sft.cli, argv)
+    assert err == "error: --tasks names unknown task ids ['999']; valid ids: 0..49 (50 tasks)"
+
+
 def test_train_grpo_llm_user_without_url(tmp_path: Path, capsys) -> None:
     argv = ["--user_simulator", "llm", "--output_dir", str(tmp_path / "o"), "--hub_dir", str(tmp_path / "h"), *CPU]
     err = one_line_exit(capsys, train_grpo.cli, argv)
@@ -94,7 +100,27 @@ def test_collect_run_ablation_and_play_bad_input_is_one_line(tmp_path: Path, cap
 def test_evaluate_missing_config_file(capsys) -> None:
     with pytest.raises(SystemExit) as info:
         evaluate.cli(["--config", "missing.yaml"])
-    assert info.value.code == 2 and capsys.readouterr().err.strip() == "error: --config missing.yaml: no such file"
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip() == "evaluate.py: error: --config missing.yaml: no such file"
+
+
+def test_evaluate_parse_errors_carry_its_prefix_and_unknown_keys_are_named(tmp_path: Path, capsys) -> None:
+    """Every evaluate.py error reads ``evaluate.py: error:`` (docs/metrics.md), and unknown flags and recipe keys are
+    named without TRL's advice to set ``fail_with_unknown_args=False``."""
+    (tmp_path / "typo.yaml").write_text("num_sample: 4\nmodel: oracle\n")
+    (tmp_path / "broken.yaml").write_text("model: [\n")
+    cases = [
+        (["--bogus", "1"], "evaluate.py: error: unrecognized argument(s): --bogus (see --help)"),
+        (["--config", str(tmp_path / "typo.yaml")], f"evaluate.py: error: --config {tmp_path / 'typo.yaml'}: unknown "
+         "key(s) num_sample; remove them or fix their spelling (see --help for the fields)"),
+        (["--config", str(tmp_path / "broken.yaml")], "evaluate.py: error: --config: not a valid YAML recipe ("),
+    ]  # fmt: skip
+    for argv, expected in cases:
+        with pytest.raises(SystemExit) as info:
+            evaluate.cli(argv)
+        err = capsys.readouterr().err.strip()
+        assert info.value.code == 2 and err.startswith(expected) and "\n" not in err, err
+        assert "fail_with_unknown_args" not in err
 
 
 def test_unknown_variant_is_one_line_without_the_usage_block(capsys) -> None:
@@ -226,7 +252,7 @@ def test_an_abbreviated_flag_is_refused_not_taken_for_the_full_one(script, flag,
     """Issue 23.6: ``--learning_rat 1e-4`` silently became ``--learning_rate``."""
     cpu = [] if script is evaluate.cli else CPU
     err = one_line_exit(capsys, script, [flag, "3", "--output_dir", str(tmp_path / "o"), *cpu])
-    assert flag in err and "not used" in err, err
+    assert flag in err and "unrecognized argument(s)" in err, err
 
 
 @pytest.mark.parametrize("contents", [[], ["config.json"], ["config.json", "model.safetensors"]])
