@@ -26,7 +26,8 @@ The build goes through the project's real code paths, in a temporary directory:
 then the fine-tuned model is copied next to a ``build_info.json`` (written last) and renamed into place. A cached
 build is reused only when its ``build_info.json`` names the same parameters and builder version and every file it
 lists is there with its recorded size; anything else (missing, half-written, another version) is rebuilt. Concurrent
-builders are serialised by a lock file, so no process ever loads a half-written directory.
+builders are serialised by a lock file, so no process ever loads a half-written directory. A stop (Ctrl-C,
+SIGTERM) during the build discards it with its scratch directory, and says so: a rerun builds it from the start.
 
 The compact prompt: on CPU the real system prompt (policy + 14 tool schemas, ~4.4k tokens) costs seconds per episode
 in every forward and backward pass, which would leave a ten-minute run with a handful of steps. The default policy is
@@ -51,6 +52,7 @@ from airline_rl.data.build_cache import cached_build
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.prompt_style import COMPACT_SYSTEM_PROMPT, PROMPT_STYLE_FILE, compact_env, write_prompt_style
 from airline_rl.envs.tools import TOOL_SCHEMAS
+from airline_rl.graceful_stop import discarded_on_stop
 from airline_rl.script_setup import keep_log_levels, keep_random_state
 
 logger = logging.getLogger(__name__)
@@ -226,7 +228,9 @@ def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], 
     ]  # fmt: skip
     script_args, training_args, model_args = train_sft.make_parser().parse_args_and_config(args=argv)
     # the caller's random state and log levels are its own (train_sft.main sets both)
-    with keep_random_state(), keep_log_levels("__main__", "train_grpo"):
+    # a stop (Ctrl-C, SIGTERM) during this SFT says what happens: the scratch directory, checkpoint included, goes
+    what = f"the default-policy build ({params['epochs']} SFT epochs)"
+    with keep_random_state(), keep_log_levels("__main__", "train_grpo"), discarded_on_stop(what):
         outcome = train_sft.main(script_args, training_args, model_args)
     tmp_dir.mkdir(parents=True)
     sft_dir = work / "sft"
