@@ -233,7 +233,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         record.mark_complete(trainer.state.global_step)
         tensorboard = tensorboard_dir(trainer.callback_handler)
         line = summary_line(trainer.state.log_history, training_args.output_dir, str(exported), tensorboard, seconds,
-                            metric=("loss", "loss"), picture=False)  # fmt: skip
+                            metric=("loss", "loss"), picture=False, steps_done=trainer.state.global_step)  # fmt: skip
         print(line, flush=True)
     trainer.accelerator.wait_for_everyone()
     return {"report": report.to_dict(), "metrics": result.metrics, "hub_path": str(exported) if exported else None}

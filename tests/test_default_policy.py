@@ -300,3 +300,25 @@ def test_a_stop_during_the_build_says_the_build_is_discarded(tmp_path, monkeypat
     )
     assert not out.exists()  # nothing half-built is left to resume from (the lock file stays, as after any build)
     assert not [p for p in tmp_path.glob(".policy.*") if p.is_dir()]
+
+
+def test_the_build_prints_no_summary_of_its_scratch_sft(tmp_path, capsys, caplog):
+    """Issue 31.8: the quick start printed the build's SFT summary, ``done: 0 steps … final model
+    outputs/.default-policy-…work-…/sft | hub revision …``: 96 epochs trained, both paths gone a moment later."""
+    import logging
+
+    out = tmp_path / "policy"
+    with caplog.at_level(logging.WARNING, logger="airline_rl.data.default_policy"):
+        default_policy.build_default_policy(out, ["3"], epochs=2)
+    printed = capsys.readouterr().out
+    assert "done:" not in printed and ".work-" not in printed, printed
+    assert any(f"default policy: built {out} in" in r.getMessage() and "SFT: 2 epochs" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+
+
+def test_the_summary_counts_the_steps_done_not_the_last_logged_one(tmp_path):
+    from airline_rl.trainers.console import summary_line
+
+    history = [{"step": 90, "loss": 0.5}]  # logging_steps 10 over a 96-step run
+    assert summary_line(history, str(tmp_path), None, None, None, steps_done=96).startswith("done: 96 steps")
+    assert summary_line([], str(tmp_path), None, None, None, steps_done=96).startswith("done: 96 steps")

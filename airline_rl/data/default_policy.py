@@ -37,7 +37,9 @@ their results, the user simulator and the reward are the real ones. A real run k
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import logging
 import os
 import shutil
@@ -155,7 +157,10 @@ def build_default_policy(
     if info is None:
         logger.info("default policy: reusing the cached build in %s", output_dir)
     else:
-        logger.warning("default policy: built %s in %.0f s", output_dir, info["build_seconds"])
+        logger.warning(
+            "default policy: built %s in %.0f s (SFT: %d epochs of one optimiser step each)",
+            output_dir, info["build_seconds"], epochs,
+        )  # fmt: skip
     return output_dir
 
 
@@ -230,8 +235,11 @@ def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], 
     # the caller's random state and log levels are its own (train_sft.main sets both)
     # a stop (Ctrl-C, SIGTERM) during this SFT says what happens: the scratch directory, checkpoint included, goes
     what = f"the default-policy build ({params['epochs']} SFT epochs)"
+    # train_sft's own summary line is not printed: its paths are this scratch directory, gone a moment later (the
+    # build logs its own line, "default policy: built ...")
     with keep_random_state(), keep_log_levels("__main__", "train_grpo"), discarded_on_stop(what):
-        outcome = train_sft.main(script_args, training_args, model_args)
+        with contextlib.redirect_stdout(io.StringIO()):
+            outcome = train_sft.main(script_args, training_args, model_args)
     tmp_dir.mkdir(parents=True)
     sft_dir = work / "sft"
     for name in MODEL_FILES:

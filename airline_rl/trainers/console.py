@@ -66,18 +66,21 @@ def summary_line(
     metric: tuple[str, str] = ("reward", STEP_FIELDS[0][1]),
     picture: bool = True,
     user_errors: tuple[int, int] | None = None,
+    steps_done: int | None = None,
 ) -> str:
     """The run's last line: its length, ``metric`` (label, log key; GRPO: the outcome reward, SFT: the loss) first →
     last quarter of the steps, ``user_errors`` (episodes that failed in the user simulator, episodes played) when
     there were any, and where the last checkpoint, the hub revision, the TensorBoard events and (with ``picture``)
-    the learning-curve picture are."""
+    the learning-curve picture are. ``steps_done`` (the trainer's ``global_step``) is the length; without it, the last
+    logged step (which undercounts when ``logging_steps`` does not divide the run)."""
     from transformers.trainer_utils import get_last_checkpoint
 
     from airline_rl.evaluation.learning_curve import CURVE_FILE, quarter_gain
 
     label, key = metric
     steps = [e for e in log_history if "loss" in e and "step" in e]
-    parts = [f"done: {steps[-1]['step'] if steps else 0} steps" + (f" in {_duration(seconds)}" if seconds else "")]
+    done = steps_done if steps_done is not None else (steps[-1]["step"] if steps else 0)
+    parts = [f"done: {done} steps" + (f" in {_duration(seconds)}" if seconds else "")]
     untrained = sum(1 for e in steps if e.get("train/user_error_skip", 0) >= 1)
     if untrained:
         parts[0] += f" ({untrained} without update: every episode a user error)"
@@ -158,8 +161,9 @@ class StepLineCallback(TrainerCallback):
         """The end-of-run line (``summary_line``) for this run."""
         seconds = None if self.started is None else time.perf_counter() - self.started
         return summary_line(
-            state.log_history, output_dir, hub_revision, self.tensorboard_dir, seconds, user_errors=user_errors
-        )
+            state.log_history, output_dir, hub_revision, self.tensorboard_dir, seconds, user_errors=user_errors,
+            steps_done=state.global_step,
+        )  # fmt: skip
 
 
 def use_step_lines(trainer: Any, hub_dir: str | None = None) -> StepLineCallback:
