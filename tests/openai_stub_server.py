@@ -7,7 +7,7 @@ It is a real HTTP server on a real socket (``ThreadingHTTPServer`` in a backgrou
 - ``echo``: a deterministic reply that quotes the newest message (the agent's text, role ``user`` here);
 - ``stop``: like ``echo``, but replies ``###STOP###`` once the conversation holds ``stop_after`` earlier replies
   (``stop_after_by_text`` overrides it for conversations containing a given text, e.g. one task's user id);
-- ``error``: HTTP 500 on every request;
+- ``error``: HTTP 500 on every request (``error_by_text``: only on conversations containing a given text);
 - ``hang``: sleeps ``hang_s`` (longer than any client timeout) before answering;
 - ``slow``: answers like ``echo`` after ``delay_s``;
 - ``empty``: a well-formed response whose message content is empty.
@@ -116,6 +116,7 @@ class StubServer:
         *,
         stop_after: int = 2,
         stop_after_by_text: dict[str, int] | None = None,
+        error_by_text: tuple[str, ...] = (),
         delay_s: float = 0.2,
         hang_s: float = 30.0,
         model: str = "stub-model",
@@ -126,6 +127,7 @@ class StubServer:
         self.mode = mode
         self.stop_after = stop_after
         self.stop_after_by_text = dict(stop_after_by_text or {})
+        self.error_by_text = tuple(error_by_text)  # conversations containing one of these texts get HTTP 500
         self.delay_s = delay_s
         self.hang_s = hang_s
         self.model = model
@@ -200,6 +202,10 @@ class StubServer:
             self.timeline.append((mode, start, time.monotonic()))
 
     def _mode_of(self, messages: list[dict[str, Any]]) -> str:
+        if self.error_by_text:
+            text = " ".join(str(message.get("content") or "") for message in messages)
+            if any(needle in text for needle in self.error_by_text):
+                return "error"
         found = [m for message in messages for m in MARKER.findall(str(message.get("content") or ""))]
         return found[-1] if found and found[-1] in MODES else self.mode
 
