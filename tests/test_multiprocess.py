@@ -52,6 +52,7 @@ def run_two_ranks(
     tmp_path: Path, model: Path, env: dict[str, str], extra: list[str], errors: tuple[str, ...] = (), status: int = 0
 ) -> dict[int, list[dict]]:
     probe = tmp_path / "probe"
+    tmp_path.mkdir(parents=True, exist_ok=True)
     with StubServer("stop", stop_after_by_text=STOP_AFTER, error_by_text=errors) as stub:
         command = grpo_command(model, tmp_path, stub.base_url, extra)
         log = tmp_path / "grpo.log"
