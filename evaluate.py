@@ -16,7 +16,8 @@ episode runner and batched token-level policy agent as training. Results go to
 configuration is refused. Any field of a recipe can be overridden on the command line.
 
 Exit status: 0 when every results file is complete, 1 when one is incomplete or has no scored episode (e.g. every
-episode failed with ``user_error``), 2 on bad input (one line naming the flag or file).
+episode failed with ``user_error``), 2 on bad input (one line naming the flag or file), 130 on Ctrl-C (one line; a
+rerun resumes).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local directories: ne
 
 from trl import TrlParser  # noqa: E402
 
-from airline_rl.cli import parse_or_exit  # noqa: E402
+from airline_rl.cli import EXIT_INTERRUPTED, INTERRUPTED_LINE, exit_with_line, parse_or_exit  # noqa: E402
 from airline_rl.configs import EvalArguments  # noqa: E402
 from airline_rl.evaluation import INPUT_ERRORS, run_compare, run_evaluation  # noqa: E402
 from airline_rl.evaluation.evaluator import describe_results  # noqa: E402
@@ -86,9 +87,11 @@ def cli(argv: list[str] | None = None) -> int:
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", handlers=[logging.StreamHandler(sys.stdout)]
     )
     logging.getLogger("airline_rl").setLevel(logging.INFO)
-    (args,) = parse_or_exit(make_parser(), argv)
+    (args,) = parse_or_exit(make_parser(), argv, prog="evaluate.py")
     try:
         paths = main(args)
+    except KeyboardInterrupt:  # finished episodes are in results.json already: a rerun resumes after them
+        exit_with_line(INTERRUPTED_LINE, EXIT_INTERRUPTED)
     except INPUT_ERRORS as err:
         logger.debug("evaluation failed", exc_info=True)
         print(f"evaluate.py: error: {err}", file=sys.stderr)

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import ModelConfig, TrlParser, get_peft_config
 
-from airline_rl.cli import parse_or_exit, run_main
+from airline_rl.cli import error_line, exit_with_line, parse_or_exit, run_main
 from airline_rl.configs import GRPOScriptArguments, MultiTurnGRPOConfig
 from airline_rl.console import (
     DropNoneLogs,
@@ -32,7 +32,7 @@ from airline_rl.envs.episode import AirlineEnv
 from airline_rl.envs.prompt_style import compact_env, style_name, use_compact_prompt, write_prompt_style
 from airline_rl.envs.splits import get_split
 from airline_rl.envs.tools import TOOL_SCHEMAS
-from airline_rl.envs.users import get_user_simulator
+from airline_rl.envs.users import check_user_endpoint, get_user_simulator
 from airline_rl.evaluation.heldout import build_heldout
 from airline_rl.graceful_stop import train_or_stop
 from airline_rl.hub import (
@@ -150,7 +150,9 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
             compact_env(env)
         train_dataset = task_dataset(script_args, env, env.system_prompt)
         user = get_user_simulator(script_args.user_simulator, **script_args.user_kwargs())
-    except (HubError, KeyError, ValueError) as err:  # bad --hub_dir, --data_dir, --split, --tasks or --user_* flags
+        check_user_endpoint(user, timeout=min(10.0, float(script_args.user_timeout)))  # as evaluate.py does
+    except (HubError, KeyError, ValueError, ConnectionError) as err:  # bad --hub_dir, --data_dir, --split, --tasks,
+        # --user_* flags, or a user endpoint that does not answer
         raise SystemExit(f"error: {err.args[0] if isinstance(err, KeyError) else err}") from None
     run_name = training_args.run_name or Path(training_args.output_dir).name
     try:  # hub/<run_name> of another run (the recipes fix run_name) would be overwritten by this run's exports
@@ -230,6 +232,8 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     if checkpoint:
         logger.info("resuming from %s", checkpoint)
     result = train_or_stop(trainer, checkpoint)  # SIGTERM (also to the launcher): checkpoint, then exit
+    if trainer.user_error_stop.stopped:  # the user simulator failed every episode: not a trained model
+        stop_for_user_errors(trainer, script_args)
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
@@ -242,7 +246,26 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     if trainer.is_world_process_zero():
         record.mark_complete(trainer.state.global_step)
         revision = exported or hub.last_exported
-        print(step_lines.summary(trainer.state, training_args.output_dir, revision), flush=True)
+        user_errors = (trainer.user_error_episodes, trainer.episodes_played)
+        print(step_lines.summary(trainer.state, training_args.output_dir, revision, user_errors), flush=True)
+
+
+def stop_for_user_errors(trainer: MultiTurnGRPOTrainer, script_args: GRPOScriptArguments) -> None:
+    """Exits 1 with one line naming the endpoint and its error; the checkpoint stays, the run is not complete."""
+    stop = trainer.user_error_stop
+    where = f" at --user_base_url {script_args.user_base_url}" if script_args.user_simulator == "llm" else ""
+    saved = f"{trainer.args.output_dir}/checkpoint-{stop.stopped_at}"
+    line = error_line(
+        f"the user simulator{where} failed every episode of {stop.streak} consecutive step(s) "
+        f"({trainer.user_error_episodes} of {trainer.episodes_played} episodes of this run were user errors; "
+        f"last error: {trainer.last_user_error}); stopped at step {stop.stopped_at} without updating the weights "
+        f"in those steps"
+        + (f", checkpoint saved in {saved}" if Path(saved).is_dir() else "")
+        + "; fix the user simulator and rerun the same command to resume"
+    )
+    if trainer.is_world_process_zero():
+        exit_with_line(line, 1)
+    raise SystemExit(1)
 
 
 def make_parser() -> TrlParser:

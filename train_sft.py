@@ -28,7 +28,7 @@ from trl import ModelConfig, SFTConfig, TrlParser, get_peft_config
 from airline_rl.cli import parse_or_exit, run_main
 from airline_rl.configs import CollectArguments, SFTScriptArguments
 from airline_rl.console import ratio_steps_are_no_mismatch, tied_missing_keys_are_expected
-from airline_rl.data.collect import CollectError, collect, load_trajectories, parse_task_list
+from airline_rl.data.collect import CollectError, collect, load_trajectories, parse_task_list, select_tasks
 from airline_rl.deepspeed_cpu import DeepSpeedLaunchError
 from airline_rl.envs.data import DomainDataError
 from airline_rl.envs.episode import AirlineEnv
@@ -56,6 +56,7 @@ from airline_rl.trainers.sft import (
     export_model_dir,
     prepare_sft_dataset,
     trainer_columns,
+    validate_columns,
 )
 from airline_rl.update_monitor import add_update_monitor
 
@@ -96,7 +97,12 @@ def resolve_model_path(
 def resolve_dataset(script_args: SFTScriptArguments) -> datasets.Dataset:
     """The trajectories: ``--dataset_path``, or the embedded default (oracle on the split's covered tasks)."""
     if script_args.dataset_path:
-        return load_trajectories(script_args.dataset_path, script_args.hub_dir)
+        dataset = load_trajectories(script_args.dataset_path, script_args.hub_dir)
+        try:  # a foreign dataset is refused here, before any model is built
+            validate_columns(dataset)
+        except SFTDataError as err:
+            raise SFTDataError(f"--dataset_path {script_args.dataset_path}: {err}") from None
+        return dataset
     args = CollectArguments(
         data_dir=script_args.data_dir,
         split=script_args.split,
@@ -139,6 +145,8 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
 
     env = AirlineEnv(script_args.data_dir, script_args.env_config())
     split = get_split(script_args.split, script_args.split_file, frozenset(env.domain.tasks))
+    if script_args.tasks is not None:  # an unknown id is named here, not reported later as an empty dataset
+        select_tasks(parse_task_list(script_args.tasks), split, env.domain.tasks, allow_test_tasks=True)
     with training_args.main_process_first(desc="teacher trajectories"):  # the default collects them once
         trajectories = resolve_dataset(script_args)
     model_path = resolve_model_path(model_args, script_args, training_args.output_dir, env)
@@ -238,7 +246,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         record.mark_complete(trainer.state.global_step)
         tensorboard = tensorboard_dir(trainer.callback_handler)
         line = summary_line(trainer.state.log_history, training_args.output_dir, str(exported), tensorboard, seconds,
-                            metric=("loss", "loss"), picture=False)  # fmt: skip
+                            metric=("loss", "loss"), picture=False, steps_done=trainer.state.global_step)  # fmt: skip
         print(line, flush=True)
     trainer.accelerator.wait_for_everyone()
     return {"report": report.to_dict(), "metrics": result.metrics, "hub_path": str(exported) if exported else None}

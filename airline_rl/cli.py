@@ -28,6 +28,10 @@ EXIT_USAGE = 2
 
 _REPEAT_TIMEOUT_S = 60.0
 
+EXIT_INTERRUPTED = 130
+"""Ctrl-C (the shell's 128 + SIGINT)."""
+INTERRUPTED_LINE = "interrupted (Ctrl-C); rerun the same command to resume from what was saved"
+
 
 def error_line(message: str) -> str:
     text = " ".join(str(message).split())  # one line, whatever the message held
@@ -106,23 +110,68 @@ def one_line_argparse_errors(parser: argparse.ArgumentParser) -> argparse.Argume
     return parser
 
 
-def parse_or_exit(parser: Any, argv: list[str] | None = None) -> Any:
+_UNKNOWN_FLAGS = "Some specified arguments are not used by the HfArgumentParser: "
+_UNKNOWN_KEYS = "Unknown arguments from config file: "
+
+
+def _listed_names(message: str, lead: str) -> list[str]:
+    """The names in ``lead + "['--a', '1', '--b']..."`` (HfArgumentParser / TrlParser messages): flags only."""
+    import ast
+
+    listed = message[len(lead) :]
+    try:
+        words = ast.literal_eval(listed[: listed.index("]") + 1])
+    except (ValueError, SyntaxError):
+        return []
+    return [str(w) for w in words if str(w).startswith("--")]
+
+
+def _config_path(argv: list[str] | None) -> str | None:
+    words = list(sys.argv[1:] if argv is None else argv)
+    for i, word in enumerate(words):
+        if word == "--config" and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith("--config="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def _parse_error(message: str, argv: list[str] | None) -> str:
+    """TrlParser's unknown-flag and unknown-key messages in the project's words (TRL's advises setting
+    ``fail_with_unknown_args=False``, which is no flag a user can pass)."""
+    if message.startswith(_UNKNOWN_FLAGS):
+        flags = _listed_names(message, _UNKNOWN_FLAGS)
+        return f"unrecognized argument(s): {' '.join(flags) or message[len(_UNKNOWN_FLAGS) :]} (see --help)"
+    if message.startswith(_UNKNOWN_KEYS):
+        keys = [flag[2:] for flag in _listed_names(message, _UNKNOWN_KEYS)]
+        return (
+            f"--config {_config_path(argv)}: unknown key(s) {', '.join(keys) or message[len(_UNKNOWN_KEYS) :]}; "
+            "remove them or fix their spelling (see --help for the fields)"
+        )
+    return message
+
+
+def parse_or_exit(parser: Any, argv: list[str] | None = None, prog: str | None = None) -> Any:
     """``parser.parse_args_and_config(argv)`` (TrlParser); a bad ``--config`` or field value is one line, and an
-    abbreviated flag is unknown (argparse took ``--learning_rat`` for ``--learning_rate`` without a word)."""
+    abbreviated flag is unknown (argparse took ``--learning_rat`` for ``--learning_rate`` without a word). With
+    ``prog`` every such line reads ``<prog>: error: ...`` (evaluate.py documents that prefix)."""
     import yaml
+
+    def fail(message: str) -> NoReturn:
+        exit_with_error(f"{prog}: error: {message}" if prog else message)
 
     one_line_argparse_errors(parser)
     parser.allow_abbrev = False  # read at parse time; TrlParser builds its argparse parser without the option
     try:
         return parser.parse_args_and_config(args=argv)
     except FileNotFoundError as err:
-        exit_with_error(f"--config {err.filename}: no such file")
+        fail(f"--config {err.filename}: no such file")
     except IsADirectoryError as err:
-        exit_with_error(f"--config {err.filename}: is a directory, not a YAML recipe")
+        fail(f"--config {err.filename}: is a directory, not a YAML recipe")
     except yaml.YAMLError as err:
-        exit_with_error(f"--config: not a valid YAML recipe ({err})")
+        fail(f"--config: not a valid YAML recipe ({err})")
     except (TypeError, ValueError) as err:  # a recipe key of the wrong type, or a config's __post_init__ check
-        exit_with_error(str(err))
+        fail(_parse_error(str(err), argv))
 
 
 def run_main(main: Callable[[], T], input_errors: tuple[type[BaseException], ...] = ()) -> T:
@@ -134,7 +183,7 @@ def run_main(main: Callable[[], T], input_errors: tuple[type[BaseException], ...
             exit_with_error(exc.code)
         raise
     except KeyboardInterrupt:  # Ctrl-C outside training (which stops gracefully): one line, not a traceback
-        exit_with_line("interrupted (Ctrl-C); rerun the same command to resume from what was saved", 130)
+        exit_with_line(INTERRUPTED_LINE, EXIT_INTERRUPTED)
     except input_errors as err:
         exit_with_error(str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err))
     except RuntimeError as err:

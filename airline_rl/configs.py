@@ -214,6 +214,11 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
         metadata={"help": "lata/joint: L_ref in the weight 1/√(L·L_ref), so that a trajectory of L_ref policy tokens "
                   "weighs what it weighs under vanilla (default 256; docs/variants.md)."},
     )  # fmt: skip
+    max_user_error_steps: int = field(
+        default=3,
+        metadata={"help": "Stop the run (checkpoint kept, exit 1) after this many consecutive steps in which every "
+                  "episode failed in the user simulator; such a step never updates the weights."},
+    )  # fmt: skip
     # -- held-out pass^k at eval steps (eval_strategy: steps, eval_steps: N; airline_rl/evaluation/heldout.py) --
     heldout_num_samples: int = field(
         default=4, metadata={"help": "Held-out eval: episodes per task at each eval step (pass^k for k up to it)."}
@@ -254,6 +259,8 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
             raise ValueError(f"--max_turn_tokens must be >= 1, got {self.max_turn_tokens}")
         if self.rollout_turn_cache_tokens < 0:
             raise ValueError(f"--rollout_turn_cache_tokens must be >= 0, got {self.rollout_turn_cache_tokens}")
+        if self.max_user_error_steps < 1:
+            raise ValueError(f"--max_user_error_steps must be >= 1, got {self.max_user_error_steps}")
         if self.heldout_num_samples < 1 or self.heldout_uncovered_tasks < 0:
             raise ValueError("--heldout_num_samples must be >= 1 and --heldout_uncovered_tasks >= 0")
         self.loss_type = "luspo"

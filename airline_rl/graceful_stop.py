@@ -26,6 +26,7 @@ when a step takes more than half of it.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import logging
 import math
@@ -33,6 +34,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -212,6 +214,20 @@ class GracefulStop(TrainerCallback):
         return self.stopped_at is not None
 
 
+_DISCARDED_ON_STOP: list[str] = []
+
+
+@contextlib.contextmanager
+def discarded_on_stop(what: str) -> Iterator[None]:
+    """Inside, a stopped training says it is thrown away instead of promising a resume: ``what`` (the default-policy
+    build's SFT) trains in a scratch directory that goes with the stop, and a rerun builds it from the start."""
+    _DISCARDED_ON_STOP.append(what)
+    try:
+        yield
+    finally:
+        _DISCARDED_ON_STOP.pop()
+
+
 def train_or_stop(trainer: Any, checkpoint: str | None) -> Any:
     """``trainer.train`` that a stop signal ends cleanly: the checkpoint of the current step is saved, then the
     process exits with ``EXIT_STOPPED`` (no final model, no hub export: the run is not complete; a rerun resumes)."""
@@ -223,6 +239,11 @@ def train_or_stop(trainer: Any, checkpoint: str | None) -> Any:
             f"stopped by {stop.signal_name} at step {stop.stopped_at}: checkpoint saved in {trainer.args.output_dir}"
             f"/checkpoint-{stop.stopped_at}; rerun the same command to resume"
         )
+        if _DISCARDED_ON_STOP:
+            line = (
+                f"stopped by {stop.signal_name} at step {stop.stopped_at} of {_DISCARDED_ON_STOP[-1]}: it is "
+                "discarded, not resumable; rerun the same command to build it again from the start"
+            )
         if trainer.is_world_process_zero():
             exit_with_line(line, EXIT_STOPPED)  # repeated after a live launcher's own exit traceback
         raise SystemExit(EXIT_STOPPED)

@@ -29,6 +29,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from airline_rl.files import mkstemp_honouring_umask
+
 logger = logging.getLogger(__name__)
 
 REFS_FILE = "refs.json"
@@ -58,7 +60,7 @@ def ensure_writable(hub_dir: str | os.PathLike[str]) -> Path:
 def write_json_atomic(path: Path, payload: Any) -> None:
     """Writes JSON through a temporary file and ``os.replace`` so readers never see a partial file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = mkstemp_honouring_umask(path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         json.dump(payload, handle, indent=2, sort_keys=True)
     os.replace(tmp, path)
@@ -314,4 +316,7 @@ class LocalHubCallback(TrainerCallback):
         return self.last_exported
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        stop = getattr(self.trainer, "user_error_stop", None)
+        if stop is not None and stop.stopped:  # a checkpoint to resume from, not a model to publish
+            return
         self.export(state)

@@ -7,19 +7,27 @@ It is a real HTTP server on a real socket (``ThreadingHTTPServer`` in a backgrou
 - ``echo``: a deterministic reply that quotes the newest message (the agent's text, role ``user`` here);
 - ``stop``: like ``echo``, but replies ``###STOP###`` once the conversation holds ``stop_after`` earlier replies
   (``stop_after_by_text`` overrides it for conversations containing a given text, e.g. one task's user id);
-- ``error``: HTTP 500 on every request;
+- ``error``: HTTP 500 on every request (``error_by_text``: only on conversations containing a given text);
 - ``hang``: sleeps ``hang_s`` (longer than any client timeout) before answering;
 - ``slow``: answers like ``echo`` after ``delay_s``;
 - ``empty``: a well-formed response whose message content is empty.
 
 A request may pick its own mode with a marker ``[[stub:<mode>]]`` anywhere in its messages (the newest marker wins),
 so one batch can mix good and bad episodes. The server counts requests and the most requests in flight at once.
+
+By hand, to try the LLM user simulator without a GPU (Ctrl-C stops it):
+
+    python tests/openai_stub_server.py --mode stop --stop_after 2 --port 8001
+    python evaluate.py --model oracle --tasks 0,1 --num_samples 1 --user_simulator llm \
+        --user_base_url http://127.0.0.1:8001/v1 --user_model stub-model
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
+import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -60,7 +68,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _stopped(self) -> bool:
+        """After ``stop()`` a kept-alive connection is dropped without an answer, as a dead server's would be."""
+        if self.server.stub._stopping.is_set():
+            self.close_connection = True
+            return True
+        return False
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        if self._stopped():
+            return
         if self.path.rstrip("/") == "/v1/models":
             model = {"id": self.server.stub.model, "object": "model", "created": 0, "owned_by": "stub"}
             self._send_json(200, {"object": "list", "data": [model]})
@@ -70,6 +87,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - http.server's naming
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
+        if self._stopped():
+            return
         if self.path.rstrip("/") != "/v1/chat/completions":
             self._send_json(404, {"error": {"message": f"no route {self.path}"}})
             return
@@ -97,14 +116,18 @@ class StubServer:
         *,
         stop_after: int = 2,
         stop_after_by_text: dict[str, int] | None = None,
+        error_by_text: tuple[str, ...] = (),
         delay_s: float = 0.2,
         hang_s: float = 30.0,
         model: str = "stub-model",
+        port: int = 0,
     ) -> None:
         marker(mode)  # validates the mode
+        self.requested_port = port  # 0: a free port
         self.mode = mode
         self.stop_after = stop_after
         self.stop_after_by_text = dict(stop_after_by_text or {})
+        self.error_by_text = tuple(error_by_text)  # conversations containing one of these texts get HTTP 500
         self.delay_s = delay_s
         self.hang_s = hang_s
         self.model = model
@@ -117,13 +140,15 @@ class StubServer:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._server: _Server | None = None
+        self._port: int | None = None
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
-        if self._server is None:
+        """The port it serves (or served, once stopped: a test may name the dead endpoint)."""
+        if self._port is None:
             raise RuntimeError("the stub server is not started")
-        return self._server.server_address[1]
+        return self._port
 
     @property
     def base_url(self) -> str:
@@ -131,8 +156,10 @@ class StubServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self) -> StubServer:
-        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._stopping.clear()
+        self._server = _Server(("127.0.0.1", self.requested_port), _Handler)
         self._server.stub = self
+        self._port = self._server.server_address[1]
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="openai-stub", daemon=True
         )
@@ -175,6 +202,10 @@ class StubServer:
             self.timeline.append((mode, start, time.monotonic()))
 
     def _mode_of(self, messages: list[dict[str, Any]]) -> str:
+        if self.error_by_text:
+            text = " ".join(str(message.get("content") or "") for message in messages)
+            if any(needle in text for needle in self.error_by_text):
+                return "error"
         found = [m for message in messages for m in MARKER.findall(str(message.get("content") or ""))]
         return found[-1] if found and found[-1] in MODES else self.mode
 
@@ -212,3 +243,33 @@ class StubServer:
                 "total_tokens": prompt_tokens + completion_tokens,
             },
         }
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serves until Ctrl-C (or SIGTERM), printing the base URL to pass as ``--user_base_url``."""
+    parser = argparse.ArgumentParser(description="A local OpenAI-compatible stub for the LLM user simulator.")
+    parser.add_argument("--mode", choices=MODES, default="stop", help="how it answers (see the module docstring)")
+    parser.add_argument("--stop_after", type=int, default=2, help="stop mode: replies before ###STOP###")
+    parser.add_argument("--port", type=int, default=8001, help="port on 127.0.0.1 (0: any free port)")
+    parser.add_argument("--model", default="stub-model", help="the model id it serves (pass it as --user_model)")
+    args = parser.parse_args(argv)
+    try:
+        server = StubServer(args.mode, stop_after=args.stop_after, model=args.model, port=args.port).start()
+    except OSError as err:
+        parser.exit(2, f"{parser.prog}: error: --port {args.port}: {err.strerror or err}\n")
+    print(f"serving {args.model!r} in mode {args.mode!r} at {server.base_url} (Ctrl-C stops)", flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

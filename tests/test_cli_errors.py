@@ -47,6 +47,27 @@ def test_train_sft_corrupt_arrow_dataset(tmp_path: Path, capsys) -> None:
     assert err.startswith(f"error: --dataset_path {tmp_path / 'd'}: the dataset files are corrupt or unreadable")
 
 
+def test_train_sft_on_an_empty_or_foreign_dataset_is_one_line(tmp_path: Path, capsys) -> None:
+    from airline_rl.data.collect import rows_to_dataset
+
+    rows_to_dataset([]).save_to_disk(str(tmp_path / "empty"))  # what a failed collection used to leave behind
+    datasets.Dataset.from_dict({"text": ["hello"], "label": [1]}).save_to_disk(str(tmp_path / "foreign"))
+    capsys.readouterr()
+    common = ["--output_dir", str(tmp_path / "o"), "--hub_dir", str(tmp_path / "hub"), *CPU]
+    err = one_line_exit(capsys, train_sft.cli, ["--dataset_path", str(tmp_path / "empty"), *common])
+    assert err == f"error: --dataset_path {tmp_path / 'empty'}: the dataset is empty (0 rows): nothing to train on"
+    err = one_line_exit(capsys, train_sft.cli, ["--dataset_path", str(tmp_path / "foreign"), *common])
+    assert err.startswith(f"error: --dataset_path {tmp_path / 'foreign'}: the trajectory dataset lacks the required "
+                          "column(s) ['task_id', 'messages', 'tools'] (it has ['text', 'label'])"), err  # fmt: skip
+    assert not (tmp_path / "o").exists()  # refused before any model was built or any directory claimed
+
+
+def test_train_sft_unknown_task_id_is_named(tmp_path: Path, capsys) -> None:
+    argv = ["--tasks", "999", "--output_dir", str(tmp_path / "o"), "--hub_dir", str(tmp_path / "hub"), *CPU]
+    err = one_line_exit(capsys, train_sft.cli, argv)
+    assert err == "error: --tasks names unknown task ids ['999']; valid ids: 0..49 (50 tasks)"
+
+
 def test_train_grpo_llm_user_without_url(tmp_path: Path, capsys) -> None:
     argv = ["--user_simulator", "llm", "--output_dir", str(tmp_path / "o"), "--hub_dir", str(tmp_path / "h"), *CPU]
     err = one_line_exit(capsys, train_grpo.cli, argv)
@@ -79,7 +100,27 @@ def test_collect_run_ablation_and_play_bad_input_is_one_line(tmp_path: Path, cap
 def test_evaluate_missing_config_file(capsys) -> None:
     with pytest.raises(SystemExit) as info:
         evaluate.cli(["--config", "missing.yaml"])
-    assert info.value.code == 2 and capsys.readouterr().err.strip() == "error: --config missing.yaml: no such file"
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip() == "evaluate.py: error: --config missing.yaml: no such file"
+
+
+def test_evaluate_parse_errors_carry_its_prefix_and_unknown_keys_are_named(tmp_path: Path, capsys) -> None:
+    """Every evaluate.py error reads ``evaluate.py: error:`` (docs/metrics.md), and unknown flags and recipe keys are
+    named without TRL's advice to set ``fail_with_unknown_args=False``."""
+    (tmp_path / "typo.yaml").write_text("num_sample: 4\nmodel: oracle\n")
+    (tmp_path / "broken.yaml").write_text("model: [\n")
+    cases = [
+        (["--bogus", "1"], "evaluate.py: error: unrecognized argument(s): --bogus (see --help)"),
+        (["--config", str(tmp_path / "typo.yaml")], f"evaluate.py: error: --config {tmp_path / 'typo.yaml'}: unknown "
+         "key(s) num_sample; remove them or fix their spelling (see --help for the fields)"),
+        (["--config", str(tmp_path / "broken.yaml")], "evaluate.py: error: --config: not a valid YAML recipe ("),
+    ]  # fmt: skip
+    for argv, expected in cases:
+        with pytest.raises(SystemExit) as info:
+            evaluate.cli(argv)
+        err = capsys.readouterr().err.strip()
+        assert info.value.code == 2 and err.startswith(expected) and "\n" not in err, err
+        assert "fail_with_unknown_args" not in err
 
 
 def test_unknown_variant_is_one_line_without_the_usage_block(capsys) -> None:
@@ -106,6 +147,26 @@ def test_results_file_with_wrong_types_is_one_line(tmp_path: Path, capsys) -> No
     assert evaluate.cli(["--compare", str(tmp_path / "nope"), "--output_dir", str(tmp_path / "c")]) == 2
 
 
+def test_results_file_with_a_repeated_or_out_of_range_sample_index_is_one_line(tmp_path: Path, capsys) -> None:
+    """A hand-merged results.json with sample 0 twice: a resume would play sample 1 as missing and pass^1 would
+    count 3 episodes for --num_samples 2."""
+    argv = ["--model", "oracle", "--tasks", "0", "--num_samples", "2", "--output_dir", str(tmp_path),
+            "--progress", "false", "--protocol", "airline_rl"]  # fmt: skip
+    assert evaluate.cli(argv) == 0
+    path = tmp_path / "oracle" / "results.json"
+    good = json.loads(path.read_text())
+    for index, message in [(0, "tasks['0'].samples[1].sample 0 repeats samples[0].sample"),
+                           (2, "tasks['0'].samples[1].sample must be in 0..1 (num_samples), got 2")]:  # fmt: skip
+        data = json.loads(json.dumps(good))
+        data["tasks"]["0"]["samples"][1]["sample"] = index
+        path.write_text(json.dumps(data))
+        capsys.readouterr()
+        assert evaluate.cli(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"evaluate.py: error: results file {path}: {message}; fix or move the file away", err
+        assert json.loads(path.read_text()) == data  # refused, not rewritten
+
+
 class DeadUser(UserSimulator):
     """An LLM user whose endpoint died mid-run: every reply is a simulator failure."""
 
@@ -122,6 +183,35 @@ def test_evaluate_exits_non_zero_when_no_episode_could_be_scored(tmp_path: Path,
     assert evaluate.cli(argv) == 1
     err = capsys.readouterr().err
     assert "no episode could be scored (2 of 2 failed with user_error)" in err
+
+
+def test_evaluate_ctrl_c_is_one_line_and_status_130(tmp_path: Path, capsys, monkeypatch) -> None:
+    from airline_rl.envs.users import get_user_simulator
+
+    class CtrlC(UserSimulator):
+        """The scripted user, until a Ctrl-C lands in the middle of the evaluation."""
+
+        name = "ctrl-c"
+
+        def __init__(self) -> None:
+            self.scripted, self.calls = get_user_simulator("scripted"), 0
+
+        def reply(self, episode) -> UserReply:
+            self.calls += 1
+            if self.calls == 3:
+                raise KeyboardInterrupt
+            return self.scripted.reply(episode)
+
+    monkeypatch.setattr(evaluator_module, "get_user_simulator", lambda *a, **k: CtrlC())
+    argv = ["--model", "oracle", "--tasks", "0,1", "--num_samples", "1", "--output_dir", str(tmp_path),
+            "--progress", "false", "--protocol", "airline_rl"]  # fmt: skip
+    with pytest.raises(SystemExit) as info:
+        evaluate.cli(argv)
+    assert info.value.code == 130
+    err = capsys.readouterr().err.strip()
+    assert err == "interrupted (Ctrl-C); rerun the same command to resume from what was saved", err
+    monkeypatch.undo()
+    assert evaluate.cli(argv) == 0  # the rerun finishes the evaluation
 
 
 def test_evaluate_exits_non_zero_when_results_are_incomplete(tmp_path: Path, capsys) -> None:
@@ -162,7 +252,7 @@ def test_an_abbreviated_flag_is_refused_not_taken_for_the_full_one(script, flag,
     """Issue 23.6: ``--learning_rat 1e-4`` silently became ``--learning_rate``."""
     cpu = [] if script is evaluate.cli else CPU
     err = one_line_exit(capsys, script, [flag, "3", "--output_dir", str(tmp_path / "o"), *cpu])
-    assert flag in err and "not used" in err, err
+    assert flag in err and "unrecognized argument(s)" in err, err
 
 
 @pytest.mark.parametrize("contents", [[], ["config.json"], ["config.json", "model.safetensors"]])

@@ -185,8 +185,9 @@ def test_failed_and_malformed_episodes_are_not_kept(tmp_path: Path) -> None:
         def act(self, episodes):
             return ['<tool_call>{"name": "get_user_details", "arguments": {bad json}</tool_call>' for _ in episodes]
 
-    with pytest.raises(CollectError, match="dataset would be empty"):
+    with pytest.raises(CollectError, match="no dataset was written"):
         collect(make_args(tmp_path, tasks="11"), teacher=get_agent("noop"))
+    assert not (tmp_path / "collect" / "dataset").exists()  # no empty dataset left behind
     assert attempt_path(tmp_path / "collect", "11", 0).is_file()  # what was played is kept on disk anyway
     result = collect(make_args(tmp_path, tasks="0,11"), teacher=get_agent("noop"))
     assert result.counts == {"kept": 1, "reward_below_min": 1} and result.covered_tasks == ["0"]
@@ -203,7 +204,7 @@ def test_noop_teacher_by_name_keeps_its_failures_with_min_reward_0(tmp_path: Pat
     for row in decode_rows(dataset):
         said = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
         assert get_agent("noop").MESSAGE in said and not any("<tool_call>" in text for text in said)
-    with pytest.raises(CollectError, match="dataset would be empty"):  # the default min_reward keeps successes only
+    with pytest.raises(CollectError, match="no dataset was written"):  # the default min_reward keeps successes only
         collect(make_args(tmp_path, tasks="3", teacher="noop", output_dir=str(tmp_path / "strict")))
 
 
@@ -399,7 +400,7 @@ def test_openai_teacher_retries_failed_requests(tmp_path: Path, oracle_server) -
 
 def test_openai_teacher_failures_are_retried_on_the_next_run(tmp_path: Path, oracle_server) -> None:
     broken = oracle_server(always_fail=True)
-    with pytest.raises(CollectError, match="dataset would be empty"):
+    with pytest.raises(CollectError, match=r"3 of 3 attempts did not finish \(0 failed in the user simulator, 3 in"):
         collect(openai_args(tmp_path, broken, teacher_max_retries=1))
     assert not (tmp_path / "collect" / "attempts").exists()  # nothing finished, nothing recorded
     healthy = oracle_server()
@@ -451,3 +452,28 @@ def test_reply_text_formats_structured_calls() -> None:
     assert text == 'Sure.\n<tool_call>\n{"name": "get_user_details", "arguments": {"user_id": "a_1"}}\n</tool_call>'
     parsed = parse_assistant_text(reply_text(message(None, ("f", "{not json"))))
     assert parsed.tool_calls[0].parse_error is not None  # recorded as a malformed call, never guessed
+
+
+def test_a_failing_user_endpoint_is_named_and_leaves_no_dataset(tmp_path: Path) -> None:
+    """An LLM user whose endpoint answers ``GET /models`` but HTTP 500 to every chat request (the test stub):
+    the message names the user simulator, and neither an empty dataset nor a hub dataset is left behind."""
+    from openai_stub_server import StubServer
+
+    with StubServer("error") as server:
+        args = make_args(
+            tmp_path, tasks="1,27", user_simulator="llm", user_base_url=server.base_url, user_model="stub-model",
+            user_max_retries=0,
+        )  # fmt: skip
+        with pytest.raises(CollectError) as err:
+            collect(args)
+    message = str(err.value)
+    assert "2 of 2 attempts did not finish (2 failed in the user simulator, 0 in the teacher" in message
+    assert "HTTP 500" in message and server.base_url in message and "--min_reward" not in message
+    assert not (tmp_path / "collect" / "dataset").exists()
+    assert not list((tmp_path / "hub").glob("datasets/*"))
+
+
+def test_an_empty_saved_dataset_is_one_clear_error(tmp_path: Path) -> None:
+    rows_to_dataset([]).save_to_disk(str(tmp_path / "empty"))  # what an earlier version left behind
+    with pytest.raises(CollectError, match=r"--dataset_path .*empty: the dataset is empty \(0 rows\)"):
+        load_trajectories(tmp_path / "empty")

@@ -34,6 +34,17 @@ def test_real_tasks_are_typed() -> None:
     assert all(set(t.reward_basis) <= {"DB", "COMMUNICATE", "NL_ASSERTION", "ACTION"} for t in domain.tasks.values())
 
 
+def test_the_task_file_hash_quoted_in_the_docs_is_the_real_one() -> None:
+    import re
+
+    from airline_rl.envs.data import domain_file_sha256
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reproducing.md").read_text(encoding="utf-8")
+    quoted = re.findall(r"sha256 `([0-9a-f]+)…([0-9a-f]+)`", text)
+    real = domain_file_sha256(None, "tasks.json")
+    assert quoted and all(real.startswith(head) and real.endswith(tail) for head, tail in quoted), (quoted, real)
+
+
 def test_unknown_task_id_lists_the_valid_range() -> None:
     with pytest.raises(KeyError, match=r"0\.\.49 \(50 tasks\)"):
         load_domain().get_task("50")

@@ -271,3 +271,54 @@ def test_an_output_dir_outside_outputs_reuses_the_default_policy_cache(tmp_path,
     script_args, training_args, model_args = train_grpo.parse_args(argv)
     train_grpo.resolve_model_path(model_args, script_args, training_args.output_dir, None)
     assert built[-1] == tmp_path / "cache" / "default-policy-t3_40-e96"
+
+
+def test_a_stop_during_the_build_says_the_build_is_discarded(tmp_path, monkeypatch, capsys):
+    """Issue 31.5: a Ctrl-C in the build's SFT printed "checkpoint saved in …/.default-policy-….work-…/sft/…; rerun
+    to resume", but that directory is removed with the stop and the rerun builds from scratch. The real build (task 3,
+    2 epochs) with a stop signal at its first step."""
+    import signal
+
+    from airline_rl import graceful_stop
+
+    original = graceful_stop.GracefulStop.on_step_begin
+
+    def stop_at_first_step(self, args, state, control, **kwargs):
+        original(self, args, state, control, **kwargs)
+        if state.global_step == 0:
+            self._handle(signal.SIGUSR1, None)  # what a kill -USR1 (or a Ctrl-C) would do
+
+    monkeypatch.setattr(graceful_stop.GracefulStop, "on_step_begin", stop_at_first_step)
+    out = tmp_path / "policy"
+    with pytest.raises(SystemExit) as info:
+        default_policy.build_default_policy(out, ["3"], epochs=2)
+    assert info.value.code == graceful_stop.EXIT_STOPPED
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == (
+        "stopped by SIGUSR1 at step 1 of the default-policy build (2 SFT epochs): it is discarded, not resumable; "
+        "rerun the same command to build it again from the start"
+    )
+    assert not out.exists()  # nothing half-built is left to resume from (the lock file stays, as after any build)
+    assert not [p for p in tmp_path.glob(".policy.*") if p.is_dir()]
+
+
+def test_the_build_prints_no_summary_of_its_scratch_sft(tmp_path, capsys, caplog):
+    """Issue 31.8: the quick start printed the build's SFT summary, ``done: 0 steps … final model
+    outputs/.default-policy-…work-…/sft | hub revision …``: 96 epochs trained, both paths gone a moment later."""
+    import logging
+
+    out = tmp_path / "policy"
+    with caplog.at_level(logging.WARNING, logger="airline_rl.data.default_policy"):
+        default_policy.build_default_policy(out, ["3"], epochs=2)
+    printed = capsys.readouterr().out
+    assert "done:" not in printed and ".work-" not in printed, printed
+    assert any(f"default policy: built {out} in" in r.getMessage() and "SFT: 2 epochs" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+
+
+def test_the_summary_counts_the_steps_done_not_the_last_logged_one(tmp_path):
+    from airline_rl.trainers.console import summary_line
+
+    history = [{"step": 90, "loss": 0.5}]  # logging_steps 10 over a 96-step run
+    assert summary_line(history, str(tmp_path), None, None, None, steps_done=96).startswith("done: 96 steps")
+    assert summary_line([], str(tmp_path), None, None, None, steps_done=96).startswith("done: 96 steps")

@@ -101,3 +101,29 @@ def test_collect_refuses_a_hub_dataset_of_another_collection(tmp_path: Path) -> 
         collect(CollectArguments(output_dir=str(tmp_path / "b"), **common))
     assert not (tmp_path / "b").exists()  # refused before anything was played or written
     collect(CollectArguments(output_dir=str(tmp_path / "b"), overwrite_hub=True, **common))
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_json_written_atomically_honours_the_umask(tmp_path: Path, umask: int) -> None:
+    """results.json, refs.json, run_config.json... get what ``open`` would give them, not mkstemp's 0600."""
+    import os
+    import stat
+
+    from airline_rl.envs.users.llm import ReplyCache
+    from airline_rl.hub import write_json_atomic
+
+    saved = os.umask(umask)
+    try:
+        write_json_atomic(tmp_path / "results.json", {"a": 1})
+        (tmp_path / "summary.md").write_text("x")  # a plain open, for comparison
+        cache = ReplyCache(tmp_path / "cache")
+        cache.put("ab" * 32, "hello", "m")
+        cached = next((tmp_path / "cache").rglob("*.json"))
+    finally:
+        os.umask(saved)
+    expected = 0o666 & ~umask
+    assert stat.S_IMODE((tmp_path / "results.json").stat().st_mode) == expected
+    assert stat.S_IMODE((tmp_path / "summary.md").stat().st_mode) == expected
+    assert stat.S_IMODE(cached.stat().st_mode) == expected
+    assert json.loads((tmp_path / "results.json").read_text()) == {"a": 1}
+    assert not list(tmp_path.glob(".results.json.*"))  # no temporary file left

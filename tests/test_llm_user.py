@@ -342,3 +342,38 @@ def test_endpoint_down_or_wrong_path_gives_user_errors(env: AirlineEnv, stub: Ca
         reply = user.reply(waiting_episode(env))
         assert user.stats()["requests"] == 1
     assert reply.error is not None and "HTTP 404" in reply.error and "after 1 attempt(s)" in reply.error
+
+
+def test_the_stub_server_runs_by_hand_and_an_evaluation_uses_it(tmp_path: Path) -> None:
+    """``python tests/openai_stub_server.py`` (its docstring's command) serves until stopped; evaluate.py's LLM user
+    plays against it."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    repo = Path(__file__).resolve().parent.parent
+    server = subprocess.Popen(
+        [sys.executable, str(repo / "tests" / "openai_stub_server.py"), "--mode", "stop", "--stop_after", "1",
+         "--port", "0"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = server.stdout.readline()
+        assert line.startswith("serving 'stub-model' in mode 'stop' at http://127.0.0.1:"), line
+        base_url = line.split(" at ", 1)[1].split()[0]
+        with urllib.request.urlopen(f"{base_url}/models", timeout=10) as response:
+            assert json.loads(response.read())["data"][0]["id"] == "stub-model"
+        done = subprocess.run(
+            [sys.executable, str(repo / "evaluate.py"), "--model", "oracle", "--tasks", "0", "--num_samples", "1",
+             "--user_simulator", "llm", "--user_base_url", base_url, "--user_model", "stub-model",
+             "--output_dir", str(tmp_path), "--progress", "false", "--protocol", "airline_rl"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]  # every episode scored (user errors would make it 1)
+        results = json.loads((tmp_path / "oracle" / "results.json").read_text())
+        assert results["metrics"]["user_errors"] == 0 and results["metrics"]["episodes"] == 1
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=10) == 0

@@ -48,9 +48,12 @@ def end_of_turn_id(model: Path) -> int:
     return AutoTokenizer.from_pretrained(model).convert_tokens_to_ids("<|im_end|>")
 
 
-def run_two_ranks(tmp_path: Path, model: Path, env: dict[str, str], extra: list[str]) -> dict[int, list[dict]]:
+def run_two_ranks(
+    tmp_path: Path, model: Path, env: dict[str, str], extra: list[str], errors: tuple[str, ...] = (), status: int = 0
+) -> dict[int, list[dict]]:
     probe = tmp_path / "probe"
-    with StubServer("stop", stop_after_by_text=STOP_AFTER) as stub:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    with StubServer("stop", stop_after_by_text=STOP_AFTER, error_by_text=errors) as stub:
         command = grpo_command(model, tmp_path, stub.base_url, extra)
         log = tmp_path / "grpo.log"
         with open(log, "w", encoding="utf-8") as out:
@@ -58,7 +61,7 @@ def run_two_ranks(tmp_path: Path, model: Path, env: dict[str, str], extra: list[
                 command, cwd=ROOT, env=env | {"GRPO_PROBE_DIR": str(probe)}, stdout=out, stderr=subprocess.STDOUT,
                 timeout=1800,
             )  # fmt: skip
-    assert done.returncode == 0, log.read_text(errors="replace")[-5000:]
+    assert done.returncode == status, log.read_text(errors="replace")[-5000:]
     ranks = {}
     for rank in (0, 1):
         lines = (probe / f"rank{rank}.jsonl").read_text(encoding="utf-8").splitlines()
@@ -102,6 +105,33 @@ def test_two_process_grpo_with_ranks_on_different_turn_counts(tmp_path: Path) ->
                    check=True, capture_output=True, timeout=600)  # fmt: skip
     bias = json.dumps({"sequence_bias": [[[end_of_turn_id(model)], 10.0]]})
     check_two_ranks(tmp_path, run_two_ranks(tmp_path, model, env, ["--generation_kwargs", bias]))
+
+
+@pytest.mark.slow
+def test_two_process_user_errors_skip_the_update_on_every_rank_or_on_none(tmp_path: Path) -> None:
+    """Task 0's user endpoint answers HTTP 500 (rank 0's episodes), task 1's answers (rank 1's): the global batch is
+    not all user errors, so neither rank skips; with both failing, both ranks skip and stop together (exit 1)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(ROOT)}  # fmt: skip
+    model = tmp_path / "tiny-qwen2"
+    subprocess.run([sys.executable, "-m", "scripts.build_tiny_model", "--output_dir", str(model)], cwd=ROOT, env=env,
+                   check=True, capture_output=True, timeout=600)  # fmt: skip
+    extra = ["--generation_kwargs", json.dumps({"sequence_bias": [[[end_of_turn_id(model)], 10.0]]}),
+             "--max_user_error_steps", "2", "--save_steps", "100"]  # fmt: skip
+    mixed = run_two_ranks(tmp_path / "mixed", model, env, extra, errors=("emma_kim_9957",))
+    logs = {rank: [r["logs"] for r in records if r["kind"] == "log" and "loss" in r["logs"]] for rank, records in
+            mixed.items()}  # fmt: skip
+    for rank in (0, 1):
+        assert [e["episode/user_sim_errors"] for e in logs[rank]] == [2.0, 2.0], rank  # task 0's two episodes
+        assert [e["train/user_error_skip"] for e in logs[rank]] == [0.0, 0.0], rank
+    dead = run_two_ranks(tmp_path / "dead", model, env, extra, errors=("emma_kim_9957", "raj_sanchez_7340"), status=1)
+    logs = {rank: [r["logs"] for r in records if r["kind"] == "log" and "loss" in r["logs"]] for rank, records in
+            dead.items()}  # fmt: skip
+    for rank in (0, 1):
+        assert [e["train/user_error_skip"] for e in logs[rank]] == [1.0, 1.0], rank
+    log = (tmp_path / "dead" / "grpo.log").read_text(errors="replace")
+    assert "failed every episode of 2 consecutive step(s)" in log and "HTTP 500" in log
+    assert (tmp_path / "dead" / "run" / "checkpoint-2").is_dir()
 
 
 @pytest.mark.vllm

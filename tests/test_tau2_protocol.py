@@ -56,6 +56,22 @@ def test_user_system_prompt_is_tau2_user_simulator_on_every_task(env: AirlineEnv
 
 
 @needs_tau2
+def test_tool_schemas_are_tau2s_own(env: AirlineEnv) -> None:
+    """Under ``tau2`` the chat template carries the schemas τ²'s agent is given; ``airline_rl`` keeps its own."""
+    from tau2.domains.airline.environment import get_environment
+
+    from airline_rl.envs.tools import TOOL_SCHEMAS
+
+    expected = [tool.openai_schema for tool in get_environment().get_tools()]
+    assert len(expected) == 14 and env.tools == expected
+    assert AirlineEnv().tools == TOOL_SCHEMAS and TOOL_SCHEMAS != expected
+    assert {t["function"]["name"] for t in env.tools} == {t["function"]["name"] for t in TOOL_SCHEMAS}
+    changed = AirlineEnv(config=EnvConfig(protocol=TAU2))
+    changed.tools[0]["function"]["name"] = "changed"  # one environment's copy: the next one is τ²'s again
+    assert AirlineEnv(config=EnvConfig(protocol=TAU2)).tools == expected
+
+
+@needs_tau2
 def test_greeting_is_tau2s(env: AirlineEnv) -> None:
     assert env.reset("0").messages[1]["content"] == tau2_reference().greeting
 

@@ -96,8 +96,9 @@ def test_interrupted_run_is_marked_incomplete_then_completed(tmp_path: Path, mon
         return real(*args, **kwargs)
 
     monkeypatch.setattr(evaluator_module, "run_episodes", interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit) as stopped:  # Ctrl-C: one line and status 130 (evaluate.py), the work kept
         evaluate.cli(argv(tmp_path, "noop", "--batch_size", "7"))
+    assert stopped.value.code == 130
     folder = tmp_path / "noop"
     assert not (folder / "tau2_results.json").exists()
     partial = json.loads((folder / "tau2_results.incomplete.json").read_text())

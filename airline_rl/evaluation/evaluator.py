@@ -43,7 +43,7 @@ from airline_rl.envs.prompt_style import compact_env, style_name, use_compact_pr
 from airline_rl.envs.protocol import PROTOCOLS, TAU2, ProtocolUnavailableError, get_protocol, tau2_reference
 from airline_rl.envs.runner import Agent, RunTimings, run_episodes
 from airline_rl.envs.splits import Split, get_split
-from airline_rl.envs.users import get_user_simulator
+from airline_rl.envs.users import check_user_endpoint, get_user_simulator
 from airline_rl.envs.users.base import UserSimulator
 from airline_rl.hub import HubError, read_refs, resolve_model, revision_name
 
@@ -454,17 +454,10 @@ def build_policy(args: EvalArguments, target: EvalTarget, env: AirlineEnv) -> tu
 def build_user(args: EvalArguments) -> UserSimulator:
     """The user simulator; the LLM user's endpoint is checked before any episode runs."""
     user = get_user_simulator(args.user_simulator, **args.user_kwargs())
-    check = getattr(user, "check_endpoint", None)
-    if check is not None:
-        try:
-            check(timeout=min(10.0, float(args.user_timeout)))
-        except Exception as err:
-            close = getattr(user, "close", None)
-            if close is not None:
-                close()
-            if isinstance(err, ValueError):  # the endpoint answers but does not serve the model
-                raise EvaluationError(f"--user_model {args.user_model!r}: {err}") from err
-            raise
+    try:
+        check_user_endpoint(user, timeout=min(10.0, float(args.user_timeout)))
+    except ValueError as err:  # the endpoint answers but does not serve the model
+        raise EvaluationError(f"--user_model {args.user_model!r}: {err}") from err
     return user
 
 

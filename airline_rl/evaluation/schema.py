@@ -57,16 +57,27 @@ def _check_fields(prefix: str, entry: Mapping[str, Any], types: Mapping[str, tup
 
 
 def check_results_types(path: str | Path, data: Mapping[str, Any]) -> None:
-    """Raises ``SchemaError`` ("results file <path>: <field> must be <type>, got <value>") on the first wrong type."""
+    """Raises ``SchemaError`` ("results file <path>: <field> must be <type>, got <value>") on the first wrong type,
+    and on a sample index that repeats within a task or lies outside ``0..num_samples-1`` (a resume would play the
+    "missing" one again and pass^k would count more episodes than ``num_samples``)."""
+    num_samples = data.get("config", {}).get("num_samples")
     try:
         _check_fields("", data, TOP_TYPES)
         for task_id, entry in data["tasks"].items():
             _check(f"tasks[{task_id!r}]", entry, (dict,))
             _check_fields(f"tasks[{task_id!r}].", entry, TASK_TYPES)
+            seen: dict[int, int] = {}
             for i, sample in enumerate(entry.get("samples", [])):
                 where = f"tasks[{task_id!r}].samples[{i}]"
                 _check(where, sample, (dict,))
                 _check_fields(f"{where}.", sample, SAMPLE_TYPES)
+                index = sample.get("sample")
+                if isinstance(index, int) and index in seen:
+                    raise SchemaError(f"{where}.sample {index} repeats samples[{seen[index]}].sample")
+                if isinstance(index, int) and isinstance(num_samples, int) and not 0 <= index < num_samples:
+                    raise SchemaError(f"{where}.sample must be in 0..{num_samples - 1} (num_samples), got {index}")
+                if isinstance(index, int):
+                    seen[index] = i
                 if "reward" in sample.get("reward", {}):
                     _check(f"{where}.reward.reward", sample["reward"]["reward"], NUMBER)
                 for j, tokens in enumerate(sample.get("policy_tokens", [])):

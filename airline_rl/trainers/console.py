@@ -40,6 +40,12 @@ def format_step_line(
         value = logs.get(key)
         if isinstance(value, int | float) and not (isinstance(value, float) and math.isnan(value)):
             parts.append(f"{label} {fmt.format(value)}")
+    user_errors = logs.get("episode/user_sim_errors")
+    if isinstance(user_errors, int | float) and user_errors > 0:  # only when there are any: a dead endpoint shows
+        parts.append(f"user errors {user_errors:g}")
+    skipped = logs.get("train/user_error_skip")
+    if isinstance(skipped, int | float) and skipped > 0:
+        parts.append("no update (every episode a user error)" if skipped >= 1 else f"no update in {skipped:.0%}")
     if seconds is not None:
         included = " + ".join(f"{what} {took:.1f} s" for what, took in extras)
         parts.append(f"{seconds:.1f} s" + (f" incl. {included}" if included else ""))
@@ -59,21 +65,31 @@ def summary_line(
     seconds: float | None,
     metric: tuple[str, str] = ("reward", STEP_FIELDS[0][1]),
     picture: bool = True,
+    user_errors: tuple[int, int] | None = None,
+    steps_done: int | None = None,
 ) -> str:
     """The run's last line: its length, ``metric`` (label, log key; GRPO: the outcome reward, SFT: the loss) first →
-    last quarter of the steps, and where the last checkpoint, the hub revision, the TensorBoard events and (with
-    ``picture``) the learning-curve picture are."""
+    last quarter of the steps, ``user_errors`` (episodes that failed in the user simulator, episodes played) when
+    there were any, and where the last checkpoint, the hub revision, the TensorBoard events and (with ``picture``)
+    the learning-curve picture are. ``steps_done`` (the trainer's ``global_step``) is the length; without it, the last
+    logged step (which undercounts when ``logging_steps`` does not divide the run)."""
     from transformers.trainer_utils import get_last_checkpoint
 
     from airline_rl.evaluation.learning_curve import CURVE_FILE, quarter_gain
 
     label, key = metric
     steps = [e for e in log_history if "loss" in e and "step" in e]
-    parts = [f"done: {steps[-1]['step'] if steps else 0} steps" + (f" in {_duration(seconds)}" if seconds else "")]
+    done = steps_done if steps_done is not None else (steps[-1]["step"] if steps else 0)
+    parts = [f"done: {done} steps" + (f" in {_duration(seconds)}" if seconds else "")]
+    untrained = sum(1 for e in steps if e.get("train/user_error_skip", 0) >= 1)
+    if untrained:
+        parts[0] += f" ({untrained} without update: every episode a user error)"
     values = [float(e[key]) for e in steps if isinstance(e.get(key), int | float)]
     if values:
         first, last, gain = quarter_gain(values)
         parts.append(f"{label} {first:.3f} → {last:.3f} ({gain:+.3f}, first → last quarter)")
+    if user_errors is not None and user_errors[0]:
+        parts.append(f"user errors {user_errors[0]} of {user_errors[1]} episodes")
     checkpoint = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
     parts.append(f"last checkpoint {checkpoint}" if checkpoint else f"final model {output_dir}")
     if hub_revision:
@@ -139,10 +155,15 @@ class StepLineCallback(TrainerCallback):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._timed("save")
 
-    def summary(self, state: Any, output_dir: str, hub_revision: str | None) -> str:
+    def summary(
+        self, state: Any, output_dir: str, hub_revision: str | None, user_errors: tuple[int, int] | None = None
+    ) -> str:
         """The end-of-run line (``summary_line``) for this run."""
         seconds = None if self.started is None else time.perf_counter() - self.started
-        return summary_line(state.log_history, output_dir, hub_revision, self.tensorboard_dir, seconds)
+        return summary_line(
+            state.log_history, output_dir, hub_revision, self.tensorboard_dir, seconds, user_errors=user_errors,
+            steps_done=state.global_step,
+        )  # fmt: skip
 
 
 def use_step_lines(trainer: Any, hub_dir: str | None = None) -> StepLineCallback:

@@ -16,12 +16,16 @@ How it departs from textbook GRPO (single-turn, one completion per prompt):
 5. Truncation comes from the episode record (token budget exhausted), not from the last token, and an episode whose
    user simulator failed gets no reward (NaN: TRL excludes it from the group baseline and gives it advantage 0).
 6. A run does not depend on its process count: episode seeds follow the row's global index, and on the prefix path
-   each turn samples from its own seeded generator; FSDP2 (also on CPU: ``airline_rl.sharding``) gathers the
-   parameters once per rollout round, so the ranks generate locally, whatever their turn counts.
+   each turn samples from its own seeded generator; FSDP2 (also on CPU: ``airline_rl.sharding``) and ZeRO-3 gather
+   the parameters once per rollout round, so the ranks generate locally, whatever their turn counts.
+7. A step in which *every* episode (all ranks) failed in the user simulator takes no optimiser step: its gradients
+   are dropped before ``optimizer.step`` (weights and optimiser state unchanged), it is logged as
+   ``train/user_error_skip`` and not counted as trained, and ``max_user_error_steps`` such steps in a row stop the
+   run with a checkpoint (``UserErrorStop``; train_grpo.py exits 1 naming the endpoint's error).
 
 Overridden hooks (pinned to trl==1.16.0, checked by tests/test_trl_hooks.py): ``_generate`` (whole episodes),
 ``_generate_and_score_completions`` (truncation mask, variant advantages, metrics), ``training_step`` (timing),
-transformers' ``_get_grad_norm`` (the pre-clip gradient norm of every step) and
+transformers' ``_get_grad_norm`` (the pre-clip gradient norm of every step; a user-error step's gradients dropped) and
 ``evaluate`` (held-out pass^k, ``airline_rl.evaluation.heldout``, instead of the loss on eval prompts); and, through
 ``airline_rl.sharding.ShardedLaunch``, transformers' ``create_accelerator_and_postprocess`` (CPU FSDP2, launch checks).
 
@@ -42,7 +46,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from accelerate.utils import gather_object
+from accelerate.utils import DistributedType, gather_object
+from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from airline_rl.backends import trl_prefix
@@ -193,6 +198,15 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         self._env_seconds = 0.0
         self._last_prm: list[PRMResult] = []
         self.heldout = heldout
+        # user-simulator failures (numbers over all ranks): whether the current generation batch is nothing but
+        # user errors, whether this optimiser step trained on anything, and the run's counts (this process's run)
+        self._user_error_batch = False
+        self._step_trained = False
+        self.last_user_error: str | None = None
+        self.user_error_episodes = 0
+        self.episodes_played = 0
+        self.user_error_stop = UserErrorStop(args.max_user_error_steps)
+        self.add_callback(self.user_error_stop)
 
     def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval") -> dict:
         """Held-out pass^k of the current policy (``HeldoutEvaluation.run``) when configured, else TRL's evaluation."""
@@ -355,6 +369,21 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         self._rollout_seconds += time.perf_counter() - start
         return output
 
+    def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None):
+        """TRL's loss; on a batch of nothing but user errors it is multiplied by 0 (the backward still runs, so every
+        rank joins the same collectives) and the step's gradients are dropped in ``_get_grad_norm``."""
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if not self.model.training:
+            return loss
+        if self.accelerator.distributed_type == DistributedType.DEEPSPEED:
+            # DeepSpeed steps its optimiser inside backward, before ``_get_grad_norm`` could drop anything: a
+            # user-error step runs at learning rate 0 instead (the weights stay; Adam's moments decay once)
+            self._deepspeed_lr_guard()
+        if self._user_error_batch:
+            return loss * 0.0
+        self._step_trained = True
+        return loss
+
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
         start = time.perf_counter()
         self._rollout_seconds = 0.0
@@ -368,12 +397,33 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
                 metrics["timing/env_user_reward_share"].append(self._env_seconds / total if total > 0 else 0.0)
         return loss
 
+    def _deepspeed_lr_guard(self) -> None:
+        """Under DeepSpeed: learning rate 0 for a user-error generation batch, the scheduled one back otherwise."""
+        saved = getattr(self, "_saved_lrs", None)
+        if saved is not None and not self._user_error_batch:
+            for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
+                if group["lr"] == 0.0:  # unless the scheduler has set this step's rate since
+                    group["lr"] = lr
+            self._saved_lrs = None
+        elif saved is None and self._user_error_batch:
+            self._saved_lrs = [group["lr"] for group in self.optimizer.param_groups]
+            for group in self.optimizer.param_groups:
+                group["lr"] = 0.0
+
     def _get_grad_norm(self, model: Any, grad_norm: Any = None) -> Any:
         """Logs the pre-clip gradient norm of every optimiser step, and whether ``max_grad_norm`` clipped it.
 
         transformers logs ``grad_norm`` only at logging steps (the last step's value); the variants differ in step
         size (1/L vs 1/√L), so the ablation needs every step's norm and how often clipping was active."""
         grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        if self.model.training:  # called once per optimiser step, right before ``optimizer.step``
+            skipped = not self._step_trained
+            self._step_trained = False
+            if skipped:  # every episode was a user error: no update (torch optimisers skip parameters without grad)
+                model.zero_grad(set_to_none=True)
+                grad_norm = None
+            self._metrics["train"]["train/user_error_skip"].append(float(skipped))
+            self.user_error_stop.record(skipped)
         if grad_norm is not None and self.model.training:
             norm = float(grad_norm)
             self._metrics["train"]["grad_norm/pre_clip"].append(norm)
@@ -402,6 +452,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
                 "tool_calls": s["num_tool_calls"],
                 "tool_errors": s["num_tool_errors"],
                 "truncated": s["truncated"],
+                "user_error_text": r.user_error if s["reward"]["user_error"] else None,
                 "turn_tokens": [t.num_policy_tokens or 0 for t in r.turns],
                 "rules": s["prm"]["rule_counts"],
             }
@@ -417,7 +468,15 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         calls = sum(e["tool_calls"] for e in everything)
         metrics["episode/tool_error_rate"].append(sum(e["tool_errors"] for e in everything) / calls if calls else 0.0)
         metrics["episode/truncation_rate"].append(sum(e["truncated"] for e in everything) / n)
-        metrics["episode/user_sim_errors"].append(float(sum(e["user_error"] for e in everything)))
+        user_errors = sum(bool(e["user_error"]) for e in everything)
+        metrics["episode/user_sim_errors"].append(float(user_errors))
+        if mode == "train":  # every rank sees the same gathered list: the skip decision is the same everywhere
+            self._user_error_batch = bool(everything) and user_errors == len(everything)
+            self.user_error_episodes += user_errors
+            self.episodes_played += len(everything)
+            errors = [e["user_error_text"] for e in everything if e["user_error_text"]]
+            if errors:
+                self.last_user_error = errors[-1]
         turn_tokens = [t for e in everything for t in e["turn_tokens"]]
         metrics["episode/p50_tokens_per_turn"].append(float(statistics.median(turn_tokens)) if turn_tokens else 0.0)
         group = self.num_generations if mode == "train" else self.num_generations_eval
@@ -456,6 +515,38 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
                 values = [float(s[key]) for s in stats if isinstance(s.get(key), int | float)]
                 if values:
                     metrics[f"user_sim/{key}"].append(max(values) if key.startswith("latency") else sum(values))
+
+
+class UserErrorStop(TrainerCallback):
+    """Stops training, with a checkpoint, after ``limit`` consecutive optimiser steps that had nothing but user
+    errors (or when the run ends without a trained step): a dead user endpoint must not pass for a trained model.
+
+    ``record`` is called once per optimiser step with the decision every rank shares (gathered episodes), so the
+    stop is the same on every rank. ``stopped_at`` is set when it stopped the run; train_grpo.py then exits 1."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.streak = 0
+        self.skipped = 0
+        self.trained = 0
+        self.stopped_at: int | None = None
+
+    def record(self, skipped: bool) -> None:
+        self.streak = self.streak + 1 if skipped else 0
+        self.skipped += int(skipped)
+        self.trained += int(not skipped)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self.streak:
+            return
+        if self.streak >= self.limit or (state.global_step >= state.max_steps and not self.trained):
+            self.stopped_at = state.global_step
+            control.should_save = args.save_strategy != "no"
+            control.should_training_stop = True
+
+    @property
+    def stopped(self) -> bool:
+        return self.stopped_at is not None
 
 
 def _episode_summary(record: EpisodeRecord, prm: PRMResult) -> dict[str, Any]:

@@ -22,3 +22,21 @@ def get_user_simulator(name: str, **kwargs: Any) -> UserSimulator:
     module_name, _, class_name = USER_SIMULATORS[name].partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
     return cls(**kwargs)
+
+
+def check_user_endpoint(user: UserSimulator, timeout: float) -> None:
+    """The simulator's endpoint check (the LLM user's ``GET /models``), before any episode: evaluate.py, collection
+    and train_grpo.py refuse an unreachable endpoint instead of playing nothing but user errors.
+
+    Raises the check's ``EndpointUnreachableError`` (a ``ConnectionError``) or ``ValueError`` (the endpoint does not
+    serve the model), after closing the simulator."""
+    check = getattr(user, "check_endpoint", None)
+    if check is None:
+        return
+    try:
+        check(timeout=timeout)
+    except Exception:
+        close = getattr(user, "close", None)
+        if close is not None:
+            close()
+        raise

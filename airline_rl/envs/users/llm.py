@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import random
-import tempfile
 import threading
 import time
 import urllib.error
@@ -48,6 +47,7 @@ import openai
 from airline_rl.envs.protocol import AIRLINE_RL, TAU2, tau2_user_system_prompt, user_visible_agent_messages
 from airline_rl.envs.text import clean_text
 from airline_rl.envs.users.base import UserReply, UserSimulator, episode_protocol
+from airline_rl.files import mkstemp_honouring_umask
 
 if TYPE_CHECKING:
     from airline_rl.envs.data import Task
@@ -294,7 +294,7 @@ class ReplyCache:
     def put(self, key: str, content: str, model: str) -> None:
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:8]}.", suffix=".tmp")
+        fd, tmp = mkstemp_honouring_umask(path.parent, prefix=f".{key[:8]}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 json.dump({"v": CACHE_FORMAT, "model": model, "content": content}, handle, ensure_ascii=False)

@@ -11,10 +11,10 @@ import argparse
 import math
 import os
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from airline_rl.files import mkstemp_honouring_umask
 from airline_rl.rewards.prm.engine import PRM_RULE_SETS
 from airline_rl.rewards.prm.reference import REFERENCE_TERMS, ReferenceTerm
 from airline_rl.rewards.prm.rules import DEFAULT_RULE_SET, RULE_SETS, Rule
@@ -301,7 +301,7 @@ def _replace_between(text: str, start_marker: str, end_marker: str, body: str, p
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = mkstemp_honouring_umask(path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
     os.replace(tmp, path)

@@ -1,0 +1,31 @@
+"""Temporary files for atomic writes that end up with the mode a plain ``open`` would give them.
+
+``tempfile.mkstemp`` creates its file 0600 whatever the umask, so a file written through it and ``os.replace``
+(results.json, refs.json, run_config.json...) was readable by its owner only, while ``summary.md`` next to it was
+0644: on a shared machine others could not read results or resolve hub ids.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def current_umask() -> int:
+    """The process umask (read by setting and restoring it: there is no getter before Python 3.13's ``os``)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def mkstemp_honouring_umask(directory: Path, prefix: str, suffix: str = "") -> tuple[int, str]:
+    """``tempfile.mkstemp`` in ``directory``, its mode set to 0666 less the umask (what ``open(path, "w")`` gives)."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=suffix)
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+    except BaseException:
+        os.close(fd)
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return fd, tmp
