@@ -168,7 +168,7 @@ def test_train_sft_refuses_bf16_at_1e5_before_training(tmp_path, tiny_model_dir,
 
     monkeypatch.chdir(tmp_path)  # the embedded default collects oracle trajectories into ./hub
     trained = []
-    monkeypatch.setattr(train_sft.SFTTrainer, "train", lambda self, **kw: trained.append(1))
+    monkeypatch.setattr(train_sft.AirlineSFTTrainer, "train", lambda self, **kw: trained.append(1))
     argv = [
         "--model_name_or_path", str(tiny_model_dir), "--tasks", "0", "--use_cpu", "true", "--bf16", "false",
         "--output_dir", str(tmp_path / "sft"), "--hub_dir", str(tmp_path / "hub"), "--max_steps", "1",
