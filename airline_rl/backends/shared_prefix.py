@@ -314,20 +314,35 @@ class SharedPrefixTransformersBackend(TransformersBackend):
                 return super()._generate_batch(prompts, max_new_tokens, prefix_length)
         if self.turn_cache is not None:
             return self._generate_turn_cached(prompts, max_new_tokens, prefix_length, self.turn_cache)
-        device = self.model.device
         input_ids, attention, positions = self._inputs_after_prefix(prompts, prefix_length)
-        kwargs = self._generate_kwargs(max_new_tokens)
+        cache = DynamicCache(config=self.model.config)
+        output, clock = self._generate_after_prefix(
+            input_ids, attention, positions, cache, max_new_tokens, prefix_length
+        )
+        return self._completions(output, input_ids.shape[1], clock)
+
+    def _generate_after_prefix(
+        self,
+        input_ids: torch.Tensor,
+        attention: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Any,
+        max_new_tokens: int,
+        prefix_length: int,
+    ) -> tuple[Any, _StepClock]:
+        """``generate`` on the rows' tokens after the shared prefix (attached for the call), from ``cache``."""
+        device = self.model.device
         clock = _StepClock()
         with self._prefix_attached(prefix_length):
             output = self.model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention.to(device),
                 position_ids=positions.to(device),
-                past_key_values=DynamicCache(config=self.model.config),
+                past_key_values=cache,
                 streamer=clock,
-                **kwargs,
+                **self._generate_kwargs(max_new_tokens),
             )
-        return self._completions(output, input_ids.shape[1], clock)
+        return output, clock
 
     def _generate_turn_cached(
         self, prompts: list[list[int]], max_new_tokens: int, prefix_length: int, turns: TurnCache
@@ -366,17 +381,9 @@ class SharedPrefixTransformersBackend(TransformersBackend):
         del matches
         if self._one_batch:  # the batch cache holds every reused key now: the old entries are garbage
             turns.release()
-        kwargs = self._generate_kwargs(max_new_tokens)
-        clock = _StepClock()
-        with self._prefix_attached(prefix_length):
-            output = self.model.generate(
-                input_ids=input_ids.to(device),
-                attention_mask=attention.to(device),
-                position_ids=positions.to(device),
-                past_key_values=cache,
-                streamer=clock,
-                **kwargs,
-            )
+        output, clock = self._generate_after_prefix(
+            input_ids, attention, positions, cache, max_new_tokens, prefix_length
+        )
         completions = self._completions(output, width, clock)
         fed = cache.get_seq_length() - past - width  # generated tokens the model has seen (not the last one)
         for row, (own, new, completion) in enumerate(zip(owns, news, completions, strict=True)):

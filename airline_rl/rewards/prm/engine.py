@@ -114,14 +114,20 @@ def score_episode(
     rule_set = get_rule_set(rules)
     resolved = _effective_weights(rule_set, weights)
     turn_scores, fired_per_turn, rule_counts = _score_rules(record, rule_set, resolved)
-    raw = sum(turn_scores)
-    return PRMResult(
-        turn_scores=turn_scores,
-        fired=fired_per_turn,
-        process_score=min(max(raw, low), high),
-        raw_score=raw,
-        rule_counts=rule_counts,
-    )
+    return _clipped(turn_scores, fired_per_turn, sum(turn_scores), rule_counts, (low, high))
+
+
+def _clipped(
+    turn_scores: list[float],
+    fired: list[dict[str, int]],
+    raw: float,
+    rule_counts: dict[str, int],
+    clip: tuple[float, float],
+) -> PRMResult:
+    """The result with the process score clipped to ``clip`` (the raw sum kept for the report)."""
+    low, high = clip
+    return PRMResult(turn_scores=turn_scores, fired=fired, process_score=min(max(raw, low), high), raw_score=raw,
+                     rule_counts=rule_counts)  # fmt: skip
 
 
 def _score_with_reference(
@@ -155,14 +161,7 @@ def _score_with_reference(
     for rule_id, count in reference.unattached.items():  # an episode without a turn still owes its missing writes
         rule_counts[rule_id] += count
         raw += resolved[rule_id] * count
-    low, high = clip
-    return PRMResult(
-        turn_scores=turn_scores,
-        fired=fired_per_turn,
-        process_score=min(max(raw, low), high),
-        raw_score=raw,
-        rule_counts=rule_counts,
-    )
+    return _clipped(turn_scores, fired_per_turn, raw, rule_counts, clip)
 
 
 def _score_rules(
