@@ -17,12 +17,10 @@ Asserted for each variant: the weights move; the reward rises by at least ``MARG
 (vanilla): advantages sign-flipped → the reward does not rise (it falls: the policy learns to decline); every policy
 token masked → no weight moves.
 
-Calibration (one torch thread, 2 idle cores, seed 0, the trainer's prefix-reuse rollouts): before 0.266 (128
-episodes); after 12 steps (64 episodes) vanilla 0.641, turn_discount 0.641, lata 0.719, prm_lite 0.625, joint 0.578
-(+0.31 to +0.45); sign-flipped 0.031. ``MARGIN`` = 0.15 sits ~2.2 standard errors of the before/after difference
-below the smallest gain. prm_lite and joint are also trained with ``prm_rules: reference`` (the reference reward,
-progress against the task's gold actions; measured on a loaded machine, seed 0: before 0.273, after prm_lite 0.688,
-joint 0.672, against prm_lite 0.656 with v2 in the same run). 9 tests (the calibration's 7 took 7 minutes).
+Calibration (one torch thread, seed 0, the trainer's prefix-reuse rollouts with per-row sampling, 2 busy cores): before
+0.273 (128 episodes); after 12 steps (64 episodes) 0.625 for all five variants (v2), prm_lite with ``prm_rules:
+reference`` 0.625, joint with it 0.609 (+0.34 to +0.35); sign-flipped 0.031. ``MARGIN`` = 0.15 sits well below the
+smallest gain. 9 tests, 12 min 38 s on a loaded machine. (Earlier, with per-batch sampling: 0.266 → 0.578-0.719.)
 The runs are deterministic for a given machine (one torch thread, fixed seeds); elsewhere float differences can
 change sampled tokens, hence a margin rather than an exact value. Marked slow (``pytest -m slow
 tests/test_default_learning.py``).
