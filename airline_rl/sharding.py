@@ -173,10 +173,6 @@ def _fsdp2_modules(model: torch.nn.Module) -> list[Any]:
     return [module for module in model.modules() if isinstance(module, FSDPModule)]
 
 
-def is_fsdp2_model(model: torch.nn.Module) -> bool:
-    return bool(_fsdp2_modules(model))
-
-
 @contextlib.contextmanager
 def unsharded_for_generation(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     """FSDP2: all-gathers every layer once (a collective: every rank enters here at the same point), keeps the
