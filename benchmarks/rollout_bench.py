@@ -136,9 +136,10 @@ class TimedBackend:
         self.raw_seconds = 0.0 if raw else None
         self.calls = 0
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> tuple[list[list[int]], Any]:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, **kwargs: Any) -> tuple[list[list[int]], Any]:
+        # kwargs: the trainer's rollouts pass per-row ``seeds`` on the prefix path; the wrapper must not drop them.
         start = time.perf_counter()
-        result = self.inner.generate(prompts, max_new_tokens)
+        result = self.inner.generate(prompts, max_new_tokens, **kwargs)
         self.seconds += time.perf_counter() - start
         self.calls += bool(prompts)
         if self.raw_seconds is not None and prompts:

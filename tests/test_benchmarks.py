@@ -1,0 +1,44 @@
+"""The benchmarks CI runs, at toy sizes: each mode still plays, and every mode plays the same transcripts.
+
+CI prints ``benchmarks/rollout_bench.py``'s ratios after the slow suite; a change to a backend's signature once broke
+the benchmark there (its timing wrapper dropped the per-row ``seeds``) while every test passed. These runs take
+seconds and fail on the same breakage in the default suite.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def _bench(tiny_model_dir: Path, *args: str) -> str:
+    command = [sys.executable, "benchmarks/rollout_bench.py", "--model-dir", str(tiny_model_dir)]
+    command += ["--episodes", "2", "--turn-tokens", "4", *args]
+    done = subprocess.run(
+        command, cwd=ROOT, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_rollout_bench_modes_ci_runs_play_the_same_transcripts(tiny_model_dir: Path) -> None:
+    modes = "plain-one,prefix-batched,trl-one,trl-prefix-batched"  # the modes .ci/run prints
+    out = _bench(tiny_model_dir, "--modes", modes, "--batch-sizes", "1")
+    lines = [line for line in out.splitlines() if "same transcripts as the first mode" in line]
+    assert len(lines) == 4, out
+    assert all(line.endswith(": 2/2") for line in lines), out
+    assert "speed-up of the trainer's rollouts" in out
+
+
+def test_rollout_bench_horizon_sweep_plays_the_same_transcripts_with_and_without_turn_caching(
+    tiny_model_dir: Path,
+) -> None:
+    out = _bench(tiny_model_dir, "--horizon", "2,4")
+    horizons = [line for line in out.splitlines() if line.startswith("horizon ")]
+    assert len(horizons) == 2 and all(line.endswith("same transcripts: 2/2") for line in horizons), out
+    assert out.strip().splitlines()[-1].endswith("transcripts equal in both modes at every horizon: yes"), out
