@@ -19,12 +19,12 @@ import sys
 
 from trl import TrlParser
 
-from airline_rl.cli import parse_or_exit, run_main
 from airline_rl.configs import CollectArguments
 from airline_rl.data.collect import CollectError, collect
 from airline_rl.envs.splits import SplitError
 from airline_rl.envs.users.llm import EndpointUnreachableError
-from airline_rl.hub import HubError
+from airline_rl.run.cli import parse_or_exit, run_main
+from airline_rl.run.hub import HubError
 
 
 def main(args: CollectArguments) -> None:

@@ -32,11 +32,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local directories: ne
 
 from trl import TrlParser  # noqa: E402
 
-from airline_rl.cli import EXIT_INTERRUPTED, INTERRUPTED_LINE, exit_with_line, parse_or_exit  # noqa: E402
 from airline_rl.configs import EvalArguments  # noqa: E402
 from airline_rl.evaluation import INPUT_ERRORS, run_compare, run_evaluation  # noqa: E402
 from airline_rl.evaluation.evaluator import describe_results  # noqa: E402
 from airline_rl.evaluation.tau2_export import TAU2_INCOMPLETE_FILE  # noqa: E402
+from airline_rl.run.cli import EXIT_INTERRUPTED, INTERRUPTED_LINE, exit_with_line, parse_or_exit  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

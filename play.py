@@ -12,13 +12,14 @@ import argparse
 import logging
 import sys
 
-from airline_rl.cli import one_line_argparse_errors
 from airline_rl.envs.agents import AGENTS, get_agent
 from airline_rl.envs.data import DomainDataError
 from airline_rl.envs.episode import AirlineEnv
 from airline_rl.envs.runner import run_episodes
 from airline_rl.envs.users.base import UserSimulator
 from airline_rl.envs.users.scripted import ScriptedUser
+from airline_rl.rewards.outcome import outcome_reward
+from airline_rl.run.cli import one_line_argparse_errors
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     agent = get_agent(args.agent)
     user = USERS[args.user](max_user_turns=args.max_user_turns)
     records = run_episodes(
-        env, agent, user, [(task_id, args.seed) for task_id in task_ids], progress=not args.no_progress
+        env,
+        agent,
+        user,
+        [(task_id, args.seed) for task_id in task_ids],
+        progress=not args.no_progress,
+        score=outcome_reward,
     )
     passed = 0
     for record in records:

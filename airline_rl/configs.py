@@ -13,12 +13,36 @@ from typing import TYPE_CHECKING, Literal
 
 import trl
 
-from airline_rl.trainers.variants import VARIANT_FIELDS, VARIANTS
-
 if TYPE_CHECKING:
     from airline_rl.envs.episode import EnvConfig
 
 logger = logging.getLogger(__name__)
+
+VARIANTS: dict[str, dict[str, object]] = {
+    "vanilla": {"weights": "inverse_length", "uses_prm": False, "turn_credit": False},
+    "turn_discount": {"weights": "turn_discounted", "uses_prm": False, "turn_credit": False},
+    "lata": {"weights": "inverse_sqrt_length", "uses_prm": False, "turn_credit": False},
+    "prm_lite": {"weights": "inverse_length", "uses_prm": True, "turn_credit": False},
+    "joint": {"weights": "inverse_sqrt_length", "uses_prm": True, "turn_credit": True},
+}
+"""Variant table: how tokens are weighted, whether the trajectory reward includes the PRM-Lite process score, and
+whether tokens get per-turn credit. Configs, docs and the trainer all read this table."""
+
+# Which config fields each variant reads (a field set under another variant is a configuration error).
+VARIANT_FIELDS: dict[str, tuple[str, ...]] = {
+    "turn_discount_alpha": ("turn_discount",),
+    "prm_coef": ("prm_lite", "joint"),
+    "prm_clip": ("prm_lite", "joint"),
+    "turn_credit_coef": ("joint",),
+    "length_reference": ("lata", "joint"),
+}
+
+
+def get_variant(name: str) -> dict[str, object]:
+    if name not in VARIANTS:
+        raise ValueError(f"unknown variant {name!r} (--variant); valid variants: {list(VARIANTS)}")
+    return VARIANTS[name]
+
 
 VARIANT_DEFAULTS = {
     "turn_discount_alpha": 1.05,
@@ -106,17 +130,17 @@ class TrainingRunArguments(EnvArguments):
     allow_rounded_updates: bool = field(
         default=False,
         metadata={"help": "Train even when most learning-rate-sized updates round away in the weights' dtype "
-                  "(airline_rl/precision.py); refused by default."},
+                  "(airline_rl/run/precision.py); refused by default."},
     )  # fmt: skip
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Start over in an output_dir that holds checkpoints (default: resume them when they are "
-                  "of this configuration, refuse when they are not; see airline_rl/run_guard.py)."},
+                  "of this configuration, refuse when they are not; see airline_rl/run/guard.py)."},
     )  # fmt: skip
     overwrite_hub: bool = field(
         default=False,
         metadata={"help": "Replace the local-hub revisions of hub/<run_name> even when another run (another "
-                  "output_dir) wrote them (default: refuse; see airline_rl/hub.py)."},
+                  "output_dir) wrote them (default: refuse; see airline_rl/run/hub.py)."},
     )  # fmt: skip
 
 

@@ -123,6 +123,7 @@ from airline_rl.envs.runner import RunTimings, run_episodes  # noqa: E402
 from airline_rl.envs.tool_calls import format_tool_call  # noqa: E402
 from airline_rl.envs.tools import TERMINAL_TOOLS, TOOL_SCHEMAS, WRITE_TOOLS  # noqa: E402
 from airline_rl.envs.users import get_user_simulator  # noqa: E402
+from airline_rl.rewards.outcome import outcome_reward
 from airline_rl.rollout import TokenPolicyAgent  # noqa: E402
 
 
@@ -171,7 +172,7 @@ def play(env, tokenizer, make_agent: Callable[[], tuple[Any, Any]], specs, *, ba
     for group in groups:
         group_episodes = [env.reset(task_id, seed) for task_id, seed in group]
         user = get_user_simulator("scripted", max_user_turns=max_user_turns)
-        run_episodes(env, agent, user, group, timings=timings, episodes=group_episodes)
+        run_episodes(env, agent, user, group, timings=timings, episodes=group_episodes, score=outcome_reward)
         backend.drain()  # the trainer's backend ends its rollout round here (as MultiTurnGRPOTrainer._generate does)
         episodes.extend(group_episodes)
     wall = time.perf_counter() - start - (backend.raw_seconds or 0.0)

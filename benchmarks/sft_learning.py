@@ -39,6 +39,7 @@ from airline_rl.envs.episode import AirlineEnv  # noqa: E402
 from airline_rl.envs.runner import run_episodes  # noqa: E402
 from airline_rl.envs.splits import get_split  # noqa: E402
 from airline_rl.envs.users import get_user_simulator  # noqa: E402
+from airline_rl.rewards.outcome import outcome_reward
 from airline_rl.rollout import TokenPolicyAgent  # noqa: E402
 from airline_rl.trainers.sft import prepare_sft_dataset, teacher_forced_accuracy  # noqa: E402
 
@@ -63,8 +64,12 @@ def greedy_rollouts(
         max_completion_length=8192,
         max_turn_tokens=max_turn_tokens,
     )
-    records = run_episodes(env, agent, get_user_simulator("scripted"), [(task, 0) for task in tasks])
-    noop = run_episodes(env, get_agent("noop"), get_user_simulator("scripted"), [(task, 0) for task in tasks])
+    records = run_episodes(
+        env, agent, get_user_simulator("scripted"), [(task, 0) for task in tasks], score=outcome_reward
+    )
+    noop = run_episodes(
+        env, get_agent("noop"), get_user_simulator("scripted"), [(task, 0) for task in tasks], score=outcome_reward
+    )
     results = {}
     for record, baseline in zip(records, noop, strict=True):
         gold = env.domain.get_task(record.task_id).actions

@@ -9,7 +9,7 @@ have a 7B model's scale (std 0.02) on a fixed batch for ``--steps`` steps, twice
 (the reference). Printed per recipe:
 
 * ``changed``: fraction of the trainable weights whose value (the fp32 master copy where there is one) differs from
-  its start after the steps; ``ref_changed`` the same in the fp32 run; ``predicted`` what ``airline_rl.precision``'s
+  its start after the steps; ``ref_changed`` the same in the fp32 run; ``predicted`` what ``run.precision``'s
   pre-training check predicts (1 - the fraction it computes as lost);
 * ``fwd_chg``: the same for the weights the model runs forward with (the bf16 copy of master weights, which moves
   only once the accumulated steps pass half a bf16 ulp: ~2% after 5 steps at 1e-6, most after ~100);
@@ -51,7 +51,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM, Trainer  # noqa: E402
 
-from airline_rl.precision import lost_update_fraction  # noqa: E402
+from airline_rl.run.precision import lost_update_fraction  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 256
@@ -60,7 +60,7 @@ LAUNCH = re.compile(r"accelerate launch .*?--config_file (\S+\.yaml)")
 
 def reference_recipes() -> list[str]:
     """The 7B recipes: one per variant for one GPU, its ``_2gpu`` twin, the multi-node one and the SFT warm-ups."""
-    from airline_rl.trainers.variants import VARIANTS
+    from airline_rl.configs import VARIANTS
 
     grpo = [f"recipes/grpo/{variant}{suffix}.yaml" for variant in VARIANTS for suffix in ("", "_2gpu")]
     found = [*grpo, "recipes/grpo/grpo_multinode.yaml", *glob.glob("recipes/sft/qwen2_5_7b*.yaml", root_dir=ROOT)]
@@ -78,7 +78,7 @@ def recipe_launch_config(recipe: str) -> str:
 
 def launch_keeps_fp32_master(accelerate_config: str) -> bool:
     """DeepSpeed keeps fp32 master weights; FSDP under accelerate upcasts trainable parameters when mixed precision
-    is on (see airline_rl/precision.py). Plain launches step the parameters in their own dtype."""
+    is on (see airline_rl/run/precision.py). Plain launches step the parameters in their own dtype."""
     config = yaml.safe_load((ROOT / accelerate_config).read_text())
     kind = str(config.get("distributed_type", "NO")).upper()
     mixed = str(config.get("mixed_precision", "no")).lower() in ("bf16", "fp16")

@@ -22,7 +22,7 @@ from airline_rl.envs.runner import run_episodes
 from airline_rl.envs.state import AirlineState
 from airline_rl.envs.tools import WRITE_TOOLS
 from airline_rl.envs.users.scripted import STOP, ScriptedUser, to_first_person
-from airline_rl.rewards.outcome import gold_db_hash
+from airline_rl.rewards.outcome import gold_db_hash, outcome_reward
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,7 +63,7 @@ def _say(episode: Episode, user: ScriptedUser, text: str):
 
 def test_oracle_earns_reward_one_on_every_task(env: AirlineEnv, all_task_ids: list[str]) -> None:
     assert len(all_task_ids) == 50
-    records = run_episodes(env, OracleAgent(), ScriptedUser(), [(t, 0) for t in all_task_ids])
+    records = run_episodes(env, OracleAgent(), ScriptedUser(), [(t, 0) for t in all_task_ids], score=outcome_reward)
     failures = {
         r.task_id: {k: r.reward[k] for k in ("reward", "db_match", "communicate_missing", "termination", "num_turns")}
         for r in records
@@ -84,7 +84,7 @@ def test_oracle_earns_reward_one_on_every_task(env: AirlineEnv, all_task_ids: li
 
 
 def test_oracle_confirms_before_every_write(env: AirlineEnv) -> None:
-    records = run_episodes(env, OracleAgent(), ScriptedUser(), [("18", 0), ("7", 0)])
+    records = run_episodes(env, OracleAgent(), ScriptedUser(), [("18", 0), ("7", 0)], score=outcome_reward)
     for record in records:
         writes = [c for c in record.tool_calls if c.is_write]
         assert writes, record.task_id
@@ -115,7 +115,7 @@ def test_noop_earns_reward_exactly_where_gold_changes_nothing_and_says_nothing(
     assert expected == by_rule
     assert "13" in expected  # a gold transfer writes nothing: the no-op agent's user_stop earns the reward too
 
-    records = run_episodes(env, NoopAgent(), ScriptedUser(), [(t, 0) for t in all_task_ids])
+    records = run_episodes(env, NoopAgent(), ScriptedUser(), [(t, 0) for t in all_task_ids], score=outcome_reward)
     rewarded = {r.task_id for r in records if r.reward["reward"] == 1.0}
     assert rewarded == expected, f"unexpected: {sorted(rewarded - expected)}, missing: {sorted(expected - rewarded)}"
     assert all(r.num_tool_calls == 0 and r.termination == USER_STOP and len(r.turns) == 1 for r in records)
@@ -136,8 +136,12 @@ def test_get_agent_builds_registered_agents_and_rejects_unknown_names() -> None:
 
 def test_scripted_user_is_deterministic(env: AirlineEnv) -> None:
     specs = [("7", 3), ("14", 5), ("38", 0)]
-    first = [_transcript(r.messages) for r in run_episodes(env, OracleAgent(), ScriptedUser(), specs)]
-    second = [_transcript(r.messages) for r in run_episodes(env, OracleAgent(), ScriptedUser(), specs)]
+    first = [
+        _transcript(r.messages) for r in run_episodes(env, OracleAgent(), ScriptedUser(), specs, score=outcome_reward)
+    ]
+    second = [
+        _transcript(r.messages) for r in run_episodes(env, OracleAgent(), ScriptedUser(), specs, score=outcome_reward)
+    ]
     assert first == second
 
 
@@ -149,7 +153,9 @@ def test_scripted_user_is_deterministic_across_processes() -> None:
         "from airline_rl.envs.episode import AirlineEnv\n"
         "from airline_rl.envs.runner import run_episodes\n"
         "from airline_rl.envs.users.scripted import ScriptedUser\n"
-        "records = run_episodes(AirlineEnv(), OracleAgent(), ScriptedUser(), [('7', 1), ('23', 2), ('9', 4)])\n"
+        "from airline_rl.rewards.outcome import outcome_reward\n"
+        "specs = [('7', 1), ('23', 2), ('9', 4)]\n"
+        "records = run_episodes(AirlineEnv(), OracleAgent(), ScriptedUser(), specs, score=outcome_reward)\n"
         "print(json.dumps([[m['content'] for m in r.messages if m['role'] == 'user'] for r in records]))\n"
     )
     outputs = []
@@ -168,7 +174,7 @@ def test_scripted_user_seed_changes_only_phrasing(env: AirlineEnv) -> None:
     rewards = set()
     acknowledgements = set()
     for seed in range(6):
-        (record,) = run_episodes(env, OracleAgent(), ScriptedUser(), [("7", seed)])
+        (record,) = run_episodes(env, OracleAgent(), ScriptedUser(), [("7", seed)], score=outcome_reward)
         rewards.add(record.reward["reward"])
         acknowledgements.update(m["content"] for m in record.messages if m["role"] == "user")
     assert rewards == {1.0}
@@ -251,7 +257,9 @@ def test_scripted_user_stops_at_the_turn_cap_against_garbage(env: AirlineEnv) ->
             ]
 
     cap = 7
-    records = run_episodes(env, GarbageAgent(), ScriptedUser(max_user_turns=cap), [(t, 0) for t in ("0", "8", "44")])
+    records = run_episodes(
+        env, GarbageAgent(), ScriptedUser(max_user_turns=cap), [(t, 0) for t in ("0", "8", "44")], score=outcome_reward
+    )
     for record in records:
         user_messages = [m["content"] for m in record.messages if m["role"] == "user"]
         assert record.termination == USER_STOP, (record.task_id, record.termination, user_messages)

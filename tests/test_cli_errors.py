@@ -1,4 +1,4 @@
-"""Bad input is one line, exit status 2, no traceback and no usage block (``airline_rl/cli.py``); evaluate.py exits
+"""Bad input is one line, exit status 2, no traceback and no usage block (``airline_rl/run/cli.py``); evaluate.py exits
 non-zero when its results are not a finished evaluation."""
 
 from __future__ import annotations

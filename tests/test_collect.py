@@ -41,6 +41,7 @@ from airline_rl.envs.splits import get_split
 from airline_rl.envs.tool_calls import parse_assistant_text
 from airline_rl.envs.users import get_user_simulator
 from airline_rl.envs.users.llm import EndpointUnreachableError
+from airline_rl.rewards.outcome import outcome_reward
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TASKS = "1,27,49"  # covered tasks: two reads, one read, one read by reservation id
@@ -84,7 +85,11 @@ def test_oracle_collects_the_covered_tasks_by_default(tmp_path: Path, env: Airli
 
 def test_round_trip_renders_identically(tmp_path: Path, env: AirlineEnv) -> None:
     records = run_episodes(
-        env, get_agent("oracle"), get_user_simulator("scripted"), [(t, 0) for t in TASKS.split(",")]
+        env,
+        get_agent("oracle"),
+        get_user_simulator("scripted"),
+        [(t, 0) for t in TASKS.split(",")],
+        score=outcome_reward,
     )
     result = collect(make_args(tmp_path, tasks=TASKS))
     rows = decode_rows(datasets.load_from_disk(result.dataset_dir))

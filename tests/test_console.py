@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from airline_rl.configs import EvalArguments
-from airline_rl.console import DropNoneLogs, silence_known_warnings
 from airline_rl.evaluation import evaluator as evaluator_module
 from airline_rl.evaluation import run_evaluation
+from airline_rl.run.console import DropNoneLogs, silence_known_warnings
 
 
 class RecordingBar:
@@ -59,7 +59,7 @@ def test_a_step_line_says_when_its_time_includes_an_evaluation_and_a_save(monkey
     step, then evaluates, then saves, so their time lands in the next step's line; it now says how much."""
     from types import SimpleNamespace
 
-    from airline_rl.trainers import console
+    from airline_rl.run import console
 
     clock = iter([0.0, 5.0, 155.0, 158.0, 184.0, 190.0])
     monkeypatch.setattr(console.time, "perf_counter", lambda: next(clock))
@@ -83,7 +83,7 @@ def test_a_step_line_says_when_its_time_includes_an_evaluation_and_a_save(monkey
 
 def test_the_run_ends_with_one_summary_line(tmp_path: Path) -> None:
     """Issue 23.5: the run's last line says where everything is and how the reward moved."""
-    from airline_rl.trainers.console import summary_line
+    from airline_rl.run.console import summary_line
 
     (tmp_path / "checkpoint-8").mkdir()
     rewards = [0, 0, 1, 1, 1, 1, 1, 1]
@@ -103,7 +103,7 @@ def test_a_ratio_of_max_steps_is_not_reported_as_a_mismatch_on_resume(caplog) ->
     from transformers.trainer_callback import TrainerState
     from transformers.trainer_utils import compare_trainer_and_checkpoint_args
 
-    from airline_rl.console import ratio_steps_are_no_mismatch
+    from airline_rl.run.console import ratio_steps_are_no_mismatch
 
     ratio_steps_are_no_mismatch(max_steps=6)
     state = TrainerState(logging_steps=1, eval_steps=3, save_steps=2, train_batch_size=4)

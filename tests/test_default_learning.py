@@ -35,14 +35,14 @@ from learning_controls import apply_control
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from airline_rl.backends import TransformersBackend
-from airline_rl.configs import MultiTurnGRPOConfig
+from airline_rl.configs import VARIANTS, MultiTurnGRPOConfig
 from airline_rl.data.default_policy import build_default_policy, compact_env
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.runner import run_episodes
 from airline_rl.envs.users import get_user_simulator
+from airline_rl.rewards.outcome import outcome_reward
 from airline_rl.rollout import TokenPolicyAgent
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
-from airline_rl.trainers.variants import VARIANTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
 
@@ -92,7 +92,7 @@ def mean_reward(model, tokenizer, episodes: int) -> float:
     agent = TokenPolicyAgent(backend, tokenizer, env.tools, eos, 2048, MAX_TURN_TOKENS, per_episode_seeds=True)
     specs = [(TASK, EVAL_SEED + i) for i in range(episodes)]
     with torch.no_grad():
-        records = run_episodes(env, agent, get_user_simulator("scripted"), specs)
+        records = run_episodes(env, agent, get_user_simulator("scripted"), specs, score=outcome_reward)
     return sum(float(r.reward["reward"]) for r in records) / len(records)
 
 

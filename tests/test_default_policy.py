@@ -12,7 +12,7 @@ import pytest
 from airline_rl.data import default_policy
 from airline_rl.data.tiny_model import BUILD_INFO_FILE
 from airline_rl.evaluation.learning_curve import heldout_tags, plot_learning_curve, quarter_gain, read_run_scalars
-from airline_rl.trainers.console import format_step_line
+from airline_rl.run.console import format_step_line
 
 
 @pytest.fixture
@@ -246,7 +246,7 @@ def test_a_real_build_leaves_the_callers_log_levels_and_random_state_alone(tmp_p
     try:
         random.seed(123), np.random.seed(123), torch.manual_seed(123)
         default_policy.build_default_policy(tmp_path / "policy", ["3"], epochs=1)
-        assert ours.level == logging.INFO and logging.getLogger("airline_rl.hub").isEnabledFor(logging.INFO)
+        assert ours.level == logging.INFO and logging.getLogger("airline_rl.run.hub").isEnabledFor(logging.INFO)
         assert transformers.utils.logging.get_verbosity() == verbosity
         after = random.random(), float(np.random.random()), float(torch.rand(1))
         random.seed(123), np.random.seed(123), torch.manual_seed(123)
@@ -279,7 +279,7 @@ def test_a_stop_during_the_build_says_the_build_is_discarded(tmp_path, monkeypat
     2 epochs) with a stop signal at its first step."""
     import signal
 
-    from airline_rl import graceful_stop
+    from airline_rl.run import stop as graceful_stop
 
     original = graceful_stop.GracefulStop.on_step_begin
 
@@ -317,7 +317,7 @@ def test_the_build_prints_no_summary_of_its_scratch_sft(tmp_path, capsys, caplog
 
 
 def test_the_summary_counts_the_steps_done_not_the_last_logged_one(tmp_path):
-    from airline_rl.trainers.console import summary_line
+    from airline_rl.run.console import summary_line
 
     history = [{"step": 90, "loss": 0.5}]  # logging_steps 10 over a 96-step run
     assert summary_line(history, str(tmp_path), None, None, None, steps_done=96).startswith("done: 96 steps")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_sft import model_dir  # noqa: F401 (fixture)
 
-from airline_rl.run_guard import RUN_CONFIG_FILE
+from airline_rl.run.guard import RUN_CONFIG_FILE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,7 +104,7 @@ def test_sigterm_checkpoints_and_stops_the_trainer(
 def test_a_stop_signal_saves_and_stops_at_the_end_of_the_step() -> None:
     from transformers import TrainerControl, TrainerState
 
-    from airline_rl.graceful_stop import STOP_SIGNALS, GracefulStop
+    from airline_rl.run.stop import STOP_SIGNALS, GracefulStop
 
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
@@ -128,7 +128,7 @@ def test_a_stop_signal_saves_and_stops_at_the_end_of_the_step() -> None:
 def test_a_step_longer_than_half_of_torchruns_grace_warns_once_naming_the_setting(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from airline_rl.graceful_stop import GracefulStop
+    from airline_rl.run.stop import GracefulStop
 
     for name in ("TORCHELASTIC_RUN_ID", "PET_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
@@ -152,7 +152,7 @@ def test_torch_reads_the_shutdown_timeout_this_project_documents(monkeypatch: py
     """A guard for torch upgrades: the variable the docs and the ablation driver set is the one torchrun reads."""
     from torch.distributed.launcher.api import LaunchConfig
 
-    from airline_rl.launch_env import SHUTDOWN_TIMEOUT_ENV
+    from airline_rl.run.torchrun import SHUTDOWN_TIMEOUT_ENV
 
     monkeypatch.setenv(SHUTDOWN_TIMEOUT_ENV, "900")
     assert LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2).shutdown_timeout == 900
@@ -162,8 +162,8 @@ def test_a_first_ctrl_c_stops_like_sigterm_and_a_second_stops_at_once(monkeypatc
     """Issue 23.4: Ctrl-C printed two KeyboardInterrupt tracebacks and lost every step since the last checkpoint."""
     from transformers import TrainerControl, TrainerState
 
-    from airline_rl import graceful_stop
-    from airline_rl.graceful_stop import EXIT_INTERRUPTED, STOP_SIGNALS, GracefulStop
+    from airline_rl.run import stop as graceful_stop
+    from airline_rl.run.stop import EXIT_INTERRUPTED, STOP_SIGNALS, GracefulStop
 
     class StoppedNow(Exception):
         pass

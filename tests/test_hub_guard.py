@@ -15,7 +15,7 @@ import train_grpo
 import train_sft
 from airline_rl.configs import CollectArguments
 from airline_rl.data.collect import collect
-from airline_rl.hub import HubError, claim_hub_run, read_refs, record_revision, writer_id
+from airline_rl.run.hub import HubError, claim_hub_run, read_refs, record_revision, writer_id
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,7 +110,7 @@ def test_json_written_atomically_honours_the_umask(tmp_path: Path, umask: int) -
     import stat
 
     from airline_rl.envs.users.llm import ReplyCache
-    from airline_rl.hub import write_json_atomic
+    from airline_rl.run.hub import write_json_atomic
 
     saved = os.umask(umask)
     try:

@@ -102,3 +102,52 @@ def test_no_module_imports_itself_through_others() -> None:
     assert "airline_rl.evaluation.heldout" in graph and "airline_rl.trainers.multiturn_grpo" in graph
     assert "airline_rl.evaluation.heldout" in graph["airline_rl.trainers.multiturn_grpo"]  # the edge that stays
     assert circles(graph) == []
+
+
+def _imports_of(graph: dict[str, set[str]], package: str) -> dict[str, set[str]]:
+    """The modules of ``package`` (and its subpackages) with the project modules each imports at module level."""
+    return {name: targets for name, targets in graph.items() if name == package or name.startswith(package + ".")}
+
+
+def _into(targets: set[str], package: str) -> set[str]:
+    return {t for t in targets if t == package or t.startswith(package + ".")}
+
+
+def test_the_domain_does_not_import_the_run_machinery() -> None:
+    """``envs/`` and ``rewards/`` are the airline domain; ``run/`` (flags, console, guards, hub, sharding) sits
+    above them and is free to change without touching what an episode or a reward is."""
+    graph = import_graph()
+    assert "airline_rl.run.training_run" in graph and "airline_rl.envs.runner" in graph
+    offending = {
+        name: sorted(_into(targets, "airline_rl.run"))
+        for domain in ("airline_rl.envs", "airline_rl.rewards")
+        for name, targets in _imports_of(graph, domain).items()
+        if _into(targets, "airline_rl.run")
+    }
+    assert offending == {}
+
+
+def test_the_environment_imports_neither_rewards_nor_trainers() -> None:
+    """``rewards/`` reads what ``envs/`` records, and the trainers use both: an edge from ``envs/`` back up would
+    make the layers one. The episode loop gets its scorer from its caller (``run_episodes(..., score=...)``)."""
+    graph = import_graph()
+    offending = {
+        name: sorted(_into(targets, "airline_rl.rewards") | _into(targets, "airline_rl.trainers"))
+        for name, targets in _imports_of(graph, "airline_rl.envs").items()
+        if _into(targets, "airline_rl.rewards") | _into(targets, "airline_rl.trainers")
+    }
+    assert offending == {}
+
+
+def test_configs_do_not_import_the_trainers() -> None:
+    """The configs are read by every script and by the trainers; the variant table they check lives beside them."""
+    graph = import_graph()
+    assert _into(graph["airline_rl.configs"], "airline_rl.trainers") == set()
+
+
+def test_the_package_root_holds_no_run_plumbing() -> None:
+    """The root holds the domain's shared pieces (configs, rendering, rollouts, sampling, file writes); the run
+    machinery lives in ``run/`` (issue 32's layout)."""
+    root = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
+    assert root == {"configs", "files", "render", "rollout", "sampling"}
+    assert {path.stem for path in (PACKAGE / "run").glob("*.py")} >= {"cli", "console", "guard", "hub", "stop"}

@@ -22,10 +22,9 @@ import torch
 from learning_controls import apply_control
 from transformers import AutoModelForCausalLM
 
-from airline_rl.configs import MultiTurnGRPOConfig
+from airline_rl.configs import VARIANTS, MultiTurnGRPOConfig
 from airline_rl.envs.users import get_user_simulator
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
-from airline_rl.trainers.variants import VARIANTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
 

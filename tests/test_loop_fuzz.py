@@ -23,6 +23,7 @@ from airline_rl.envs.runner import run_episodes
 from airline_rl.envs.tools import TOOL_NAMES
 from airline_rl.envs.users import get_user_simulator
 from airline_rl.envs.users.base import UserReply, UserSimulator
+from airline_rl.rewards.outcome import outcome_reward
 from airline_rl.rollout import TokenPolicyAgent
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -102,7 +103,7 @@ def play_fuzzed(tokenizer, data: st.DataObject, seed: int) -> int:
     agent = TokenPolicyAgent(backend, tokenizer, ENV.tools, [tokenizer.eos_token_id], 4096, 160, 10**9)
     specs = [(str(rng.randrange(50)), i) for i in range(EPISODES_PER_EXAMPLE)]
     episodes = [ENV.reset(t, s) for t, s in specs]
-    records = run_episodes(ENV, agent, HostileUser(data, rng), specs, episodes=episodes)
+    records = run_episodes(ENV, agent, HostileUser(data, rng), specs, episodes=episodes, score=outcome_reward)
     for episode, record in zip(episodes, records, strict=True):
         assert record.termination is not None and record.reward is not None
         json.dumps(record.to_dict(), ensure_ascii=False).encode("utf-8")  # a results file can hold it
@@ -143,7 +144,7 @@ def test_lone_surrogate_in_a_tool_argument_does_not_crash_the_loop(tiny_tokenize
 
     env = AirlineEnv(config=EnvConfig(max_turns=3))
     agent = TokenPolicyAgent(Repeat(), tokenizer, env.tools, [tokenizer.eos_token_id], 10**5, 512, 10**9)
-    (record,) = run_episodes(env, agent, get_user_simulator("scripted"), [("0", 0)])
+    (record,) = run_episodes(env, agent, get_user_simulator("scripted"), [("0", 0)], score=outcome_reward)
     assert record.termination == "max_turns" and len(record.tool_calls) == 3
     assert record.tool_calls[0].arguments == {"user_id": "\ufffd"}
     assert record.tool_calls[0].result == "Error: User \ufffd not found"

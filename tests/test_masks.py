@@ -35,6 +35,7 @@ from airline_rl.render import (
     render,
     trained_turns,
 )
+from airline_rl.rewards.outcome import outcome_reward
 from airline_rl.rollout import TokenPolicyAgent, episode_tensors
 from airline_rl.trainers.sft import prepare_sft_dataset
 
@@ -320,7 +321,9 @@ def test_sft_row_equals_the_rl_rollout_of_the_same_episode(make_tokenizer) -> No
     the same token ids and the same mask: SFT and RL see one tokenisation of the conversation."""
     tokenizer = make_tokenizer("qwen2_5.jinja")
     env = AirlineEnv()
-    (record,) = run_episodes(env, get_agent("oracle"), get_user_simulator("scripted"), [("1", 0)])
+    (record,) = run_episodes(
+        env, get_agent("oracle"), get_user_simulator("scripted"), [("1", 0)], score=outcome_reward
+    )
     assert record.reward["reward"] == 1.0
     row = assistant_mask_rows(tokenizer, record.messages, env.tools).rows[0]
     spans = iter(runs(row.assistant_masks))
@@ -331,7 +334,7 @@ def test_sft_row_equals_the_rl_rollout_of_the_same_episode(make_tokenizer) -> No
 
     episode = env.reset("1", 0)
     agent = TokenPolicyAgent(Replay(), tokenizer, env.tools, [tokenizer.eos_token_id], 10**6, 10**6)
-    run_episodes(env, agent, get_user_simulator("scripted"), [("1", 0)], episodes=[episode])
+    run_episodes(env, agent, get_user_simulator("scripted"), [("1", 0)], episodes=[episode], score=outcome_reward)
     assert episode.record.messages == record.messages and episode.record.reward["reward"] == 1.0
     tensors = episode_tensors(episode)
     assert tensors["prompt_ids"] + tensors["completion_ids"] == row.input_ids

@@ -17,9 +17,9 @@ from transformers import Trainer, TrainingArguments
 
 import train_grpo
 from airline_rl import experiment
-from airline_rl.precision import check_update_precision, fp32_master_weights, lost_update_fraction
+from airline_rl.run.precision import check_update_precision, fp32_master_weights, lost_update_fraction
+from airline_rl.run.update_monitor import METRIC, UpdateFractionCallback, add_update_monitor
 from airline_rl.trainers import multiturn_grpo
-from airline_rl.update_monitor import METRIC, UpdateFractionCallback, add_update_monitor
 from benchmarks import update_fidelity
 from benchmarks.update_fidelity import fixed_batch, small_model
 
@@ -67,7 +67,7 @@ def test_check_refuses_bf16_weights_that_would_not_move(tmp_path, caplog) -> Non
     message = str(refused.value)
     assert message.startswith("error: 9") and "\n" not in message  # "error: 9x% of the trainable weights ..."
     assert "accelerate_configs/zero2_offload.yaml" in message and "--allow_rounded_updates true" in message
-    with caplog.at_level(logging.WARNING, logger="airline_rl.precision"):
+    with caplog.at_level(logging.WARNING, logger="airline_rl.run.precision"):
         assert check_update_precision(trainer, allow=True) > 0.9
     assert "--allow_rounded_updates true" in caplog.text
     assert check_update_precision(_trainer(tmp_path, torch.float32, 1e-6), allow=False) == 0.0
@@ -100,7 +100,7 @@ def test_monitor_logs_the_changed_fraction(tmp_path) -> None:
 def test_monitor_warns_when_steps_round_away(tmp_path, caplog) -> None:
     trainer = _trainer(tmp_path, torch.bfloat16, 1e-6)
     add_update_monitor(trainer)
-    with caplog.at_level(logging.WARNING, logger="airline_rl.update_monitor"):
+    with caplog.at_level(logging.WARNING, logger="airline_rl.run.update_monitor"):
         trainer.train()
     fractions = [entry[METRIC] for entry in trainer.state.log_history if METRIC in entry]
     assert len(fractions) == 3 and max(fractions) < 0.1
@@ -186,7 +186,7 @@ def test_monitor_does_not_blame_rounding_for_a_zero_gradient(tmp_path, caplog) -
     trainer = _trainer(tmp_path, torch.float32, 1e-4)
     callback = UpdateFractionCallback(trainer)
     state = trainer.state
-    with caplog.at_level(logging.WARNING, logger="airline_rl.update_monitor"):
+    with caplog.at_level(logging.WARNING, logger="airline_rl.run.update_monitor"):
         for step in (1, 2, 3):
             state.global_step, callback.fraction = step, 0.0
             callback.on_log(trainer.args, state, trainer.control, logs={"grad_norm": 0.0})
@@ -203,7 +203,7 @@ def test_monitor_says_when_a_low_step_had_near_zero_loss_instead_of_blaming_prec
     trainer = _trainer(tmp_path, torch.float32, 1e-4)
     callback = UpdateFractionCallback(trainer)
     state = trainer.state
-    with caplog.at_level(logging.WARNING, logger="airline_rl.update_monitor"):
+    with caplog.at_level(logging.WARNING, logger="airline_rl.run.update_monitor"):
         for step in (1, 2):
             state.global_step, callback.fraction = step, 0.304
             logs = {"loss": 1e-9, "grad_norm": 2e-7, "frac_reward_zero_std": 1.0}

@@ -23,6 +23,7 @@ from airline_rl.configs import MultiTurnGRPOConfig
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.runner import run_episodes
 from airline_rl.envs.users import get_user_simulator
+from airline_rl.rewards.outcome import outcome_reward
 from airline_rl.rollout import TokenPolicyAgent
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
@@ -79,7 +80,7 @@ def _play(env, tokenizer, backend, batched: bool, turn_tokens: int = 8) -> list[
     episodes = []
     for group in [specs] if batched else [[spec] for spec in specs]:
         group_episodes = [env.reset(task_id, seed) for task_id, seed in group]
-        run_episodes(env, agent, get_user_simulator("scripted"), group, episodes=group_episodes)
+        run_episodes(env, agent, get_user_simulator("scripted"), group, episodes=group_episodes, score=outcome_reward)
         episodes.extend(group_episodes)
     return [ep.agent_state["completion_ids"] for ep in episodes]
 

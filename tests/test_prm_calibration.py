@@ -175,7 +175,7 @@ def test_docs_report_matches_the_corpus(
     corpus: list[Trajectory], calibration: Calibration, real: dict[str, RealCalibration]
 ) -> None:
     """docs/prm_lite.md carries the reports generated from the current rules, the corpus and the real set
-    (regenerate with ``python -m airline_rl.rewards.prm_lite --update-docs docs/prm_lite.md``)."""
+    (regenerate with ``python -m airline_rl.rewards.prm --update-docs docs/prm_lite.md``)."""
     text = (Path(__file__).resolve().parents[1] / "docs" / "prm_lite.md").read_text(encoding="utf-8")
     block = text.split(CALIBRATION_START, 1)[1].split(CALIBRATION_END, 1)[0]
     corpus_cals = {name: calibrate(corpus, rules=name, env=ENV) for name in PRM_RULE_SETS}

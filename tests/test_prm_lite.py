@@ -1,4 +1,4 @@
-"""Tests for PRM-Lite (``airline_rl.rewards.prm_lite``): every rule fires and stays silent on real episode records.
+"""Tests for PRM-Lite (``airline_rl.rewards.prm``): every rule fires and stays silent on real episode records.
 
 The records come from driving ``AirlineEnv`` episodes with hand-written assistant turns (user: ``mia_li_3668``, whose
 profile lists reservations NO6JO3, AIXC49 and HKEG34 and the card ``credit_card_4421486``), so the rules are tested
@@ -18,11 +18,9 @@ from airline_rl.envs.runner import run_episodes
 from airline_rl.envs.tool_calls import format_tool_call
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.envs.users.scripted import ScriptedUser
-from airline_rl.rewards import prm_lite
-from airline_rl.rewards.prm.reference import REFERENCE_TERMS
-from airline_rl.rewards.prm_lite import (
-    DOCS_END,
-    DOCS_START,
+from airline_rl.rewards import prm
+from airline_rl.rewards.outcome import outcome_reward
+from airline_rl.rewards.prm import (
     ID_ARGUMENT_NAMES,
     RULE_SETS,
     RULES,
@@ -36,9 +34,10 @@ from airline_rl.rewards.prm_lite import (
     is_confirmation,
     is_placeholder,
     mentionable_values,
-    rules_markdown,
     score_episode,
 )
+from airline_rl.rewards.prm.reference import REFERENCE_TERMS
+from airline_rl.rewards.prm.report import DOCS_END, DOCS_START, main, rules_markdown
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "prm_lite.md"
 
@@ -512,7 +511,7 @@ def test_rule_table() -> None:
 
 def test_id_arguments_come_from_the_schemas() -> None:
     assert ID_ARGUMENT_NAMES == {"user_id", "reservation_id", "payment_id", "flight_number"}
-    assert prm_lite.LOOKUP_TOOLS == {"get_user_details": "user_id", "get_reservation_details": "reservation_id"}
+    assert prm.LOOKUP_TOOLS == {"get_user_details": "user_id", "get_reservation_details": "reservation_id"}
     described = " ".join(str(tool["function"]["parameters"]) for tool in TOOL_SCHEMAS)
     for example in ("sara_doe_496", "ZFA04Y", "credit_card_7815826", "2024-01-01"):
         assert example in described and is_placeholder("x", example)
@@ -616,7 +615,7 @@ class _AskThenLookUp:
 
 
 def test_records_from_the_runner(env: AirlineEnv) -> None:
-    records = run_episodes(env, _AskThenLookUp(), ScriptedUser(), [("1", 0), ("5", 0)])
+    records = run_episodes(env, _AskThenLookUp(), ScriptedUser(), [("1", 0), ("5", 0)], score=outcome_reward)
     for record in records:
         result = score_episode(record)
         assert len(result.fired) == len(record.turns) == 3
@@ -646,7 +645,7 @@ def test_docs_table_matches_code() -> None:
 
 
 def test_markdown_cli(capsys: pytest.CaptureFixture[str]) -> None:
-    assert prm_lite.main(["--markdown"]) == 0
+    assert main(["--markdown"]) == 0
     out = capsys.readouterr().out
     assert out == rules_markdown()
     # per set: title, blank, header, separator, one line per rule; a blank line between sets; the reference last

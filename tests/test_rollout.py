@@ -18,6 +18,7 @@ from airline_rl.envs.episode import TOKEN_BUDGET, AirlineEnv, EnvConfig
 from airline_rl.envs.runner import run_episodes
 from airline_rl.envs.users import get_user_simulator
 from airline_rl.render import render
+from airline_rl.rewards.outcome import outcome_reward
 from airline_rl.rollout import TokenPolicyAgent, episode_tensors
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -92,7 +93,7 @@ def play(env, tokenizer, backend, task_ids, *, max_completion=100_000, max_turn_
     )
     specs = [(t, i) for i, t in enumerate(task_ids)]
     episodes = [env.reset(t, s) for t, s in specs]
-    records = run_episodes(env, agent, get_user_simulator("scripted"), specs, episodes=episodes)
+    records = run_episodes(env, agent, get_user_simulator("scripted"), specs, episodes=episodes, score=outcome_reward)
     return episodes, records
 
 

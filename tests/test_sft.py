@@ -19,8 +19,8 @@ from airline_rl.configs import CollectArguments
 from airline_rl.data.collect import collect, decode_rows, load_trajectories, rows_to_dataset
 from airline_rl.data.tiny_model import build_tiny_model, qwen2_5_chat_template
 from airline_rl.envs.splits import get_split
-from airline_rl.hub import read_refs, resolve_model
 from airline_rl.render import assistant_mask_rows
+from airline_rl.run.hub import read_refs, resolve_model
 from airline_rl.trainers.sft import SFTDataError, prepare_sft_dataset, teacher_forced_accuracy, trainer_columns
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

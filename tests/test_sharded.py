@@ -314,7 +314,7 @@ def fake_accelerator(kind: str, processes: int = 2, fsdp_version: int | None = N
 def test_the_shim_promotes_only_fsdp2_on_a_multi_process_cpu_group() -> None:
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-    from airline_rl.sharding import wants_cpu_fsdp2
+    from airline_rl.run.sharding import wants_cpu_fsdp2
 
     two, one = FullyShardedDataParallelPlugin(fsdp_version=2), FullyShardedDataParallelPlugin(fsdp_version=1)
     assert wants_cpu_fsdp2(True, DistributedType.MULTI_CPU, two)
@@ -326,7 +326,7 @@ def test_the_shim_promotes_only_fsdp2_on_a_multi_process_cpu_group() -> None:
 def test_the_shim_patches_accelerator_state_only_while_active() -> None:
     from accelerate.state import AcceleratorState
 
-    from airline_rl.sharding import cpu_fsdp2
+    from airline_rl.run.sharding import cpu_fsdp2
 
     original = AcceleratorState.__init__
     with cpu_fsdp2():
@@ -344,7 +344,7 @@ def test_the_shim_patches_accelerator_state_only_while_active() -> None:
     ],
 )
 def test_silent_downgrades_are_refused_in_one_line(monkeypatch, environ, accelerator, expected) -> None:
-    from airline_rl.sharding import LaunchError, check_launch
+    from airline_rl.run.sharding import LaunchError, check_launch
 
     for name in ("WORLD_SIZE", "ACCELERATE_USE_FSDP", "FSDP_VERSION", "ACCELERATE_USE_DEEPSPEED"):
         monkeypatch.delenv(name, raising=False)
@@ -356,7 +356,7 @@ def test_silent_downgrades_are_refused_in_one_line(monkeypatch, environ, acceler
 
 
 def test_fsdp1_without_a_gpu_is_refused_before_accelerate_builds_anything(monkeypatch) -> None:
-    from airline_rl.sharding import LaunchError, check_launch_environment
+    from airline_rl.run.sharding import LaunchError, check_launch_environment
 
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "1")
@@ -367,7 +367,7 @@ def test_fsdp1_without_a_gpu_is_refused_before_accelerate_builds_anything(monkey
 
 
 def test_launches_that_are_what_they_say_pass(monkeypatch) -> None:
-    from airline_rl.sharding import check_launch
+    from airline_rl.run.sharding import check_launch
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
@@ -378,7 +378,7 @@ def test_launches_that_are_what_they_say_pass(monkeypatch) -> None:
 
 
 def test_which_launches_generate_with_sharded_parameters() -> None:
-    from airline_rl.sharding import parameters_sharded_for_generation as sharded
+    from airline_rl.run.sharding import parameters_sharded_for_generation as sharded
 
     assert sharded(fake_accelerator("FSDP", fsdp_version=1))
     assert not sharded(fake_accelerator("FSDP", fsdp_version=2))  # gathered once per rollout round
@@ -442,7 +442,7 @@ def test_forcing_prefix_reuse_where_it_cannot_run_is_refused(tmp_path, tiny_mode
     from airline_rl.configs import MultiTurnGRPOConfig
     from airline_rl.envs.episode import AirlineEnv
     from airline_rl.envs.users import get_user_simulator
-    from airline_rl.sharding import LaunchError
+    from airline_rl.run.sharding import LaunchError
     from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
     env = AirlineEnv()
@@ -457,7 +457,7 @@ def test_forcing_prefix_reuse_where_it_cannot_run_is_refused(tmp_path, tiny_mode
 
 
 def test_the_internals_the_sharding_code_relies_on_still_exist() -> None:
-    """Pinned (accelerate 1.15, transformers 5.17, torch 2.13): ``airline_rl.sharding`` reads or wraps these."""
+    """Pinned (accelerate 1.15, transformers 5.17, torch 2.13): ``airline_rl.run.sharding`` reads or wraps these."""
     import inspect
 
     import accelerate

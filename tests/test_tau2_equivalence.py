@@ -40,6 +40,7 @@ from airline_rl.envs.runner import run_episodes  # noqa: E402
 from airline_rl.envs.tool_calls import format_tool_call  # noqa: E402
 from airline_rl.envs.users.scripted import ScriptedUser  # noqa: E402
 from airline_rl.evaluation.tau2_export import simulation_run, tau2_messages  # noqa: E402
+from airline_rl.rewards.outcome import outcome_reward
 
 
 class MalformedCalls(ScriptAgent):
@@ -107,7 +108,7 @@ def env() -> AirlineEnv:
 def _check(env: AirlineEnv, script: str, task_ids: list[str], monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     use_cached_environment(monkeypatch)
     seed = 7
-    records = run_episodes(env, SCRIPTS[script](), ScriptedUser(), [(t, seed) for t in task_ids])
+    records = run_episodes(env, SCRIPTS[script](), ScriptedUser(), [(t, seed) for t in task_ids], score=outcome_reward)
     terminations: dict[str, int] = {}
     for task_id, record in zip(task_ids, records, strict=True):
         task = env.domain.get_task(task_id)

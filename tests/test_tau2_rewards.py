@@ -28,6 +28,7 @@ from test_loop_fuzz import EPISODES_PER_EXAMPLE, FuzzBackend, HostileUser  # noq
 from airline_rl.envs.episode import AirlineEnv, EnvConfig, EpisodeRecord  # noqa: E402
 from airline_rl.envs.runner import run_episodes  # noqa: E402
 from airline_rl.evaluation.tau2_export import simulation_run  # noqa: E402
+from airline_rl.rewards.outcome import outcome_reward
 from airline_rl.rewards.prm.corpus import build_corpus  # noqa: E402
 from airline_rl.rollout import TokenPolicyAgent  # noqa: E402
 
@@ -82,7 +83,7 @@ def fuzz_rewards(tokenizer, protocol: str, examples: int, monkeypatch) -> dict[s
         agent = TokenPolicyAgent(FuzzBackend(tokenizer, data, rng), tokenizer, env.tools, [tokenizer.eos_token_id],
                                  4096, 160, 10**9)  # fmt: skip
         specs = [(str(rng.randrange(50)), i) for i in range(EPISODES_PER_EXAMPLE)]
-        for record in run_episodes(env, agent, HostileUser(data, rng), specs):
+        for record in run_episodes(env, agent, HostileUser(data, rng), specs, score=outcome_reward):
             assert tau2_reward(env, record) == record.reward["reward"], record.to_dict()
             seen[record.termination] = seen.get(record.termination, 0) + 1
 

@@ -22,14 +22,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import train_grpo
-from airline_rl.configs import MultiTurnGRPOConfig
+from airline_rl.configs import VARIANTS, MultiTurnGRPOConfig
 from airline_rl.envs.prompt_style import COMPACT_SYSTEM_PROMPT, read_prompt_style, write_prompt_style
 from airline_rl.envs.users import get_user_simulator
-from airline_rl.hub import HubError, ensure_writable, resolve_model
-from airline_rl.run_guard import RUN_CONFIG_FILE
+from airline_rl.run.guard import RUN_CONFIG_FILE
+from airline_rl.run.hub import HubError, ensure_writable, resolve_model
 from airline_rl.trainers import multiturn_grpo
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
-from airline_rl.trainers.variants import VARIANTS
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -421,7 +420,7 @@ def test_unknown_task_fails_before_the_model_is_loaded(tmp_path, tiny_model_dir,
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the inputs were checked")
 
-    monkeypatch.setattr(train_grpo.AutoModelForCausalLM, "from_pretrained", no_loading)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_loading)
     with pytest.raises(SystemExit, match=r"error: --tasks: Unknown task id '999'.*task ids 0\.\.49"):
         train_grpo.main(*train_grpo.parse_args(cli(tmp_path, tiny_model_dir, "--tasks", "999")))
 
@@ -434,7 +433,7 @@ def test_use_vllm_without_vllm_is_a_clear_error_where_the_run_starts(tmp_path, t
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the missing vLLM was reported")
 
-    monkeypatch.setattr(train_grpo.AutoModelForCausalLM, "from_pretrained", no_loading)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_loading)
     args = train_grpo.parse_args(cli(tmp_path, tiny_model_dir, "--use_vllm", "true"))
     with pytest.raises(SystemExit, match=r"^error: --use_vllm needs vLLM, which is not installed: pip install -r "):
         train_grpo.main(*args)

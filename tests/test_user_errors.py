@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 
 from airline_rl.envs.users import get_user_simulator
 from airline_rl.envs.users.base import UserReply, UserSimulator
-from airline_rl.trainers.console import format_step_line, summary_line
+from airline_rl.run.console import format_step_line, summary_line
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -5,9 +5,8 @@ import math
 import pytest
 import torch
 
-from airline_rl.configs import MultiTurnGRPOConfig
+from airline_rl.configs import VARIANTS, MultiTurnGRPOConfig
 from airline_rl.trainers.variants import (
-    VARIANTS,
     bound_turn_credit,
     token_advantages,
     token_weights,

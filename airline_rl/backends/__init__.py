@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from airline_rl.optional import require
+from airline_rl.run.dependencies import require
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class TransformersBackend:
         when a ``generation_config`` was given: transformers deprecates passing both)."""
         kwargs = {
             "max_new_tokens": max_new_tokens,
-            # every row's parameters are local here (FSDP2's are gathered for the round: airline_rl/sharding.py), so
+            # every row's parameters are local here (FSDP2's are gathered for the round: run/sharding.py), so
             # no rank waits for another's decoding steps, which ranks with other turn counts would never match
             "synced_gpus": False,
             **self._sampling_kwargs(),

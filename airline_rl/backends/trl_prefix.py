@@ -31,7 +31,7 @@ import torch
 
 from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend, supports_shared_prefix
 from airline_rl.backends.turn_cache import DEFAULT_MAX_TOKENS
-from airline_rl.sharding import parameters_sharded_for_generation, unsharded_for_generation
+from airline_rl.run.sharding import parameters_sharded_for_generation, unsharded_for_generation
 
 logger = logging.getLogger(__name__)
 

@@ -52,7 +52,8 @@ from airline_rl.envs.episode import USER_ERROR, AirlineEnv, EpisodeRecord
 from airline_rl.envs.runner import run_episodes
 from airline_rl.envs.splits import Split, get_split
 from airline_rl.envs.users import get_user_simulator
-from airline_rl.hub import WRITERS_KEY, check_writer, ensure_writable, write_json_atomic, writer_id
+from airline_rl.rewards.outcome import outcome_reward
+from airline_rl.run.hub import WRITERS_KEY, check_writer, ensure_writable, write_json_atomic, writer_id
 
 logger = logging.getLogger(__name__)
 
@@ -474,7 +475,7 @@ def collect(
             chunk = pending[begin : begin + args.chunk_size]
             specs = [(task_id, args.seed + attempt) for task_id, attempt in chunk]
             episodes = [env.reset(task_id, seed) for task_id, seed in specs]  # kept: agent_state says teacher errors
-            records = run_episodes(env, teacher, user, specs, episodes=episodes, progress=False)
+            records = run_episodes(env, teacher, user, specs, episodes=episodes, progress=False, score=outcome_reward)
             for (task_id, attempt), episode, record in zip(chunk, episodes, records, strict=True):
                 teacher_error = episode.agent_state.get("teacher_error")
                 if teacher_error or record.termination == USER_ERROR:

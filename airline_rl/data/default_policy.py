@@ -54,8 +54,8 @@ from airline_rl.data.build_cache import cached_build
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.prompt_style import COMPACT_SYSTEM_PROMPT, PROMPT_STYLE_FILE, compact_env, write_prompt_style
 from airline_rl.envs.tools import TOOL_SCHEMAS
-from airline_rl.graceful_stop import discarded_on_stop
-from airline_rl.script_setup import keep_log_levels, keep_random_state
+from airline_rl.run.start import keep_log_levels, keep_random_state
+from airline_rl.run.stop import discarded_on_stop
 
 logger = logging.getLogger(__name__)
 

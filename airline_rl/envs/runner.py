@@ -17,9 +17,11 @@ from tqdm.auto import tqdm
 
 from airline_rl.envs.episode import AirlineEnv, Episode, EpisodeRecord
 from airline_rl.envs.users.base import UserSimulator
-from airline_rl.rewards.outcome import compute_reward
 
 logger = logging.getLogger(__name__)
+
+Scorer = Callable[[Episode], dict[str, Any]]
+"""The reward of a finished episode, as the dict stored in ``EpisodeRecord.reward``."""
 
 
 @dataclass
@@ -67,12 +69,17 @@ def run_episodes(
     user: UserSimulator,
     specs: Sequence[tuple[str, int]],
     *,
+    score: Scorer,
     progress: bool = False,
     timings: RunTimings | None = None,
     episodes: list[Episode] | None = None,
     on_finished: Callable[[int], Any] | None = None,
 ) -> list[EpisodeRecord]:
     """Plays one episode per ``(task_id, seed)`` in ``specs`` and scores it; returns the records in order.
+
+    ``score(episode)`` is the reward of a finished episode (its dict goes to ``record.reward``): the callers hand in
+    the outcome reward (``airline_rl.rewards.outcome.outcome_reward``). The loop knows no reward of its own, since
+    ``rewards/`` reads what ``envs/`` records and never the other way round.
 
     ``episodes`` may hold pre-made episodes (``env.reset``) for callers that keep references to them;
     ``on_finished(n)`` is called whenever n more episodes finished (a caller's progress bar moves per episode).
@@ -109,6 +116,6 @@ def run_episodes(
     bar.close()
     start = time.perf_counter()
     for episode in episodes:
-        episode.record.reward = compute_reward(episode).to_dict()
+        episode.record.reward = score(episode)
     timings.reward += time.perf_counter() - start
     return [episode.record for episode in episodes]

@@ -37,7 +37,7 @@ def input_errors() -> tuple[type[Exception], ...]:
     """Errors caused by bad input: evaluate.py reports their message (it names the thing) instead of a traceback."""
     from airline_rl.envs.data import DomainDataError
     from airline_rl.envs.splits import SplitError
-    from airline_rl.hub import HubError
+    from airline_rl.run.hub import HubError
 
     from .compare import CompareError
     from .evaluator import EvaluationError

@@ -45,7 +45,8 @@ from airline_rl.envs.runner import Agent, RunTimings, run_episodes
 from airline_rl.envs.splits import Split, get_split
 from airline_rl.envs.users import check_user_endpoint, get_user_simulator
 from airline_rl.envs.users.base import UserSimulator
-from airline_rl.hub import HubError, read_refs, resolve_model, revision_name
+from airline_rl.rewards.outcome import outcome_reward
+from airline_rl.run.hub import HubError, read_refs, resolve_model, revision_name
 
 from .results import (
     FORMAT_VERSION,
@@ -63,7 +64,7 @@ logger = logging.getLogger(__name__)
 
 SCRIPTED_AGENTS = ("oracle", "noop")
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-_CARD_LINE = r"^- `{}`: (\S+)\s*$"  # a training field in a local-hub model card (airline_rl.hub.model_card)
+_CARD_LINE = r"^- `{}`: (\S+)\s*$"  # a training field in a local-hub model card (airline_rl.run.hub.model_card)
 
 
 class EvaluationError(ValueError):
@@ -591,7 +592,9 @@ def evaluate_target(
             specs = [(task_id, episode_seed(args.seed, task_id, sample)) for task_id, sample in chunk]
             # the bar moves as each episode finishes, not once per chunk of --batch_size episodes
             chunk_started, chunk_start = now(), time.perf_counter()
-            records = run_episodes(plan_.env, agent, user, specs, timings=timings, on_finished=bar.update)
+            records = run_episodes(
+                plan_.env, agent, user, specs, timings=timings, on_finished=bar.update, score=outcome_reward
+            )
             duration = (time.perf_counter() - chunk_start) / max(1, len(chunk))
             for (task_id, sample), record in zip(chunk, records, strict=True):
                 results.add(task_id, sample_entry(record, sample, args.save_messages))

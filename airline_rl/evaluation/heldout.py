@@ -45,8 +45,9 @@ from airline_rl.envs.episode import AirlineEnv
 from airline_rl.envs.prompt_style import COMPACT_SYSTEM_PROMPT, style_name
 from airline_rl.envs.runner import RunTimings, run_episodes
 from airline_rl.envs.splits import Split
-from airline_rl.hub import revision_name
-from airline_rl.script_setup import keep_random_state
+from airline_rl.rewards.outcome import outcome_reward
+from airline_rl.run.hub import revision_name
+from airline_rl.run.start import keep_random_state
 
 from .metrics import GROUPS, STRATA, task_order
 from .results import (
@@ -296,7 +297,9 @@ class HeldoutEvaluation:
                     for index in range(rounds):
                         part = shard[index * chunk : (index + 1) * chunk]
                         specs = [(task_id, episode_seed(seed, task_id, sample)) for task_id, sample in part]
-                        records = run_episodes(self.env, agent, self.user, specs, timings=timings)
+                        records = run_episodes(
+                            self.env, agent, self.user, specs, timings=timings, score=outcome_reward
+                        )
                         backend.drain()
                         local = [(t, sample_entry(r, s)) for (t, s), r in zip(part, records, strict=True)]
                         entries = gather_object(local) if world > 1 else local

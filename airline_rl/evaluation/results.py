@@ -16,7 +16,7 @@ Schema (``format`` 1; docs/metrics.md documents every field)::
       "updated":  "<ISO time>"
     }
 
-Every save rewrites the whole file through a temporary file and ``os.replace`` (``airline_rl.hub.write_json_atomic``),
+Every save rewrites the whole file through a temporary file and ``os.replace`` (``run.hub.write_json_atomic``),
 so an interrupted evaluation leaves the last complete save behind, never a torn file. A sample is keyed by
 (task id, sample index); a rerun plays only the missing ones, and the ones whose user simulator failed.
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from airline_rl.envs.episode import EpisodeRecord
-from airline_rl.hub import write_json_atomic
+from airline_rl.run.hub import write_json_atomic
 
 from .metrics import GROUPS, compute_metrics, refusal_passes
 from .schema import SchemaError, check_results_types

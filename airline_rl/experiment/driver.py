@@ -56,7 +56,7 @@ def _execute(stage: Stage, cwd: Path) -> int:
             print(f"[stop] {stage.name}: stopping it (up to {stage.stop_grace_s:g} s to exit)", flush=True)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
-            # A training stage finishes its step and saves (graceful_stop.py); under torchrun the agent kills its
+            # A training stage finishes its step and saves (run/stop.py); under torchrun the agent kills its
             # ranks after the same grace, so it gets a little longer to do that first.
             try:
                 process.wait(timeout=stage.stop_grace_s + (30 if stage.stop_grace_s > 30 else 0))
@@ -238,7 +238,7 @@ def make_parser() -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from airline_rl.cli import parse_or_exit
+    from airline_rl.run.cli import parse_or_exit
 
     (args,) = parse_or_exit(make_parser(), argv)
     try:

@@ -75,7 +75,7 @@ PROFILES: dict[str, Profile] = {
         "Qwen2.5-72B-Instruct-AWQ user simulator and teacher on GPU 1",
         variants=ALL_VARIANTS,
         steps=(200, 250, 300),
-        accelerate_config="accelerate_configs/zero2_offload.yaml",  # fp32 master weights: airline_rl/precision.py
+        accelerate_config="accelerate_configs/zero2_offload.yaml",  # fp32 master weights: airline_rl/run/precision.py
         collect_recipe="recipes/ablation/collect_gpu_reference.yaml",
         collect_flags=(),
         sft_recipe="recipes/sft/qwen2_5_7b.yaml",

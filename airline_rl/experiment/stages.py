@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from airline_rl.launch_env import SHUTDOWN_TIMEOUT_ENV
+from airline_rl.run.torchrun import SHUTDOWN_TIMEOUT_ENV
 
 from .settings import OFFLINE_ENV, Settings, split_csv
 from .status import (
@@ -78,7 +78,7 @@ def build_stages(settings: Settings) -> list[Stage]:
     if settings.train_gpus is not None:
         train_env["CUDA_VISIBLE_DEVICES"] = settings.train_gpus
     # torchrun (multi-process launches) SIGKILLs its ranks this long after forwarding a stop signal (default 30 s,
-    # less than one GRPO step of a 7B policy): the ranks need it to finish the step and save (graceful_stop.py).
+    # less than one GRPO step of a 7B policy): the ranks need it to finish the step and save (run/stop.py).
     training_env = {**train_env, SHUTDOWN_TIMEOUT_ENV: str(settings.stop_grace_s)}
     stages: list[Stage] = []
     server_deps: list[str] = []

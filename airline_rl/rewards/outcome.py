@@ -105,3 +105,8 @@ def compute_reward(episode: Episode) -> RewardBreakdown:
         num_turns=len(record.turns),
         user_error=record.termination == USER_ERROR,
     )
+
+
+def outcome_reward(episode: Episode) -> dict[str, Any]:
+    """``compute_reward`` as the dict ``run_episodes`` stores in each record (its ``score``)."""
+    return compute_reward(episode).to_dict()

@@ -16,7 +16,7 @@ How it departs from textbook GRPO (single-turn, one completion per prompt):
 5. Truncation comes from the episode record (token budget exhausted), not from the last token, and an episode whose
    user simulator failed gets no reward (NaN: TRL excludes it from the group baseline and gives it advantage 0).
 6. A run does not depend on its process count: episode seeds follow the row's global index, and on the prefix path
-   each turn samples from its own seeded generator; FSDP2 (also on CPU: ``airline_rl.sharding``) and ZeRO-3 gather
+   each turn samples from its own seeded generator; FSDP2 (also on CPU: ``airline_rl.run.sharding``) and ZeRO-3 gather
    the parameters once per rollout round, so the ranks generate locally, whatever their turn counts.
 7. A step in which *every* episode (all ranks) failed in the user simulator takes no optimiser step: its gradients
    are dropped before ``optimizer.step`` (weights and optimiser state unchanged), it is logged as
@@ -27,7 +27,7 @@ Overridden hooks (pinned to trl==1.16.0, checked by tests/test_trl_hooks.py): ``
 ``_generate_and_score_completions`` (truncation mask, variant advantages, metrics), ``training_step`` (timing),
 transformers' ``_get_grad_norm`` (the pre-clip gradient norm of every step; a user-error step's gradients dropped) and
 ``evaluate`` (held-out pass^k, ``airline_rl.evaluation.heldout``, instead of the loss on eval prompts); and, through
-``airline_rl.sharding.ShardedLaunch``, transformers' ``create_accelerator_and_postprocess`` (CPU FSDP2, launch checks).
+``run.sharding.ShardedLaunch``, transformers' ``create_accelerator_and_postprocess`` (CPU FSDP2, launch checks).
 
 Launch (see recipes/grpo/*.yaml):
     accelerate launch --config_file accelerate_configs/cpu.yaml train_grpo.py --config recipes/grpo/joint.yaml
@@ -55,9 +55,10 @@ from airline_rl.configs import MultiTurnGRPOConfig
 from airline_rl.envs.episode import AirlineEnv, Episode, EpisodeRecord
 from airline_rl.envs.runner import RunTimings, run_episodes
 from airline_rl.envs.users.base import UserSimulator
-from airline_rl.rewards.prm_lite import PRMResult, episode_rule_stats, score_episode, within_group_signal
+from airline_rl.rewards.outcome import outcome_reward
+from airline_rl.rewards.prm import PRMResult, episode_rule_stats, score_episode, within_group_signal
 from airline_rl.rollout import TokenPolicyAgent
-from airline_rl.sharding import LaunchError, ShardedLaunch
+from airline_rl.run.sharding import LaunchError, ShardedLaunch
 from airline_rl.trainers.variants import token_advantages
 
 if TYPE_CHECKING:
@@ -300,7 +301,9 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
             agent.start(episode)
         timings = RunTimings()
         with self._vllm_awake_for_rollout():
-            records = run_episodes(self.env, agent, self.user, specs, timings=timings, episodes=episodes)
+            records = run_episodes(
+                self.env, agent, self.user, specs, timings=timings, episodes=episodes, score=outcome_reward
+            )
             backend.drain()
         prm_start = time.perf_counter()
         clip = self.args.prm_clip if self.args.prm_clip is not None else 0.5

@@ -30,9 +30,9 @@ from trl import SFTTrainer
 from airline_rl.data.collect import REQUIRED_COLUMNS, decode_rows, task_sort_key
 from airline_rl.envs.splits import Split
 from airline_rl.envs.tool_calls import TOOL_CALL_OPEN
-from airline_rl.hub import load_snippet, record_revision, revision_name
 from airline_rl.render import TemplateNotPrefixPreserving, UnmaskableTurn, assistant_mask_rows, trained_turns
-from airline_rl.sharding import ShardedLaunch
+from airline_rl.run.hub import load_snippet, record_revision, revision_name
+from airline_rl.run.sharding import ShardedLaunch
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ REPORT_FILE = "sft_data_report.json"
 
 class AirlineSFTTrainer(ShardedLaunch, SFTTrainer):
     """TRL's ``SFTTrainer``; the only change is the accelerator: FSDP2 on CPU really shards, a launch that would
-    silently not shard is refused (``airline_rl.sharding.ShardedLaunch``)."""
+    silently not shard is refused (``airline_rl.run.sharding.ShardedLaunch``)."""
 
 
 class SFTDataError(ValueError):
@@ -367,7 +367,7 @@ def export_model_dir(
     model_dir: str | os.PathLike[str], hub_dir: str | os.PathLike[str], run_name: str, step: int, info: dict
 ) -> Path:
     """Copies the files of a saved model directory to ``<hub_dir>/<run_name>/step-<N>`` (the local-hub layout of
-    ``airline_rl.hub``: written to a temporary sibling, renamed into place, ``refs.json`` replaced atomically)."""
+    ``airline_rl.run.hub``: written to a temporary sibling, renamed into place, ``refs.json`` replaced atomically)."""
     run_dir = Path(hub_dir) / run_name
     final = run_dir / revision_name(step)
     tmp = run_dir / f".{revision_name(step)}.tmp-{uuid.uuid4().hex[:8]}"

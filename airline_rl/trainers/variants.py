@@ -1,4 +1,5 @@
-"""The five loss variants as per-token advantages (one source of truth; formulas and rationale in docs/variants.md).
+"""The five loss variants as per-token advantages (formulas and rationale in docs/variants.md; the variant table,
+``VARIANTS``, lives beside the configs that check it: ``airline_rl.configs``).
 
 Notation: L_i = number of policy tokens of trajectory i, A_i its group advantage (TRL's), ℓ_it TRL's clipped
 surrogate at token t. Every variant is a batch loss  mean_i Σ_t w_it ℓ_it  with non-negative weights w_it.
@@ -25,30 +26,7 @@ import math
 
 import torch
 
-VARIANTS: dict[str, dict[str, object]] = {
-    "vanilla": {"weights": "inverse_length", "uses_prm": False, "turn_credit": False},
-    "turn_discount": {"weights": "turn_discounted", "uses_prm": False, "turn_credit": False},
-    "lata": {"weights": "inverse_sqrt_length", "uses_prm": False, "turn_credit": False},
-    "prm_lite": {"weights": "inverse_length", "uses_prm": True, "turn_credit": False},
-    "joint": {"weights": "inverse_sqrt_length", "uses_prm": True, "turn_credit": True},
-}
-"""Variant table: how tokens are weighted, whether the trajectory reward includes the PRM-Lite process score, and
-whether tokens get per-turn credit. Configs, docs and the trainer all read this table."""
-
-# Which config fields each variant reads (a field set under another variant is a configuration error).
-VARIANT_FIELDS: dict[str, tuple[str, ...]] = {
-    "turn_discount_alpha": ("turn_discount",),
-    "prm_coef": ("prm_lite", "joint"),
-    "prm_clip": ("prm_lite", "joint"),
-    "turn_credit_coef": ("joint",),
-    "length_reference": ("lata", "joint"),
-}
-
-
-def get_variant(name: str) -> dict[str, object]:
-    if name not in VARIANTS:
-        raise ValueError(f"unknown variant {name!r} (--variant); valid variants: {list(VARIANTS)}")
-    return VARIANTS[name]
+from airline_rl.configs import get_variant
 
 
 def policy_token_counts(policy_mask: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ from airline_rl.envs.runner import run_episodes
 from airline_rl.envs.state import AirlineState
 from airline_rl.envs.tools import WRITE_TOOLS, execute_tool
 from airline_rl.envs.users.scripted import ScriptedUser
-from airline_rl.rewards.outcome import communicate_checks
+from airline_rl.rewards.outcome import communicate_checks, outcome_reward
 
 CORPUS_SEED = 0
 WRITE_BEHAVIOURS = frozenset({"unconfirmed_write", "wrong_argument"})
@@ -130,7 +130,7 @@ def build_corpus(
     for name, agent, selected in runs:
         if not selected:
             continue
-        records = run_episodes(env, agent, user, [(t.task_id, seed) for t in selected])  # type: ignore[arg-type]
+        records = run_episodes(env, agent, user, [(t.task_id, seed) for t in selected], score=outcome_reward)  # type: ignore[arg-type]
         for task, record in zip(selected, records, strict=True):
             corpus.append(
                 Trajectory(

@@ -1,7 +1,7 @@
 """The generated parts of docs/prm_lite.md (rule table, calibration report) and the command line that writes them.
 
 One source of truth: the table comes from ``RULES`` and the calibration numbers from scoring the behaviour corpus, so
-``python -m airline_rl.rewards.prm_lite --update-docs docs/prm_lite.md`` regenerates both, and a test checks that the
+``python -m airline_rl.rewards.prm --update-docs docs/prm_lite.md`` regenerates both, and a test checks that the
 committed page matches the code.
 """
 
@@ -355,7 +355,9 @@ def score_conversations(trajectories: str, task_map: str, rules: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="PRM-Lite rule tables and calibration reports.")
+    parser = argparse.ArgumentParser(
+        prog="python -m airline_rl.rewards.prm", description="PRM-Lite rule tables and calibration reports."
+    )
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--markdown", action="store_true", help="print the rule tables as markdown")
     group.add_argument("--calibration", action="store_true", help="build the corpus and print its report")

@@ -17,7 +17,7 @@ Where the updates accumulate:
 
 ``check_update_precision`` measures, on a fixed strided sample of every trainable tensor, the fraction of weights
 whose ``learning_rate``-sized update rounds away in that dtype, and refuses (one line, naming the fix) when it is
-most of them, unless ``--allow_rounded_updates true``. ``airline_rl.update_monitor`` then watches it during training.
+most of them, unless ``--allow_rounded_updates true``. ``run.update_monitor`` then watches it during training.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Did the last optimiser step change the weights? Logged as ``update/changed_fraction`` on every logging step.
 
-``airline_rl.precision`` refuses configurations that round most updates away before training; this watches the run
+``airline_rl.run.precision`` refuses configurations that round most updates away before training; this watches the run
 itself (a mis-set launch, an optimiser whose state went to zero, a learning rate decayed below the weights'
 resolution). It compares a fixed sample of a fixed subset of tensors across each optimiser step: at most
 ``MAX_TENSORS`` trainable tensors evenly spread over the model (embeddings left out: rows of tokens absent from a
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from airline_rl.precision import strided_sample
+from airline_rl.run.precision import strided_sample
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class UpdateFractionCallback(TrainerCallback):
                 return
             logger.warning(
                 "step %d: the optimiser step changed only %.1f%% of the sampled weights (%s); updates are "
-                "rounded away or the learning rate is below the weights' precision (airline_rl/precision.py)",
+                "rounded away or the learning rate is below the weights' precision (airline_rl/run/precision.py)",
                 state.global_step, 100 * self.fraction, ", ".join(n for n, _ in self.tensors or []),
             )  # fmt: skip
 

@@ -12,7 +12,7 @@ import importlib.util
 import os
 from typing import Any
 
-from airline_rl.deepspeed_cpu import check_deepspeed_cpu_launch
+from airline_rl.run.deepspeed_cpu import check_deepspeed_cpu_launch
 
 OPTIONAL_PACKAGES: dict[str, dict[str, str]] = {
     "vllm": {"name": "vLLM", "install": "pip install -r requirements-gpu.txt (vllm==0.31.0)"},

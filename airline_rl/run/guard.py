@@ -24,7 +24,7 @@ from typing import Any
 
 from transformers.trainer_utils import get_last_checkpoint
 
-from airline_rl.hub import write_json_atomic
+from airline_rl.run.hub import write_json_atomic
 
 logger = logging.getLogger(__name__)
 

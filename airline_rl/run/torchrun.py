@@ -2,7 +2,7 @@
 
 ``accelerate launch`` runs a multi-process config through torchrun. On a stop signal torchrun forwards SIGTERM to its
 ranks and SIGKILLs them ``shutdown_timeout`` seconds later: 30 s by default, less than one GRPO step of a 7B policy,
-so the rank's "finish the step, save, exit" (``graceful_stop.py``) needs it raised. torch reads it from
+so the rank's "finish the step, save, exit" (``run/stop.py``) needs it raised. torch reads it from
 ``PET_SHUTDOWN_TIMEOUT`` (its ``--shutdown_timeout`` flag, which ``accelerate launch`` does not pass on) or else
 ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``; the workers inherit the launcher's environment, so they can see the value too.
 """

@@ -40,8 +40,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from airline_rl.cli import _parent_is_accelerate_launcher, exit_with_line
-from airline_rl.launch_env import SHUTDOWN_TIMEOUT_ENV, torchrun_shutdown_timeout_s
+from airline_rl.run.cli import _parent_is_accelerate_launcher, exit_with_line
+from airline_rl.run.torchrun import SHUTDOWN_TIMEOUT_ENV, torchrun_shutdown_timeout_s
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,6 @@
-"""The start of every training entry script (seed, logging, device sanity), in one place."""
+"""The start of every training entry script (seed, logging, device sanity), in one place; and what a run that
+runs another inside its own process keeps from it (log levels, random states): the held-out evaluation during
+training, the in-process default-policy build."""
 
 from __future__ import annotations
 
