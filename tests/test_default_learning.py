@@ -165,7 +165,16 @@ CASES = [(variant, "v2") for variant in VARIANTS] + [("prm_lite", "reference"), 
 reference reward (airline_rl.rewards.prm.reference)."""
 
 
-@pytest.mark.parametrize(("variant", "prm_rules"), CASES, ids=[f"{v}-{r}" if r != "v2" else v for v, r in CASES])
+CI_CASES = {("vanilla", "v2"), ("joint", "v2"), ("joint", "reference")}
+"""The cases CI runs (vanilla, the joint variant with each kind of process reward); the others are ``exhaustive``
+(~1.5 min each): tests/test_learning.py checks every variant learns, on a smaller task, in seconds."""
+
+
+@pytest.mark.parametrize(
+    ("variant", "prm_rules"),
+    [case if case in CI_CASES else pytest.param(*case, marks=pytest.mark.exhaustive) for case in CASES],
+    ids=[f"{v}-{r}" if r != "v2" else v for v, r in CASES],
+)
 def test_grpo_raises_the_outcome_reward_on_the_airline_domain(
     variant, prm_rules, default_policy, reward_before, tmp_path
 ):

@@ -144,6 +144,7 @@ def test_same_conversation_as_tau2_orchestrator(env: AirlineEnv, script: str, mo
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # ~15 min: the sample-task version above runs in the default suite
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_same_conversation_as_tau2_orchestrator_all_tasks(env: AirlineEnv, script: str, monkeypatch) -> None:
     task_ids = sorted(env.domain.tasks, key=int)

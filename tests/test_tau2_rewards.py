@@ -60,6 +60,7 @@ def test_reward_equals_tau2_evaluator_on_the_behaviour_corpus_sample(monkeypatch
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # ~14 min: the sample version above runs in the default suite
 def test_reward_equals_tau2_evaluator_on_the_whole_behaviour_corpus(monkeypatch) -> None:
     assert check_corpus(None, monkeypatch) >= 500
 
