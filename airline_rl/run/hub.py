@@ -158,21 +158,35 @@ def load_snippet(run_name: str, step: int, hub_dir: str | os.PathLike[str] = "hu
     ]
 
 
-def model_card(run_name: str, step: int, info: dict[str, Any], hub_dir: str | os.PathLike[str] = "hub") -> str:
-    """A short README.md for a revision: what it is, how it was trained, the last logged metrics."""
+GRPO_CARD_TEXT = "Policy trained on the τ²-bench airline domain with airline_rl (multi-turn GRPO on TRL)."
+
+
+def model_card(
+    run_name: str,
+    step: int,
+    info: dict[str, Any],
+    hub_dir: str | os.PathLike[str] = "hub",
+    *,
+    method: str = "grpo",
+    text: str = GRPO_CARD_TEXT,
+) -> str:
+    """A short README.md for a revision: what it is (``method`` tag, ``text``), how it was trained, its data when
+    ``info`` has a ``data`` summary (SFT's), the last logged metrics, and how to load it offline."""
     lines = [
         "---",
         "library_name: transformers",
-        "tags: [trl, grpo, tau2-bench, airline, tool-calling]",
+        f"tags: [trl, {method}, tau2-bench, airline, tool-calling]",
         "---",
         f"# {run_name} @ step {step}",
         "",
-        "Policy trained on the τ²-bench airline domain with airline_rl (multi-turn GRPO on TRL).",
+        text,
         "",
         "## Training",
     ]
     for key, value in sorted(info.get("config", {}).items()):
         lines.append(f"- `{key}`: {value}")
+    if info.get("data"):
+        lines += ["", "## Data", "", info["data"]]
     metrics = info.get("metrics", {})
     if metrics:
         lines += ["", "## Last logged metrics", "", "| metric | value |", "|---|---|"]

@@ -31,7 +31,8 @@ from airline_rl.data.collect import REQUIRED_COLUMNS, decode_rows, task_sort_key
 from airline_rl.envs.splits import Split
 from airline_rl.envs.tool_calls import TOOL_CALL_OPEN
 from airline_rl.render import TemplateNotPrefixPreserving, UnmaskableTurn, assistant_mask_rows, trained_turns
-from airline_rl.run.hub import load_snippet, record_revision, revision_name
+from airline_rl.run.hub import model_card as hub_model_card
+from airline_rl.run.hub import record_revision, revision_name
 from airline_rl.run.sharding import ShardedLaunch
 
 logger = logging.getLogger(__name__)
@@ -337,30 +338,15 @@ def teacher_forced_accuracy(model: Any, dataset: datasets.Dataset, max_examples:
 # ------------------------------------------------------------------------------------------------ export
 
 
+SFT_CARD_TEXT = (
+    "Policy fine-tuned with SFT on teacher trajectories of the τ²-bench airline domain (airline_rl on TRL's "
+    "SFTTrainer, assistant-token masks by Render-Twice-Diff). Use it as `--model_name_or_path` of train_grpo.py."
+)
+
+
 def model_card(run_name: str, step: int, info: dict[str, Any], hub_dir: str | os.PathLike[str] = "hub") -> str:
-    lines = [
-        "---",
-        "library_name: transformers",
-        "tags: [trl, sft, tau2-bench, airline, tool-calling]",
-        "---",
-        f"# {run_name} @ step {step}",
-        "",
-        "Policy fine-tuned with SFT on teacher trajectories of the τ²-bench airline domain (airline_rl on TRL's "
-        "SFTTrainer, assistant-token masks by Render-Twice-Diff). Use it as `--model_name_or_path` of train_grpo.py.",
-        "",
-        "## Training",
-    ]
-    for key, value in sorted(info.get("config", {}).items()):
-        lines.append(f"- `{key}`: {value}")
-    if info.get("data"):
-        lines += ["", "## Data", "", info["data"]]
-    metrics = info.get("metrics", {})
-    if metrics:
-        lines += ["", "## Last logged metrics", "", "| metric | value |", "|---|---|"]
-        for key, value in sorted(metrics.items()):
-            lines.append(f"| {key} | {value:.4g} |" if isinstance(value, int | float) else f"| {key} | {value} |")
-    lines += ["", "Load offline:", "", "```python", *load_snippet(run_name, step, hub_dir), "```", ""]
-    return "\n".join(lines)
+    """The local hub's card (``run.hub.model_card``) for an SFT revision: tagged ``sft``, with its data summary."""
+    return hub_model_card(run_name, step, info, hub_dir, method="sft", text=SFT_CARD_TEXT)
 
 
 def export_model_dir(
