@@ -28,6 +28,8 @@ from typing import Any
 
 from filelock import FileLock
 
+from airline_rl.files import honour_umask
+
 logger = logging.getLogger(__name__)
 
 BUILD_INFO_FILE = "build_info.json"
@@ -59,6 +61,7 @@ def is_complete_build(directory: Path, params: dict[str, Any]) -> bool:
 
 def swap_into_place(tmp_dir: Path, output_dir: Path) -> None:
     """Rename ``tmp_dir`` to ``output_dir``, moving any previous directory aside first and deleting it after."""
+    honour_umask(tmp_dir)  # save_pretrained writes model.safetensors 0600 whatever the umask
     old_dir: Path | None = None
     if output_dir.exists():
         old_dir = output_dir.parent / f".{output_dir.name}.old-{uuid.uuid4().hex[:8]}"

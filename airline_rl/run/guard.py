@@ -7,7 +7,8 @@ run trained past ``max_steps`` and moved the hub's ``main``. So every training r
 ``output_dir``: the fields that make it *this* run (model, variant, tasks, data), the training length, and, once it
 finished, ``completed``. A rerun then
 
-- resumes the last checkpoint when the fingerprint matches (the HF convention),
+- resumes the newest *whole* checkpoint when the fingerprint matches (the HF convention; ``run/checkpoints.py``
+  skips, with one line each, those a crash left half-written or a disk left truncated),
 - refuses with one line naming the differing fields when it does not (``--overwrite_output_dir true`` starts over,
   ``--resume_from_checkpoint <dir>`` resumes a checkpoint regardless, or pick another ``--output_dir``),
 - is a no-op that says so when the same run already completed the same length (a larger ``--max_steps`` continues).
@@ -22,8 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformers.trainer_utils import get_last_checkpoint
-
+from airline_rl.run.checkpoints import checkpoint_problem, newest_complete_checkpoint
 from airline_rl.run.hub import write_json_atomic
 
 logger = logging.getLogger(__name__)
@@ -83,15 +83,18 @@ def decide_resume(
     """Whether this run resumes a checkpoint of ``output_dir``, starts fresh, or is already complete.
 
     ``fingerprint`` must match the stored one for a resume; ``length`` (``max_steps``, ``num_train_epochs``) may grow.
-    An explicit ``resume_from_checkpoint`` is trusted, as in the HF Trainer.
+    An explicit ``resume_from_checkpoint`` is resumed whatever its run, as in the HF Trainer, but only when whole.
     """
     if resume_from_checkpoint:
         if not Path(resume_from_checkpoint).is_dir():
             raise RunGuardError(f"--resume_from_checkpoint {resume_from_checkpoint} is not a checkpoint directory")
+        why = checkpoint_problem(resume_from_checkpoint)
+        if why is not None:
+            raise RunGuardError(f"--resume_from_checkpoint {resume_from_checkpoint} {why}: pass a whole checkpoint")
         return ResumeDecision(checkpoint=resume_from_checkpoint)
     if overwrite_output_dir or not Path(output_dir).is_dir():
         return ResumeDecision(checkpoint=None)
-    checkpoint = get_last_checkpoint(str(output_dir))
+    checkpoint = newest_complete_checkpoint(output_dir)  # a half-written or damaged one is skipped, not deleted
     stored = read_run_config(output_dir)
     if checkpoint is None and (stored is None or not stored.get("completed")):
         return ResumeDecision(checkpoint=None)  # nothing to resume: a fresh run (it rewrites the fingerprint)

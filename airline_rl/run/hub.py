@@ -29,7 +29,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from airline_rl.files import mkstemp_honouring_umask
+from airline_rl.files import honour_umask, mkstemp_honouring_umask
 
 logger = logging.getLogger(__name__)
 
@@ -205,10 +205,12 @@ def save_consolidated(trainer: Any, output_dir: str) -> None:
     else go through ``save_model``, which gathers itself."""
     if not getattr(trainer, "is_fsdp_enabled", False):
         trainer.save_model(output_dir)
-        return
-    state_dict = trainer.accelerator.get_state_dict(trainer.model)  # full, on the main process's CPU
+    else:
+        state_dict = trainer.accelerator.get_state_dict(trainer.model)  # full, on the main process's CPU
+        if trainer.is_world_process_zero():
+            trainer._save(output_dir, state_dict=state_dict)  # save_pretrained + tokenizer + training args
     if trainer.is_world_process_zero():
-        trainer._save(output_dir, state_dict=state_dict)  # save_pretrained + tokenizer + training args
+        honour_umask(output_dir)
 
 
 def export_revision(trainer: Any, hub_dir: str | os.PathLike[str], run_name: str, step: int, info: dict) -> Path:
@@ -228,6 +230,7 @@ def export_revision(trainer: Any, hub_dir: str | os.PathLike[str], run_name: str
             from airline_rl.envs.prompt_style import COMPACT, write_prompt_style
 
             write_prompt_style(tmp, style == COMPACT)
+        honour_umask(tmp)  # save_pretrained writes model.safetensors 0600: others on a shared hub could not load it
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -4,11 +4,12 @@ guard, train and finish a run by the same rule.
 1. ``TrainingRun.begin``: seed and logging (``start.setup_run``), the optional packages a flag needs
    (``dependencies``), a writable ``--hub_dir``;
 2. ``claim_hub``: ``<hub_dir>/<run_name>`` is this run's, not another's (``hub.claim_hub_run``);
-3. ``claim_output_dir``: resume this run's checkpoint, refuse another run's, or find the run already complete
-   (``guard.claim_output_dir``);
+3. ``claim_output_dir``: rank 0 locks ``output_dir`` (``lock``: a second trainer there is refused), then resume
+   this run's newest whole checkpoint, refuse another run's, or find the run already complete
+   (``guard.claim_output_dir``, ``checkpoints``);
 4. ``guard``: on the built trainer, bf16 updates that would round away are refused (``precision``), the fraction of
-   weights that moved is watched (``update_monitor``), and two resume warnings that do not apply are kept off the
-   console (``console``);
+   weights that moved is watched (``update_monitor``), each checkpoint is sealed once whole (``checkpoints``), and
+   two resume warnings that do not apply are kept off the console (``console``);
 5. ``train``: ``trainer.train`` from the claimed checkpoint, which a stop signal ends with a checkpoint
    (``stop.train_or_stop``); then the metrics and the trainer state are saved;
 6. ``complete``: the run is recorded as finished (rank 0), so a rerun is a no-op.
@@ -27,11 +28,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from airline_rl.run.checkpoints import CheckpointSeal
 from airline_rl.run.console import ratio_steps_are_no_mismatch, tied_missing_keys_are_expected
 from airline_rl.run.deepspeed_cpu import DeepSpeedLaunchError
 from airline_rl.run.dependencies import MissingDependencyError, require_for_training
 from airline_rl.run.guard import RunGuardError, RunRecord, claim_output_dir
 from airline_rl.run.hub import HubError, claim_hub_run, ensure_writable
+from airline_rl.run.lock import OutputDirLock, OutputDirLockedError
 from airline_rl.run.precision import check_update_precision
 from airline_rl.run.start import setup_run
 from airline_rl.run.stop import train_or_stop
@@ -50,6 +53,7 @@ class TrainingRun:
         self.exit_on_input_errors = exit_on_input_errors
         self.run_name: str = training_args.run_name or Path(training_args.output_dir).name
         self.record: RunRecord | None = None
+        self.lock: OutputDirLock | None = None
 
     @classmethod
     def begin(
@@ -70,7 +74,7 @@ class TrainingRun:
     def _input_errors(self) -> Iterator[None]:
         try:
             yield
-        except (HubError, RunGuardError) as err:
+        except (HubError, RunGuardError, OutputDirLockedError) as err:
             if self.exit_on_input_errors:
                 raise SystemExit(f"error: {err}") from None
             raise
@@ -84,6 +88,8 @@ class TrainingRun:
         """Claims ``output_dir`` for the run ``fingerprint`` describes; False when that run is already complete
         (a rerun trains nothing and exports nothing; the reason is logged)."""
         with self._input_errors():
+            if self.args.process_index == 0:  # one trainer per output_dir, held until this process ends
+                self.lock = OutputDirLock(self.args.output_dir).acquire()
             self.record = claim_output_dir(self.args, fingerprint, overwrite_output_dir=overwrite)
         if self.record.decision.complete:
             self.logger.info("%s", self.record.decision.message)
@@ -100,6 +106,7 @@ class TrainingRun:
         add_update_monitor(trainer)
         tied_missing_keys_are_expected(trainer)  # no lm_head.weight warning on resume for tied embeddings
         ratio_steps_are_no_mismatch(self.args.max_steps)  # "eval_steps: 0.5 != 3" on every resume
+        trainer.add_callback(CheckpointSeal())  # last: a checkpoint is sealed once every rank wrote it
 
     def train(self, trainer: Any) -> Any:
         """Trains from the claimed checkpoint (SIGTERM, also to the launcher: checkpoint, then exit); returns TRL's

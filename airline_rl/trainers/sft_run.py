@@ -14,6 +14,7 @@ import datasets
 
 from airline_rl.configs import CollectArguments, SFTScriptArguments
 from airline_rl.data.collect import collect, load_trajectories
+from airline_rl.files import honour_umask
 from airline_rl.run.console import summary_line, tensorboard_dir
 from airline_rl.run.guard import model_identity
 from airline_rl.run.hub import save_consolidated
@@ -70,6 +71,7 @@ def save_final_model(trainer: AirlineSFTTrainer, tokenizer: Any, output_dir: str
         merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
         merged.save_pretrained(output_dir)
         tokenizer.save_pretrained(output_dir)
+        honour_umask(output_dir)
 
 
 def export_and_summarize(
