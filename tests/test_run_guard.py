@@ -12,6 +12,7 @@ import pytest
 from test_sft import model_dir, run_train_sft, short_dataset  # noqa: F401 (fixtures)
 
 import train_grpo
+from airline_rl.run.checkpoints import seal_checkpoint
 from airline_rl.run.guard import RUN_CONFIG_FILE, RunGuardError, claim_output_dir, decide_resume, write_run_config
 from airline_rl.run.hub import read_refs
 
@@ -20,8 +21,11 @@ LENGTH = {"max_steps": 4, "num_train_epochs": 3.0}
 
 
 def checkpoint(output_dir: Path, step: int) -> Path:
+    """A whole checkpoint as far as resume checks (run/checkpoints.py): its trainer state and its seal."""
     path = output_dir / f"checkpoint-{step}"
     path.mkdir(parents=True)
+    (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    seal_checkpoint(path, step)
     return path
 
 
