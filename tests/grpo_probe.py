@@ -16,13 +16,20 @@ It runs ``train_grpo.main`` unchanged, with a ``MultiTurnGRPOTrainer`` subclass 
 ``GRPO_PROBE_REWARD=length`` trains on the length of the policy's text instead of the task's rewards: a random tiny
 model earns τ²'s reward 0 in every episode, so its advantages — and its updates — would all be zero, and a weight
 sync test needs weights that move.
+
+``GRPO_PROBE_CRASH=<when>:<rank>:<step>`` SIGKILLs that rank, for the crash-recovery tests: ``mid_save`` once the
+model of step ``<step>``'s checkpoint is written and before its optimizer state is (a half-written checkpoint);
+``after_save`` at the start of the step after it (that checkpoint whole and sealed, the next step lost).
+``GRPO_PROBE_SLOW_SAVE=<seconds>`` sleeps that long before each checkpoint is written (keeps a stopped trainer alive).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +57,21 @@ class ProbedTrainer(MultiTurnGRPOTrainer):
             kwargs["args"].reward_weights = [1.0]
         super().__init__(*args, **kwargs)
         self.add_callback(_RankLog(self))
+        self.add_callback(_Crash(self))
         # --generation_kwargs is JSON, whose object keys are strings; vLLM's SamplingParams(...) takes logit_bias
         # token ids as ints (only SamplingParams.from_optional converts), and TRL passes the dict on as is.
         generation = getattr(self, "vllm_generation", None)
         bias = (getattr(generation, "generation_kwargs", None) or {}).get("logit_bias")
         if bias:
             generation.generation_kwargs["logit_bias"] = {int(token): value for token, value in bias.items()}
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        time.sleep(float(os.environ.get("GRPO_PROBE_SLOW_SAVE", "0")))
+        super()._save_checkpoint(model, trial)
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        crash_here(self, "mid_save")
+        super()._save_optimizer_and_scheduler(output_dir)
 
     def _probe_write(self, record: dict[str, Any]) -> None:
         directory = Path(os.environ["GRPO_PROBE_DIR"])
@@ -100,6 +116,26 @@ class ProbedTrainer(MultiTurnGRPOTrainer):
         finally:
             model.train(training)
         return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1).tolist()
+
+
+def crash_here(trainer: ProbedTrainer, when: str) -> None:
+    """SIGKILLs this process when ``GRPO_PROBE_CRASH`` names this point, rank and step (no cleanup of any kind)."""
+    spec = os.environ.get("GRPO_PROBE_CRASH", "")
+    if not spec:
+        return
+    point, rank, step = spec.split(":")
+    if point == when and int(rank) == trainer.accelerator.process_index and int(step) == trainer.state.global_step:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _Crash(TrainerCallback):
+    def __init__(self, trainer: ProbedTrainer) -> None:
+        self.trainer = trainer
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        crash_here(self.trainer, "after_save")
 
 
 class _RankLog(TrainerCallback):

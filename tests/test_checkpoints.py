@@ -116,6 +116,32 @@ def test_resume_takes_the_newest_whole_checkpoint_and_refuses_a_broken_explicit_
         assert (tmp_path / name).is_dir()
 
 
+def test_an_unsealed_checkpoint_of_a_sealing_run_is_skipped_even_with_its_trainer_state(tmp_path, caplog):
+    """Rank 0 wrote trainer_state.json, another rank died before its part (its RNG state, say): never sealed."""
+    fingerprint, length = {"model": "m"}, {"max_steps": 4}
+    write_run_config(tmp_path, fingerprint, length)  # a run of this version: it seals from step 0
+    whole = _checkpoint(tmp_path, 1)
+    cut = _checkpoint(tmp_path, 2, seal=False)
+    with caplog.at_level(logging.WARNING):
+        assert decide_resume(tmp_path, fingerprint, length).checkpoint == str(whole)
+    assert caplog.records[-1].getMessage() == (
+        f"skipping {cut}: has no {SEAL_FILE} (a process stopped before every rank had finished writing it)"
+    )
+
+
+def test_a_run_begun_before_seals_resumes_its_unsealed_checkpoint_then_seals_from_there(tmp_path):
+    fingerprint, length = {"model": "m"}, {"max_steps": 4}
+    legacy = {"format": 1, "fingerprint": fingerprint, "length": length, "completed": False}
+    (tmp_path / "run_config.json").write_text(json.dumps(legacy))
+    old = _checkpoint(tmp_path, 2, seal=False)
+    decision = decide_resume(tmp_path, fingerprint, length)
+    assert decision.checkpoint == str(old) and decision.sealed_from_step == 2
+    write_run_config(tmp_path, fingerprint, length, sealed_from_step=decision.sealed_from_step)
+    cut = _checkpoint(tmp_path, 3, seal=False)  # written by this version and never sealed
+    assert decide_resume(tmp_path, fingerprint, length).checkpoint == str(old)  # the old one still resumes
+    assert cut.is_dir()
+
+
 HOLDER = """
 import sys, time
 from airline_rl.run.lock import OutputDirLock

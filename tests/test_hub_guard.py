@@ -127,3 +127,64 @@ def test_json_written_atomically_honours_the_umask(tmp_path: Path, umask: int) -
     assert stat.S_IMODE(cached.stat().st_mode) == expected
     assert json.loads((tmp_path / "results.json").read_text()) == {"a": 1}
     assert not list(tmp_path.glob(".results.json.*"))  # no temporary file left
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+class _FakeTrainer:
+    """What ``export_revision`` uses of a Trainer: one process, a save that writes files (or dies half-way)."""
+
+    def __init__(self, output_dir: Path) -> None:
+        from types import SimpleNamespace
+
+        self.args = SimpleNamespace(output_dir=str(output_dir))
+        self.accelerator = SimpleNamespace(wait_for_everyone=lambda: None)
+        self.crash = False
+
+    def is_world_process_zero(self) -> bool:
+        return True
+
+    def save_model(self, output_dir: str) -> None:
+        (Path(output_dir) / "config.json").write_text("{}")
+        if self.crash:  # the weights half-written when the process died
+            (Path(output_dir) / "model.safetensors").write_bytes(b"\0" * 10)
+            raise _Crash
+        (Path(output_dir) / "model.safetensors").write_bytes(b"\0" * 100)
+
+
+def test_a_half_exported_revision_is_never_listed_in_refs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An export that dies mid-save, or between removing a step's old revision and renaming its new one into place,
+    leaves refs.json listing only whole revisions; a failed re-export keeps the old revision listed and intact."""
+    from airline_rl.run import hub
+
+    trainer, run_dir = _FakeTrainer(tmp_path / "out"), tmp_path / "hub" / "r"
+    hub.export_revision(trainer, tmp_path / "hub", "r", 1, {})
+    assert read_refs(run_dir)["revisions"] == {"step-000001": 1}
+    trainer.crash = True
+    for step in (2, 1):  # a new step, then the same step again
+        with pytest.raises(_Crash):
+            hub.export_revision(trainer, tmp_path / "hub", "r", step, {})
+        refs = read_refs(run_dir)
+        assert refs["revisions"] == {"step-000001": 1} and refs["main"] == "step-000001"
+        assert (run_dir / "step-000001" / "model.safetensors").stat().st_size == 100
+    with pytest.raises(HubError, match="no checkpoint step '2'"):
+        hub.resolve_model("r@2", tmp_path / "hub")
+    trainer.crash = False
+    hub.export_revision(trainer, tmp_path / "hub", "r", 2, {})
+
+    rmtree = hub.shutil.rmtree
+
+    def removes_then_dies(path: Path, *args: object, **kwargs: object) -> None:
+        rmtree(path, *args, **kwargs)
+        if Path(path).name == "step-000001":
+            raise _Crash  # the process died after the old step-1 directory went, before the new one was renamed in
+
+    monkeypatch.setattr(hub.shutil, "rmtree", removes_then_dies)
+    with pytest.raises(_Crash):
+        hub.export_revision(trainer, tmp_path / "hub", "r", 1, {})
+    refs = read_refs(run_dir)
+    assert refs["revisions"] == {"step-000002": 2} and refs["main"] == "step-000002"
+    assert not (run_dir / "step-000001").exists()
+    assert refs["written_by"]["step-000001"]  # the hub run stays claimed by this output_dir

@@ -220,6 +220,119 @@ def test_fsdp2_stopped_by_sigterm_resumes_to_the_uninterrupted_weights(reference
     assert max_difference(hub_weights(out, "resumed", 3), reference["weights-3"]) <= TOLERANCE
 
 
+def launch_fails(argv: list[str], log: Path, probe: Path, **extra_env: str) -> str:
+    """A launch that must end in failure (a crash the test itself injects); its log."""
+    with open(log, "w", encoding="utf-8") as out:
+        done = subprocess.run(argv, cwd=ROOT, env=env() | {"GRPO_PROBE_DIR": str(probe), **extra_env}, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=900)  # fmt: skip
+    text = log.read_text(errors="replace")
+    assert done.returncode != 0, text[-4000:]
+    return text
+
+
+def assert_resumed(text: str, output_dir: Path, skipped: Path, resumed: Path | None) -> None:
+    """One ``skipping`` line for the broken checkpoint, then a resume from the whole one (or a fresh start)."""
+    from airline_rl.run.checkpoints import checkpoint_problem
+
+    why = checkpoint_problem(skipped, require_seal=True)
+    assert why is not None and f"skipping {skipped}: {why}" in text, text[-4000:]
+    assert skipped.is_dir()  # never deleted (the rerun writes the step again over it)
+    if resumed is not None:
+        assert f"resuming from {resumed}" in text, text[-4000:]
+    assert "Traceback" not in text, text[-4000:]
+
+
+CRASH_LAUNCHES = {"fsdp2": FSDP2, "zero3": ["--config_file", "accelerate_configs/cpu_zero3.yaml"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launch", sorted(CRASH_LAUNCHES))
+def test_a_rank_killed_mid_save_resumes_from_the_last_whole_checkpoint(reference: dict, launch: str) -> None:
+    """Rank 1 is SIGKILLed while step 2's checkpoint is written (its model written, its optimizer state not): the
+    run fails; the rerun skips the half-written checkpoint-2 with one line, resumes the sealed checkpoint-1 and ends
+    with the uninterrupted run's step-3 weights."""
+    if launch == "zero3" and importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("DeepSpeed is not installed (GPU extra)")
+    out = reference["out"]
+    name = f"killed-{launch}"
+    extra = ["--use_cpu", "false", "--ddp_backend", "gloo"] if launch == "zero3" else []
+    argv = grpo_argv(CRASH_LAUNCHES[launch], out, name, 8, "--save_steps", "1", "--max_steps", "3", *extra)
+    launch_fails(argv, out / f"{name}-1.log", out / f"probe-{name}-1", GRPO_PROBE_CRASH="mid_save:1:2")
+    run_dir = out / name
+    assert (run_dir / "checkpoint-1" / "checkpoint_complete.json").is_file()
+    assert not (run_dir / "checkpoint-2" / "checkpoint_complete.json").exists()
+    text = run(argv, out / f"{name}-2.log", out / f"probe-{name}-2")
+    assert_resumed(text, run_dir, run_dir / "checkpoint-2", run_dir / "checkpoint-1")
+    assert max_difference(hub_weights(out, name, 3), reference["weights-3"]) <= TOLERANCE
+
+
+@pytest.mark.slow
+def test_a_truncated_newest_checkpoint_is_skipped_and_the_one_before_resumed(reference: dict) -> None:
+    """One process killed after step 2's checkpoint; its model.safetensors then cut to half (a full disk, a copy cut
+    short): the rerun skips it with one line naming the file, resumes checkpoint-1, ends with the step-3 weights."""
+    out = reference["out"]
+    argv = grpo_argv(ONE, out, "truncated", 16, "--save_steps", "1", "--max_steps", "3")
+    launch_fails(argv, out / "truncated-1.log", out / "probe-truncated-1", GRPO_PROBE_CRASH="after_save:0:2")
+    weights = out / "truncated" / "checkpoint-2" / "model.safetensors"
+    assert (weights.parent / "checkpoint_complete.json").is_file()
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    text = run(argv, out / "truncated-2.log", out / "probe-truncated-2")
+    assert f"skipping {weights.parent}: model.safetensors is truncated" in text, text[-4000:]
+    assert_resumed(text, out / "truncated", weights.parent, out / "truncated" / "checkpoint-1")
+    assert max_difference(hub_weights(out, "truncated", 3), reference["weights-3"]) <= TOLERANCE
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_refuses_a_second_launch_until_the_trainer_has_saved(reference: dict) -> None:
+    """``kill <accelerate pid>`` on one process: the launcher exits at once while its trainer finishes the step and
+    saves (slowed by 90 s here). A second launch into the same output_dir meanwhile is refused in one line naming the
+    trainer; the trainer's stop line names itself; once it has exited, the rerun resumes to the step-3 weights."""
+    out = reference["out"]
+    argv = grpo_argv(ONE, out, "orphan", 16, "--save_steps", "1000", "--max_steps", "3")
+    log_path = out / "orphan-1.log"
+    with open(log_path, "w", encoding="utf-8") as log:
+        launcher = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                    env=env() | {"GRPO_PROBE_DIR": str(out / "probe-orphan-1"),
+                                                 "GRPO_PROBE_SLOW_SAVE": "90"})  # fmt: skip
+        try:
+            deadline = time.monotonic() + 600
+            while "step 1/3" not in log_path.read_text(errors="replace") and time.monotonic() < deadline:
+                assert launcher.poll() is None, log_path.read_text(errors="replace")[-4000:]
+                time.sleep(0.5)
+            launcher.send_signal(signal.SIGTERM)
+            assert launcher.wait(timeout=30) != 0  # accelerate's simple launcher dies at once
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+    trainer = json.loads((out / "orphan" / ".run.lock").read_text(encoding="utf-8"))["pid"]
+    assert process_alive(trainer)
+    second = subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert second.returncode != 0
+    refusals = [line for line in second.stderr.splitlines() if "is in use by another run" in line]
+    assert refusals and f"(pid {trainer} on host " in refusals[-1], second.stderr[-3000:]
+    assert "Traceback" not in second.stderr, second.stderr[-3000:]
+    assert process_alive(trainer), "the second launch was refused only because the trainer had already ended"
+    deadline = time.monotonic() + 600
+    while process_alive(trainer) and time.monotonic() < deadline:
+        time.sleep(1)
+    text = log_path.read_text(errors="replace")
+    assert f"has already exited: this process, pid {trainer}, is still writing" in text, text[-4000:]
+    checkpoints = sorted(p.name for p in (out / "orphan").glob("checkpoint-*"))
+    assert checkpoints in (["checkpoint-1"], ["checkpoint-2"]), text[-4000:]
+    text = run(argv, out / "orphan-2.log", out / "probe-orphan-2")
+    assert f"resuming from {out / 'orphan' / checkpoints[0]}" in text
+    assert max_difference(hub_weights(out, "orphan", 3), reference["weights-3"]) <= TOLERANCE
+
+
 REFUSED = {
     # the GPU fsdp2.yaml on CPU without --use_cpu: accelerate's type is NO, two unconnected copies would train
     "no-process-group": (["--config_file", "accelerate_configs/fsdp2.yaml", "--num_processes", "2",

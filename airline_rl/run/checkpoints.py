@@ -7,7 +7,9 @@ killed mid-save leaves ``checkpoint-N/`` with an empty ``pytorch_model_fsdp_0/``
 
 1. ``CheckpointSeal`` (a callback): after every checkpoint save, once every rank has finished writing (a barrier),
    rank 0 writes ``checkpoint_complete.json`` into it, atomically, listing every file with its size. A checkpoint
-   without the seal was never finished.
+   without the seal was never finished: ``run_config.json`` records the step after which the run seals
+   (``sealed_from_step``: 0 for a fresh run; the resumed step for a run that began before seals existed, whose older
+   checkpoints are checked by their contents alone).
 2. ``checkpoint_problem`` checks a checkpoint before it is resumed: the seal (and each file it lists, at its size),
    ``trainer_state.json``, every safetensors file's header against its size, every ``torch.distributed.checkpoint``
    directory (FSDP's sharded model and optimizer) against its ``.metadata``, and DeepSpeed's ``latest`` tag.
@@ -121,8 +123,17 @@ def deepspeed_problem(checkpoint: Path) -> str | None:
     return f"has an empty {tag_dir.name}/{empty[0]}" if empty else None
 
 
-def checkpoint_problem(checkpoint: str | os.PathLike[str]) -> str | None:
-    """Why ``checkpoint`` must not be resumed, in a few words, or None when it is whole."""
+def checkpoint_step(checkpoint: str | os.PathLike[str]) -> int | None:
+    match = _CHECKPOINT_RE.match(Path(checkpoint).name)
+    return int(match.group(1)) if match else None
+
+
+def checkpoint_problem(checkpoint: str | os.PathLike[str], *, require_seal: bool = False) -> str | None:
+    """Why ``checkpoint`` must not be resumed, in a few words, or None when it is whole.
+
+    ``require_seal``: the run that wrote it seals its checkpoints, so one without a seal was cut short, even when
+    rank 0 got as far as ``trainer_state.json`` (another rank's RNG state or shards may be missing). Without it (a
+    checkpoint written before seals existed) the contents alone are checked."""
     checkpoint = Path(checkpoint)
     seal = checkpoint / SEAL_FILE
     listed: dict[str, int] = {}
@@ -133,7 +144,8 @@ def checkpoint_problem(checkpoint: str | os.PathLike[str]) -> str | None:
             return f"has an unreadable {SEAL_FILE}"
     elif not (checkpoint / TRAINER_STATE_FILE).is_file():
         return f"has no {TRAINER_STATE_FILE} (the save did not finish)"
-    # else: a checkpoint written before seals existed; what follows checks its contents alone
+    elif require_seal:
+        return f"has no {SEAL_FILE} (a process stopped before every rank had finished writing it)"
     for name, size in sorted(listed.items()):
         file = checkpoint / name
         if not file.is_file():
@@ -163,14 +175,17 @@ def checkpoints_newest_first(output_dir: str | os.PathLike[str]) -> list[Path]:
     folder = Path(output_dir)
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if p.is_dir() and (m := _CHECKPOINT_RE.match(p.name))]
+    found = [(step, p) for p in folder.iterdir() if p.is_dir() and (step := checkpoint_step(p)) is not None]
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def newest_complete_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
-    """The newest ``checkpoint-N`` of ``output_dir`` that is whole; each newer one is skipped with one line."""
+def newest_complete_checkpoint(output_dir: str | os.PathLike[str], sealed_from_step: int | None = None) -> str | None:
+    """The newest ``checkpoint-N`` of ``output_dir`` that is whole; each newer one is skipped with one line.
+
+    ``sealed_from_step``: the run seals every checkpoint after that step (None: seals are not required)."""
     for checkpoint in checkpoints_newest_first(output_dir):
-        why = checkpoint_problem(checkpoint)
+        step = checkpoint_step(checkpoint) or 0
+        why = checkpoint_problem(checkpoint, require_seal=sealed_from_step is not None and step > sealed_from_step)
         if why is None:
             return str(checkpoint)
         logger.warning("skipping %s: %s", checkpoint, why)

@@ -10,7 +10,7 @@ finished, ``completed``. A rerun then
 - resumes the newest *whole* checkpoint when the fingerprint matches (the HF convention; ``run/checkpoints.py``
   skips, with one line each, those a crash left half-written or a disk left truncated),
 - refuses with one line naming the differing fields when it does not (``--overwrite_output_dir true`` starts over,
-  ``--resume_from_checkpoint <dir>`` resumes a checkpoint regardless, or pick another ``--output_dir``),
+  ``--resume_from_checkpoint <dir>`` resumes a whole checkpoint of any run, or pick another ``--output_dir``),
 - is a no-op that says so when the same run already completed the same length (a larger ``--max_steps`` continues).
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airline_rl.run.checkpoints import checkpoint_problem, newest_complete_checkpoint
+from airline_rl.run.checkpoints import checkpoint_problem, checkpoint_step, newest_complete_checkpoint
 from airline_rl.run.hub import write_json_atomic
 
 logger = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ class ResumeDecision:
     checkpoint: str | None
     complete: bool = False
     message: str = ""
+    sealed_from_step: int = 0  # checkpoints after this step are sealed (run/checkpoints.py); kept across reruns
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -88,14 +89,20 @@ def decide_resume(
     if resume_from_checkpoint:
         if not Path(resume_from_checkpoint).is_dir():
             raise RunGuardError(f"--resume_from_checkpoint {resume_from_checkpoint} is not a checkpoint directory")
-        why = checkpoint_problem(resume_from_checkpoint)
+        sealed_from = _sealed_from_step(_readable_run_config(Path(resume_from_checkpoint).parent))
+        step = checkpoint_step(resume_from_checkpoint) or 0
+        why = checkpoint_problem(resume_from_checkpoint, require_seal=sealed_from is not None and step > sealed_from)
         if why is not None:
             raise RunGuardError(f"--resume_from_checkpoint {resume_from_checkpoint} {why}: pass a whole checkpoint")
-        return ResumeDecision(checkpoint=resume_from_checkpoint)
+        return ResumeDecision(checkpoint=resume_from_checkpoint, sealed_from_step=step)
     if overwrite_output_dir or not Path(output_dir).is_dir():
         return ResumeDecision(checkpoint=None)
-    checkpoint = newest_complete_checkpoint(output_dir)  # a half-written or damaged one is skipped, not deleted
     stored = read_run_config(output_dir)
+    sealed_from = _sealed_from_step(stored)
+    # a half-written or damaged checkpoint is skipped, not deleted
+    checkpoint = newest_complete_checkpoint(output_dir, sealed_from_step=sealed_from)
+    if sealed_from is None:  # a run begun before seals existed: this run seals from the step it resumes
+        sealed_from = (checkpoint_step(checkpoint) or 0) if checkpoint else 0
     if checkpoint is None and (stored is None or not stored.get("completed")):
         return ResumeDecision(checkpoint=None)  # nothing to resume: a fresh run (it rewrites the fingerprint)
     flags = "pass --overwrite_output_dir true to start over, or another --output_dir"
@@ -118,8 +125,21 @@ def decide_resume(
             complete=True,
             message=f"{output_dir} is complete (step {step}, {_describe(stored.get('length', {}))}): nothing to do; "
             "pass --overwrite_output_dir true to train it again, or a larger --max_steps to continue",
+            sealed_from_step=sealed_from,
         )
-    return ResumeDecision(checkpoint=checkpoint)
+    return ResumeDecision(checkpoint=checkpoint, sealed_from_step=sealed_from)
+
+
+def _sealed_from_step(stored: dict[str, Any] | None) -> int | None:
+    value = (stored or {}).get("sealed_from_step")
+    return value if isinstance(value, int) else None
+
+
+def _readable_run_config(output_dir: Path) -> dict[str, Any] | None:
+    try:
+        return read_run_config(output_dir)
+    except RunGuardError:
+        return None
 
 
 def _longer(current: dict[str, Any], stored: dict[str, Any]) -> bool:
@@ -145,10 +165,12 @@ def write_run_config(
     *,
     completed: bool = False,
     global_step: int | None = None,
+    sealed_from_step: int = 0,
 ) -> Path:
     """Records the run's fingerprint (at the start) and, with ``completed``, that it finished (at the end)."""
     path = Path(output_dir) / RUN_CONFIG_FILE
-    payload = {"format": FORMAT, "fingerprint": fingerprint, "length": length, "completed": completed}
+    payload = {"format": FORMAT, "fingerprint": fingerprint, "length": length, "completed": completed,
+               "sealed_from_step": sealed_from_step}  # fmt: skip
     if global_step is not None:
         payload["global_step"] = global_step
     write_json_atomic(path, payload)
@@ -166,7 +188,8 @@ class RunRecord:
 
     def mark_complete(self, global_step: int) -> None:
         """Records that the run finished (rank 0 only), so a rerun of the same length is a no-op."""
-        write_run_config(self.output_dir, self.fingerprint, self.length, completed=True, global_step=global_step)
+        write_run_config(self.output_dir, self.fingerprint, self.length, completed=True, global_step=global_step,
+                         sealed_from_step=self.decision.sealed_from_step)  # fmt: skip
 
 
 def claim_output_dir(args: Any, fingerprint: dict[str, Any], *, overwrite_output_dir: bool) -> RunRecord:
@@ -183,7 +206,7 @@ def claim_output_dir(args: Any, fingerprint: dict[str, Any], *, overwrite_output
         overwrite_output_dir=overwrite_output_dir,
     )
     if not decision.complete and args.process_index == 0:
-        write_run_config(args.output_dir, fingerprint, length)
+        write_run_config(args.output_dir, fingerprint, length, sealed_from_step=decision.sealed_from_step)
     return RunRecord(str(args.output_dir), fingerprint, length, decision)
 
 

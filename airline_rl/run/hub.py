@@ -8,8 +8,9 @@ Layout (offline, plain directories; ``from_pretrained`` reads each revision dire
                                    "written_by": {"step-000050": "../../outputs/my-run", ...}}
 
 ``resolve_model("<run_name>@100", hub_dir)`` gives the step-100 directory, ``"<run_name>"`` the newest one.
-A revision is written to a temporary sibling and renamed into place, and refs.json is replaced atomically, so an
-interrupted save never leaves a revision that looks complete.
+A revision is written to a temporary sibling and renamed into place before refs.json (replaced atomically) lists it,
+and a step exported again is unlisted before its old directory goes: an interrupted export never leaves a listed
+revision that is not whole.
 
 Each revision records which run wrote it (``written_by``: that run's ``output_dir``, relative to the hub's run
 directory so that moving the whole tree keeps it). The recipes fix ``run_name``, so two runs in different output dirs
@@ -140,6 +141,16 @@ def record_revision(run_dir: Path, name: str, step: int, output_dir: str | os.Pa
     write_json_atomic(run_dir / REFS_FILE, refs)
 
 
+def unlist_revision(run_dir: Path, name: str) -> None:
+    """Drops a revision from ``refs.json`` (``main`` moves to the newest one left); its writer stays recorded, so the
+    hub run is still claimed by the same output_dir."""
+    refs = read_refs(run_dir)
+    if refs["revisions"].pop(name, None) is None:
+        return
+    refs["main"] = max(refs["revisions"], key=refs["revisions"].get) if refs["revisions"] else None
+    write_json_atomic(run_dir / REFS_FILE, refs)
+
+
 def load_snippet(run_name: str, step: int, hub_dir: str | os.PathLike[str] = "hub") -> list[str]:
     """Python that loads the revision from where a user stands: the repository root (``<hub_dir>/<run>/step-N``),
     the hub dir (``<run>/step-N``), the run dir (``step-N``) or the revision itself; an absolute ``hub_dir`` works
@@ -231,7 +242,8 @@ def export_revision(trainer: Any, hub_dir: str | os.PathLike[str], run_name: str
 
             write_prompt_style(tmp, style == COMPACT)
         honour_umask(tmp)  # save_pretrained writes model.safetensors 0600: others on a shared hub could not load it
-        if final.exists():
+        if final.exists():  # a rerun exporting a step again: unlisted first, so refs.json never names a torso
+            unlist_revision(run_dir, final.name)
             shutil.rmtree(final)
         os.replace(tmp, final)
         record_revision(run_dir, final.name, step, trainer.args.output_dir)

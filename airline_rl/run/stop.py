@@ -131,10 +131,11 @@ class GracefulStop(TrainerCallback):
         self.grace_s = torchrun_shutdown_timeout_s()  # None: no launcher kills us after a deadline
         self.grace_warning: str | None = None
         self._step_started = time.monotonic()
+        self._launcher: int | None = None  # the accelerate launch pid this process dies with, once installed
 
     def install(self) -> GracefulStop:
         self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
-        die_with_launcher()
+        self._launcher = os.getppid() if die_with_launcher() else None
         take_terminal_from_launcher()
         return self
 
@@ -158,10 +159,22 @@ class GracefulStop(TrainerCallback):
                                name)  # fmt: skip
             return
         self.signal_name = name
-        logger.warning(
-            "%s received: saving a checkpoint at the end of this step, then stopping (Ctrl-C again stops at once, "
-            "without it)",
-            name,
+        logger.warning("%s received: saving a checkpoint at the end of this step, then stopping %s", name,
+                       self._orphan_note() or "(Ctrl-C again stops at once, without it)")  # fmt: skip
+
+    def _orphan_note(self) -> str | None:
+        """When the stop came from the launcher's death (``kill <accelerate pid>`` on one process: accelerate's simple
+        launcher exits at once), the shell is back before the checkpoint exists: say which process is still at work
+        and that the output_dir stays locked until it exits."""
+        launcher = self._launcher
+        if launcher is None or os.getppid() == launcher:
+            return None
+        pid = os.getpid()
+        return (
+            f"(its launcher, pid {launcher}, has already exited: this process, pid {pid}, is still writing; the "
+            f"output_dir stays locked until it exits, so wait for it before rerunning: tail --pid={pid} -f /dev/null. "
+            "To have the command itself wait, signal the trainer process, not the launcher: docs/reproducing.md, "
+            "Stopping a run)"
         )
 
     def stop_now(self, name: str) -> None:
