@@ -99,7 +99,14 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     exported = None
     if trainer.is_world_process_zero():
         exported, line = export_and_summarize(
-            trainer, script_args, run.run_name, model_path, report, peft_config is not None, seconds
+            trainer,
+            script_args,
+            run.run_name,
+            model_path,
+            report,
+            peft_config is not None,
+            seconds,
+            resumed_from=run.resumed_step,
         )
         logger.info("local hub revision: %s", exported)
         run.complete(trainer.state.global_step)

@@ -8,40 +8,18 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import trl
 
+from airline_rl.variants import VARIANT_FIELDS, VARIANTS, get_variant  # noqa: F401 (re-exported)
+
 if TYPE_CHECKING:
     from airline_rl.envs.episode import EnvConfig
 
 logger = logging.getLogger(__name__)
-
-VARIANTS: dict[str, dict[str, object]] = {
-    "vanilla": {"weights": "inverse_length", "uses_prm": False, "turn_credit": False},
-    "turn_discount": {"weights": "turn_discounted", "uses_prm": False, "turn_credit": False},
-    "lata": {"weights": "inverse_sqrt_length", "uses_prm": False, "turn_credit": False},
-    "prm_lite": {"weights": "inverse_length", "uses_prm": True, "turn_credit": False},
-    "joint": {"weights": "inverse_sqrt_length", "uses_prm": True, "turn_credit": True},
-}
-"""Variant table: how tokens are weighted, whether the trajectory reward includes the PRM-Lite process score, and
-whether tokens get per-turn credit. Configs, docs and the trainer all read this table."""
-
-# Which config fields each variant reads (a field set under another variant is a configuration error).
-VARIANT_FIELDS: dict[str, tuple[str, ...]] = {
-    "turn_discount_alpha": ("turn_discount",),
-    "prm_coef": ("prm_lite", "joint"),
-    "prm_clip": ("prm_lite", "joint"),
-    "turn_credit_coef": ("joint",),
-    "length_reference": ("lata", "joint"),
-}
-
-
-def get_variant(name: str) -> dict[str, object]:
-    if name not in VARIANTS:
-        raise ValueError(f"unknown variant {name!r} (--variant); valid variants: {list(VARIANTS)}")
-    return VARIANTS[name]
 
 
 VARIANT_DEFAULTS = {
@@ -288,7 +266,17 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
         if self.heldout_num_samples < 1 or self.heldout_uncovered_tasks < 0:
             raise ValueError("--heldout_num_samples must be >= 1 and --heldout_uncovered_tasks >= 0")
         self.loss_type = "luspo"
-        super().__post_init__()
+        self._check_generation_batch()
+        try:
+            super().__post_init__()
+        except ValueError as err:
+            if not str(err).startswith("The global eval batch size"):
+                raise
+            raise ValueError(
+                f"{err} TRL checks the eval batch (--per_device_eval_batch_size {self.per_device_eval_batch_size}) "
+                "whenever --eval_strategy is not 'no': set it to a multiple of --num_generations, or --eval_strategy "
+                "no"
+            ) from None
         if self.uses_prm and self.scale_rewards not in ("none", False):
             logger.warning(
                 "--scale_rewards %s with variant %r: in a group where every episode fails, the std scaling turns "
@@ -296,6 +284,22 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
                 "~+2), which trains the policy to farm the process score; the recipes use --scale_rewards none",
                 self.scale_rewards,
                 self.variant,
+            )
+
+    def _check_generation_batch(self) -> None:
+        """TRL checks the eval batch before the training one, so ``--num_generations 3`` with the quick start's
+        recipe first failed on an eval batch the recipe never uses; the training batch is checked here first, with
+        where its size comes from (the process count is the launcher's ``WORLD_SIZE``)."""
+        if self.generation_batch_size is not None or self.steps_per_generation is not None or self.num_generations < 1:
+            return  # set explicitly: TRL's own checks say what is wrong with them
+        processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        size = self.per_device_train_batch_size * processes * self.gradient_accumulation_steps
+        if size % self.num_generations:
+            raise ValueError(
+                f"--num_generations {self.num_generations} must divide the generation batch of {size} episodes "
+                f"(--per_device_train_batch_size {self.per_device_train_batch_size} × {processes} process(es) × "
+                f"--gradient_accumulation_steps {self.gradient_accumulation_steps}): each GRPO group of "
+                "--num_generations episodes must fit in one batch"
             )
 
     @property

@@ -277,3 +277,28 @@ def test_an_incomplete_model_directory_names_the_missing_files(contents, tmp_pat
     err = capsys.readouterr().err.strip()
     assert f"--model {model} is not a complete model directory" in err and "exported revision" not in err, err
     assert "\n" not in err
+
+
+def test_num_generations_is_checked_against_the_training_batch_first(tmp_path: Path, capsys, monkeypatch) -> None:
+    """TRL checks the eval batch first: ``--num_generations 3`` with the quick-start recipe failed on an eval batch it
+    never uses. The training batch comes first, saying where its size comes from."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    argv = ["--config", "recipes/grpo/cpu_smoke.yaml", "--output_dir", str(tmp_path / "o"), *CPU]
+    err = one_line_exit(capsys, train_grpo.cli, [*argv, "--num_generations", "3"])
+    assert err.startswith(
+        "error: --num_generations 3 must divide the generation batch of 16 episodes "
+        "(--per_device_train_batch_size 16 × 1 process(es) × --gradient_accumulation_steps 1)"
+    ), err
+    argv += ["--per_device_train_batch_size", "12"]
+    err = one_line_exit(capsys, train_grpo.cli, [*argv, "--num_generations", "3"])
+    assert "The global eval batch size (8 * 1)" in err and "--per_device_eval_batch_size 8" in err, err
+
+
+def test_the_lost_peer_line_cuts_a_long_torch_message_at_a_word() -> None:
+    """Issue 36.6: the line ended ``…before reporting an error. G)``, cut mid-word at 200 characters."""
+    from airline_rl.run.cli import lost_peer_message
+
+    text = "[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234 " + "word " * 60
+    line = lost_peer_message(RuntimeError(text))
+    inner = line[line.index("(") + 1 : line.index("); its own log")]
+    assert inner.startswith("Connection closed by peer") and inner.endswith("word…") and len(inner) <= 200, inner

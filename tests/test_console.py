@@ -96,6 +96,15 @@ def test_the_run_ends_with_one_summary_line(tmp_path: Path) -> None:
     assert f"TensorBoard {tmp_path / 'runs' / 'x'}" in line and f"python plot_run.py {tmp_path}" in line
 
 
+def test_a_resumed_runs_summary_says_its_time_covers_the_resumed_steps_only(tmp_path: Path) -> None:
+    """Issue 36.6: after a resume the summary read ``done: 32 steps in 7 min 25 s`` for 16 steps' time."""
+    from airline_rl.run.console import summary_line
+
+    history = [{"loss": 0.1, "step": s, "episode/outcome_reward": 0.5} for s in range(1, 33)]
+    line = summary_line(history, str(tmp_path), None, None, 445.0, steps_done=32, resumed_from=16)
+    assert line.startswith("done: 32 steps (resumed at step 16: the last 16 in 7 min 25 s) | reward 0.500"), line
+
+
 def test_a_ratio_of_max_steps_is_not_reported_as_a_mismatch_on_resume(caplog) -> None:
     """Issue 23.7: every resume printed transformers' "eval_steps: 0.5 (from args) != 3 (from trainer_state.json)"."""
     from types import SimpleNamespace

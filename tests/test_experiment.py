@@ -513,3 +513,19 @@ def test_the_whole_driver_runs_end_to_end_on_cpu_and_resumes(tmp_path: Path) -> 
     assert again.returncode == 0, again.stderr[-4000:]
     assert again.stdout.count("[skip]") == 8 and "[run]" not in again.stdout
     assert time.monotonic() - start < 120
+
+
+def test_a_deepspeed_config_without_deepspeed_is_refused_in_one_line_naming_the_pin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """accelerate's launcher would raise its own ImportError (11 lines, an unpinned ``pip3 install deepspeed``) in
+    every training stage; the driver refuses before the first stage. A dry run still prints the plan."""
+    from airline_rl.run import dependencies
+
+    monkeypatch.setattr(dependencies, "is_installed", lambda module: False)
+    argv = ["--output_dir", str(tmp_path), "--accelerate_config", "accelerate_configs/zero3.yaml"]
+    assert experiment.main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--accelerate_config accelerate_configs/zero3.yaml needs DeepSpeed" in lines[0]
+    assert "deepspeed==0.19.8" in lines[0]
+    assert experiment.main([*argv, "--dry_run"]) == 0

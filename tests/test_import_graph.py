@@ -149,5 +149,26 @@ def test_the_package_root_holds_no_run_plumbing() -> None:
     """The root holds the domain's shared pieces (configs, rendering, rollouts, sampling, file writes); the run
     machinery lives in ``run/`` (issue 32's layout)."""
     root = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
-    assert root == {"configs", "files", "render", "rollout", "sampling"}
+    assert root == {"configs", "files", "learning_gain", "render", "rollout", "sampling", "variants"}
     assert {path.stem for path in (PACKAGE / "run").glob("*.py")} >= {"cli", "console", "guard", "hub", "stop"}
+
+
+def test_the_run_machinery_reaches_into_neither_evaluation_nor_the_driver() -> None:
+    """``run/`` sits below ``evaluation/`` and ``experiment/`` (which use it); the summary's learning gain and the
+    variant names they share live in root modules below all three. Imports inside functions count here too."""
+    offending = {}
+    for path in sorted((PACKAGE / "run").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                ("airline_rl.evaluation", "airline_rl.experiment")
+            ):
+                offending.setdefault(path.name, []).append(node.module)
+    assert offending == {}
+
+
+def test_the_driver_and_the_configs_share_one_variant_table() -> None:
+    from airline_rl import configs, experiment, variants
+
+    assert configs.VARIANTS is variants.VARIANTS
+    assert experiment.ALL_VARIANTS == tuple(variants.VARIANTS) == ("vanilla", "turn_discount", "prm_lite", "lata",
+                                                                   "joint")  # fmt: skip

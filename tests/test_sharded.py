@@ -116,7 +116,21 @@ def heldout_metrics(output_dir: Path) -> dict:
     return {k: v for k, v in evals[-1].items() if k.startswith("eval_") and not any(c in k for c in clock)}
 
 
+def export_layout(out: Path, name: str, step: int = 2) -> tuple[list[str], list[str]]:
+    """A hub revision's file names and the tensor names its safetensors hold."""
+    from safetensors import safe_open
+
+    revision = out / "hub" / name / f"step-{step:06d}"
+    tensors: list[str] = []
+    for path in sorted(revision.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            tensors += f.keys()
+    return sorted(p.name for p in revision.iterdir()), sorted(tensors)
+
+
 def check_same_run(reference: dict, out: Path, name: str) -> float:
+    # the same export whatever the launch: no second copy of the tied lm_head under FSDP2 or ZeRO-3 (issue 36.1)
+    assert export_layout(out, name) == export_layout(out, "one")
     transcripts = step_one(out / f"probe-{name}")
     assert len(transcripts) == 16 and transcripts == reference["transcripts"]  # every episode, token for token
     difference = max_difference(hub_weights(out, name), reference["weights"])
@@ -145,6 +159,13 @@ def test_fsdp2_shards_for_real_and_trains_what_one_process_trains(reference: dic
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(out / "fsdp2")  # the final output_dir is a plain model too
+    from safetensors import safe_open
+
+    def tensor_names(path: Path) -> set[str]:
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            return set(f.keys())
+
+    assert tensor_names(out / "fsdp2") == tensor_names(out / "one")  # no second copy of the tied lm_head there either
 
 
 DEEPSPEED = {"zero2": "accelerate_configs/cpu_zero2.yaml", "zero3": "accelerate_configs/cpu_zero3.yaml"}
@@ -230,15 +251,20 @@ def launch_fails(argv: list[str], log: Path, probe: Path, **extra_env: str) -> s
     return text
 
 
-def assert_resumed(text: str, output_dir: Path, skipped: Path, resumed: Path | None) -> None:
-    """One ``skipping`` line for the broken checkpoint, then a resume from the whole one (or a fresh start)."""
+def broken(checkpoint: Path) -> str:
+    """Why the rerun must skip ``checkpoint`` (asked before the rerun writes that step again over it)."""
     from airline_rl.run.checkpoints import checkpoint_problem
 
-    why = checkpoint_problem(skipped, require_seal=True)
-    assert why is not None and f"skipping {skipped}: {why}" in text, text[-4000:]
+    why = checkpoint_problem(checkpoint, require_seal=True)
+    assert why is not None, sorted(str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*"))
+    return why
+
+
+def assert_resumed(text: str, skipped: Path, why: str, resumed: Path) -> None:
+    """One ``skipping`` line for the broken checkpoint (from rank 0 only), then a resume from the whole one."""
+    assert text.count(f"skipping {skipped}: {why}") == 1, text[-4000:]
     assert skipped.is_dir()  # never deleted (the rerun writes the step again over it)
-    if resumed is not None:
-        assert f"resuming from {resumed}" in text, text[-4000:]
+    assert f"resuming from {resumed}" in text, text[-4000:]
     assert "Traceback" not in text, text[-4000:]
 
 
@@ -260,9 +286,9 @@ def test_a_rank_killed_mid_save_resumes_from_the_last_whole_checkpoint(reference
     launch_fails(argv, out / f"{name}-1.log", out / f"probe-{name}-1", GRPO_PROBE_CRASH="mid_save:1:2")
     run_dir = out / name
     assert (run_dir / "checkpoint-1" / "checkpoint_complete.json").is_file()
-    assert not (run_dir / "checkpoint-2" / "checkpoint_complete.json").exists()
+    why = broken(run_dir / "checkpoint-2")
     text = run(argv, out / f"{name}-2.log", out / f"probe-{name}-2")
-    assert_resumed(text, run_dir, run_dir / "checkpoint-2", run_dir / "checkpoint-1")
+    assert_resumed(text, run_dir / "checkpoint-2", why, run_dir / "checkpoint-1")
     assert max_difference(hub_weights(out, name, 3), reference["weights-3"]) <= TOLERANCE
 
 
@@ -277,9 +303,9 @@ def test_a_truncated_newest_checkpoint_is_skipped_and_the_one_before_resumed(ref
     assert (weights.parent / "checkpoint_complete.json").is_file()
     with open(weights, "r+b") as f:
         f.truncate(weights.stat().st_size // 2)
+    assert broken(weights.parent) == "model.safetensors is truncated"
     text = run(argv, out / "truncated-2.log", out / "probe-truncated-2")
-    assert f"skipping {weights.parent}: model.safetensors is truncated" in text, text[-4000:]
-    assert_resumed(text, out / "truncated", weights.parent, out / "truncated" / "checkpoint-1")
+    assert_resumed(text, weights.parent, "model.safetensors is truncated", out / "truncated" / "checkpoint-1")
     assert max_difference(hub_weights(out, "truncated", 3), reference["weights-3"]) <= TOLERANCE
 
 
@@ -319,7 +345,8 @@ def test_sigterm_to_the_launcher_refuses_a_second_launch_until_the_trainer_has_s
     assert second.returncode != 0
     refusals = [line for line in second.stderr.splitlines() if "is in use by another run" in line]
     assert refusals and f"(pid {trainer} on host " in refusals[-1], second.stderr[-3000:]
-    assert "Traceback" not in second.stderr, second.stderr[-3000:]
+    before = second.stderr[: second.stderr.index(refusals[0])]
+    assert "Traceback" not in before, second.stderr[-3000:]  # the trainer: one line (then the launcher's traceback)
     assert process_alive(trainer), "the second launch was refused only because the trainer had already ended"
     deadline = time.monotonic() + 600
     while process_alive(trainer) and time.monotonic() < deadline:
@@ -620,3 +647,36 @@ def test_the_default_policy_build_sees_no_launcher_variables() -> None:
                 "ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "TORCHELASTIC_RUN_ID": "x", "PATH": "/bin",
                 "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}  # fmt: skip
     assert single_process_env(launched) == {"PATH": "/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_gathered_state_dict_saves_the_tensors_a_plain_save_does(tmp_path: Path, tied: bool) -> None:
+    """FSDP's and ZeRO-3's gathered state dicts hold every tensor in its own storage, so ``save_pretrained`` cannot
+    see that ``lm_head.weight`` is tied (issue 36.1: a second embedding in every FSDP2 export). With the tied copies
+    dropped, the export holds the tensor names, and the bytes, of a plain 1-process save; an untied model keeps its
+    ``lm_head.weight``."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from airline_rl.run.hub import without_tied_copies
+
+    config = Qwen2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         intermediate_size=32, vocab_size=64, tie_word_embeddings=tied)  # fmt: skip
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(tmp_path / "plain")
+    gathered = {k: v.detach().clone() for k, v in model.state_dict().items()}  # what a gather returns
+    model.save_pretrained(tmp_path / "gathered", state_dict=without_tied_copies(model, gathered))
+
+    def tensors(path: Path) -> set[str]:
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            return set(f.keys())
+
+    assert tensors(tmp_path / "gathered") == tensors(tmp_path / "plain")
+    assert ("lm_head.weight" in tensors(tmp_path / "plain")) is not tied
+    sizes = {p.name: p.stat().st_size for p in (tmp_path / "plain").iterdir()}
+    assert {p.name: p.stat().st_size for p in (tmp_path / "gathered").iterdir()} == sizes
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "gathered")
+    assert max_difference({k: v.float() for k, v in reloaded.state_dict().items()},
+                          {k: v.float() for k, v in model.state_dict().items()}) == 0  # fmt: skip

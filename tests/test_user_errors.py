@@ -74,6 +74,9 @@ def test_a_user_error_step_leaves_weights_and_optimizer_alone(tmp_path, tiny_mod
     steps = {int(state["step"]) for state in trainer.optimizer.state_dict()["state"].values()}
     assert steps == {1}  # Adam stepped once: the user-error steps did not touch its state either
     assert trainer.user_error_stop.stopped_at == 3 and trainer.state.global_step == 3  # 2 in a row: stop
+    # The choice this pins (README, "Training"): a step without update still counts as a step of --max_steps and of
+    # the LR schedule, as a step of the Trainer's clock; only the optimiser's own state (Adam's step) skips it.
+    assert trainer.lr_scheduler.last_epoch == 3
     logged = [e for e in trainer.state.log_history if "loss" in e]
     assert [e["train/user_error_skip"] for e in logged] == [0.0, 1.0, 1.0]
     assert [e["episode/user_sim_errors"] for e in logged] == [0.0, 4.0, 4.0]
@@ -89,7 +92,8 @@ def test_step_line_and_summary_show_user_errors() -> None:
     assert "user errors" not in clean and "no update" not in clean
     history = [{"step": 1, "loss": 0.1, "train/user_error_skip": 0.0}, {"step": 2, "loss": 0.0, **logs}]
     summary = summary_line(history, "/nonexistent", None, None, None, user_errors=(16, 32))
-    assert summary.startswith("done: 2 steps (1 without update: every episode a user error)")
+    assert summary.startswith("done: 2 steps (1 without update: every episode a user error; each counts in "
+                              "--max_steps and in the LR schedule)")  # fmt: skip
     assert "user errors 16 of 32 episodes" in summary
     assert "user errors" not in summary_line(history[:1], "/nonexistent", None, None, None, user_errors=(0, 16))
 

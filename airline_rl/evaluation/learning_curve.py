@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
+
+from airline_rl.learning_gain import CURVE_FILE, quarter_gain
 
 __all__ = ["CURVE_FILE", "PANELS", "heldout_tags", "plot_learning_curve", "quarter_gain", "read_run_scalars"]
 
-CURVE_FILE = "learning_curve.png"
 # (title, TensorBoard tag) of the four panels; the trainer logs them under train/ (MultiTurnGRPOTrainer).
 PANELS: tuple[tuple[str, str], ...] = (
     ("outcome reward (τ²)", "train/episode/outcome_reward"),
@@ -55,16 +55,6 @@ def read_run_scalars(run_dir: str | os.PathLike[str]) -> dict[str, Series]:
             for event in accumulator.Scalars(tag):
                 series[int(event.step)] = float(event.value)
     return {tag: sorted(values.items()) for tag, values in merged.items()}
-
-
-def quarter_gain(values: Sequence[float]) -> tuple[float, float, float]:
-    """(mean of the first quarter, mean of the last quarter, last − first); a quarter is at least one value."""
-    if not values:
-        raise ValueError("no values: the run logged no step")
-    quarter = max(1, len(values) // 4)
-    first = sum(values[:quarter]) / quarter
-    last = sum(values[-quarter:]) / quarter
-    return first, last, last - first
 
 
 def heldout_tags(scalars: dict[str, Series]) -> dict[str, str]:

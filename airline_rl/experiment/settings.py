@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from airline_rl.variants import VARIANTS
+
 ROOT = Path(__file__).resolve().parents[2]
-ALL_VARIANTS = ("vanilla", "turn_discount", "prm_lite", "lata", "joint")
+ALL_VARIANTS = tuple(VARIANTS)  # the variants' one table, in its order
 STAGE_KINDS = ("user_server", "collect", "sft", "grpo", "eval", "compare")
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -277,13 +279,36 @@ def resolve(args: AblationArguments) -> Settings:
         user_model_path=user_model_path,
         user_gpus=args.user_gpus or profile.user_gpus,
         train_gpus=args.train_gpus or profile.train_gpus,
-        accelerate_config=args.accelerate_config or profile.accelerate_config,
+        accelerate_config=checked_accelerate_config(
+            args.accelerate_config or profile.accelerate_config, launching=not args.dry_run
+        ),
         eval_sft=args.eval_sft,
         extra=extra,
         prm_rules=prm_rules,
         accelerate_args=shlex.split(args.accelerate_args or ""),
         stop_grace_s=args.stop_grace_s,
     )
+
+
+def checked_accelerate_config(path: str, *, launching: bool = True) -> str:
+    """``--accelerate_config``: a DeepSpeed config without DeepSpeed installed would end every training stage in
+    accelerate's own 11-line ImportError (raised in the launcher, before any code of ours runs, and naming an
+    unpinned ``pip3 install deepspeed``): refused here in one line naming the pin instead (a ``--dry_run``, which
+    launches nothing, only prints the plan)."""
+    import yaml
+
+    from airline_rl.run.dependencies import MissingDependencyError, require
+
+    try:
+        config = yaml.safe_load(Path(ROOT, path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ExperimentError(f"--accelerate_config {path}: cannot read it ({type(err).__name__})") from None
+    if launching and isinstance(config, dict) and str(config.get("distributed_type", "")).upper() == "DEEPSPEED":
+        try:
+            require("deepspeed", f"--accelerate_config {path}")
+        except MissingDependencyError as err:
+            raise ExperimentError(str(err)) from None
+    return path
 
 
 def _prm_rules(value: str | None, variants: list[str]) -> dict[str, str]:

@@ -179,8 +179,11 @@ def checkpoints_newest_first(output_dir: str | os.PathLike[str]) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def newest_complete_checkpoint(output_dir: str | os.PathLike[str], sealed_from_step: int | None = None) -> str | None:
-    """The newest ``checkpoint-N`` of ``output_dir`` that is whole; each newer one is skipped with one line.
+def newest_complete_checkpoint(
+    output_dir: str | os.PathLike[str], sealed_from_step: int | None = None, *, report: bool = True
+) -> str | None:
+    """The newest ``checkpoint-N`` of ``output_dir`` that is whole; each newer one is skipped with one line
+    (``report``: rank 0 says it, the other ranks decide the same in silence).
 
     ``sealed_from_step``: the run seals every checkpoint after that step (None: seals are not required)."""
     for checkpoint in checkpoints_newest_first(output_dir):
@@ -188,7 +191,8 @@ def newest_complete_checkpoint(output_dir: str | os.PathLike[str], sealed_from_s
         why = checkpoint_problem(checkpoint, require_seal=sealed_from_step is not None and step > sealed_from_step)
         if why is None:
             return str(checkpoint)
-        logger.warning("skipping %s: %s", checkpoint, why)
+        if report:
+            logger.warning("skipping %s: %s", checkpoint, why)
     return None
 
 

@@ -199,6 +199,14 @@ _LOST_PEER_MARKERS = ("Connection closed by peer", "Connection reset by peer", "
                       "NCCL communicator was aborted")  # fmt: skip
 
 
+def _clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters at a word boundary, with an ellipsis when cut."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1].rsplit(" ", 1)[0].rstrip(" ,;:.")
+    return f"{cut}…"
+
+
 def lost_peer_message(err: BaseException) -> str | None:
     """One line for a collective that failed because another rank or node is gone, else None (a real bug: keep its
     traceback). A dead peer closes its sockets, so the others fail at once; a hung one, after --ddp_timeout."""
@@ -208,7 +216,7 @@ def lost_peer_message(err: BaseException) -> str | None:
     if not (dist_error is not None and isinstance(err, dist_error)) and not any(m in text for m in _LOST_PEER_MARKERS):
         return None
     first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
-    first = first.split("] ", 1)[-1][:200]  # gloo prefixes its source location
+    first = _clip(first.split("] ", 1)[-1], 200)  # gloo prefixes its source location
     return (
         f"another process of this run failed or stopped answering ({first}); its own log says why. Rerun the same "
         "command on every node: it resumes from the last checkpoint"

@@ -19,6 +19,8 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from airline_rl.learning_gain import CURVE_FILE, quarter_gain
+
 logger = logging.getLogger(__name__)
 
 # --- warnings and log hooks: what the console leaves out ---
@@ -176,23 +178,28 @@ def summary_line(
     picture: bool = True,
     user_errors: tuple[int, int] | None = None,
     steps_done: int | None = None,
+    resumed_from: int | None = None,
 ) -> str:
     """The run's last line: its length, ``metric`` (label, log key; GRPO: the outcome reward, SFT: the loss) first →
     last quarter of the steps, ``user_errors`` (episodes that failed in the user simulator, episodes played) when
     there were any, and where the last checkpoint, the hub revision, the TensorBoard events and (with ``picture``)
     the learning-curve picture are. ``steps_done`` (the trainer's ``global_step``) is the length; without it, the last
-    logged step (which undercounts when ``logging_steps`` does not divide the run)."""
+    logged step (which undercounts when ``logging_steps`` does not divide the run). ``resumed_from``: the step this
+    process resumed at; ``seconds`` then covers only the steps after it, and the line says so."""
     from transformers.trainer_utils import get_last_checkpoint
-
-    from airline_rl.evaluation.learning_curve import CURVE_FILE, quarter_gain
 
     label, key = metric
     steps = [e for e in log_history if "loss" in e and "step" in e]
     done = steps_done if steps_done is not None else (steps[-1]["step"] if steps else 0)
-    parts = [f"done: {done} steps" + (f" in {_duration(seconds)}" if seconds else "")]
+    if resumed_from:
+        took = f": the last {done - resumed_from} in {_duration(seconds)}" if seconds else ""
+        parts = [f"done: {done} steps (resumed at step {resumed_from}{took})"]
+    else:
+        parts = [f"done: {done} steps" + (f" in {_duration(seconds)}" if seconds else "")]
     untrained = sum(1 for e in steps if e.get("train/user_error_skip", 0) >= 1)
     if untrained:
-        parts[0] += f" ({untrained} without update: every episode a user error)"
+        parts[0] += (f" ({untrained} without update: every episode a user error; each counts in --max_steps and "
+                     "in the LR schedule)")  # fmt: skip
     values = [float(e[key]) for e in steps if isinstance(e.get(key), int | float)]
     if values:
         first, last, gain = quarter_gain(values)
@@ -228,10 +235,12 @@ class StepLineCallback(TrainerCallback):
         self._mark: float | None = None  # the end of the last thing timed (a step line, an evaluation, a save)
         self._extras: list[tuple[str, float]] = []  # evaluations and saves since the last step line
         self.started: float | None = None
+        self.first_step = 0  # the step training began at in this process (a resumed checkpoint's)
         self.tensorboard_dir: str | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._last = self._mark = self.started = time.perf_counter()
+        self.first_step = state.global_step  # the Trainer loads a resumed checkpoint's state before on_train_begin
         if not state.is_world_process_zero:
             return
         tensorboard = self.tensorboard_dir = tensorboard_dir(self.callback_handler)
@@ -271,7 +280,7 @@ class StepLineCallback(TrainerCallback):
         seconds = None if self.started is None else time.perf_counter() - self.started
         return summary_line(
             state.log_history, output_dir, hub_revision, self.tensorboard_dir, seconds, user_errors=user_errors,
-            steps_done=state.global_step,
+            steps_done=state.global_step, resumed_from=self.first_step or None,
         )  # fmt: skip
 
 

@@ -80,6 +80,7 @@ def decide_resume(
     *,
     resume_from_checkpoint: str | None = None,
     overwrite_output_dir: bool = False,
+    report: bool = True,
 ) -> ResumeDecision:
     """Whether this run resumes a checkpoint of ``output_dir``, starts fresh, or is already complete.
 
@@ -100,7 +101,7 @@ def decide_resume(
     stored = read_run_config(output_dir)
     sealed_from = _sealed_from_step(stored)
     # a half-written or damaged checkpoint is skipped, not deleted
-    checkpoint = newest_complete_checkpoint(output_dir, sealed_from_step=sealed_from)
+    checkpoint = newest_complete_checkpoint(output_dir, sealed_from_step=sealed_from, report=report)
     if sealed_from is None:  # a run begun before seals existed: this run seals from the step it resumes
         sealed_from = (checkpoint_step(checkpoint) or 0) if checkpoint else 0
     if checkpoint is None and (stored is None or not stored.get("completed")):
@@ -204,6 +205,7 @@ def claim_output_dir(args: Any, fingerprint: dict[str, Any], *, overwrite_output
         length,
         resume_from_checkpoint=args.resume_from_checkpoint,
         overwrite_output_dir=overwrite_output_dir,
+        report=args.process_index == 0,
     )
     if not decision.complete and args.process_index == 0:
         write_run_config(args.output_dir, fingerprint, length, sealed_from_step=decision.sealed_from_step)

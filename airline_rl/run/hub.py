@@ -208,20 +208,40 @@ def model_card(
 
 
 def save_consolidated(trainer: Any, output_dir: str) -> None:
-    """One plain HF model in ``output_dir`` whatever the sharding (all ranks call it; the main process writes).
+    """One plain HF model in ``output_dir`` whatever the sharding (all ranks call it; the main process writes): the
+    same files with the same tensor names for 1 process, DDP, FSDP2 and ZeRO-2/3.
 
     ``Trainer.save_model`` writes FSDP's sharded state (``pytorch_model_fsdp_0/``) when the launch keeps
     ``SHARDED_STATE_DICT`` (fsdp2.yaml does, for fast checkpoints): no ``from_pretrained`` could load that, so
-    under FSDP the full state dict is gathered (a collective) and saved with the tokenizer; ZeRO-3 and everything
-    else go through ``save_model``, which gathers itself."""
-    if not getattr(trainer, "is_fsdp_enabled", False):
-        trainer.save_model(output_dir)
-    else:
-        state_dict = trainer.accelerator.get_state_dict(trainer.model)  # full, on the main process's CPU
+    under FSDP the full state dict is gathered (a collective) and saved with the tokenizer; DeepSpeed's goes the same
+    way (ZeRO-3 gathers its partitions, ZeRO-2 clones the tensors). Such a state dict holds a tied weight
+    (``lm_head.weight`` of a model with ``tie_word_embeddings``) as a second tensor equal to the first, which
+    ``save_pretrained`` only recognises as tied when both share storage: it would store a second 151,936-row
+    embedding in every revision, so it is dropped here. Everything else goes through ``save_model``."""
+    gathered, state_dict = False, None
+    if getattr(trainer, "is_fsdp_enabled", False):
+        gathered, state_dict = True, trainer.accelerator.get_state_dict(trainer.model)  # on the main process's CPU
+    elif getattr(trainer, "is_deepspeed_enabled", False):
+        try:  # every rank takes the same branch: ZeRO-3's gather is a collective (only rank 0 gets the tensors)
+            gathered, state_dict = True, trainer.accelerator.get_state_dict(trainer.model_wrapped)
+        except ValueError:  # stage3_gather_16bit_weights_on_model_save off (on every rank): the Trainer's fallback
+            gathered = False
+    if gathered:
         if trainer.is_world_process_zero():
-            trainer._save(output_dir, state_dict=state_dict)  # save_pretrained + tokenizer + training args
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            trainer._save(output_dir, state_dict=without_tied_copies(model, state_dict))
+    else:
+        trainer.save_model(output_dir)
     if trainer.is_world_process_zero():
         honour_umask(output_dir)
+
+
+def without_tied_copies(model: Any, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """``state_dict`` without the tied names a plain ``save_pretrained`` of ``model`` leaves out (those the model's
+    config ties to another weight that is in the state dict); an untied model keeps every tensor."""
+    expand = getattr(model, "get_expanded_tied_weights_keys", None)
+    tied = expand(all_submodels=True) if callable(expand) else {}
+    return {k: v for k, v in state_dict.items() if not (k in tied and tied[k] in state_dict)}
 
 
 def export_revision(trainer: Any, hub_dir: str | os.PathLike[str], run_name: str, step: int, info: dict) -> Path:

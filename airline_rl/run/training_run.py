@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from airline_rl.run.checkpoints import CheckpointSeal
+from airline_rl.run.checkpoints import CheckpointSeal, checkpoint_step
 from airline_rl.run.console import ratio_steps_are_no_mismatch, tied_missing_keys_are_expected
 from airline_rl.run.deepspeed_cpu import DeepSpeedLaunchError
 from airline_rl.run.dependencies import MissingDependencyError, require_for_training
@@ -95,6 +95,12 @@ class TrainingRun:
             self.logger.info("%s", self.record.decision.message)
             return False
         return True
+
+    @property
+    def resumed_step(self) -> int | None:
+        """The step of the checkpoint this run resumes (None: it starts at step 0)."""
+        checkpoint = self.record.decision.checkpoint if self.record is not None else None
+        return checkpoint_step(checkpoint) if checkpoint else None
 
     @property
     def complete_message(self) -> str:

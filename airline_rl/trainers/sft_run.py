@@ -82,6 +82,7 @@ def export_and_summarize(
     report: SFTDataReport,
     lora: bool,
     seconds: float,
+    resumed_from: int | None = None,
 ) -> tuple[str, str]:
     """Rank 0: exports ``output_dir`` to ``<hub_dir>/<run_name>/step-<N>`` with its card (config, data, last
     metrics); returns (the revision, the one summary line the run prints last)."""
@@ -108,5 +109,6 @@ def export_and_summarize(
     exported = export_model_dir(args.output_dir, script_args.hub_dir, run_name, trainer.state.global_step, info)
     tensorboard = tensorboard_dir(trainer.callback_handler)
     line = summary_line(trainer.state.log_history, args.output_dir, str(exported), tensorboard, seconds,
-                        metric=("loss", "loss"), picture=False, steps_done=trainer.state.global_step)  # fmt: skip
+                        metric=("loss", "loss"), picture=False, steps_done=trainer.state.global_step,
+                        resumed_from=resumed_from)  # fmt: skip
     return str(exported), line
