@@ -2,7 +2,7 @@
 
     # the embedded default: tiny random-weight Qwen2 + scripted user, on CPU, a few minutes
     accelerate launch --config_file accelerate_configs/cpu.yaml train_grpo.py --config recipes/grpo/cpu_smoke.yaml
-    # a real run (see README "Reproducing the ablation")
+    # a real run (see README "On a GPU" and docs/reproducing.md)
     accelerate launch --config_file accelerate_configs/zero2_offload.yaml train_grpo.py \
         --config recipes/grpo/joint.yaml --model_name_or_path /models/Qwen2.5-7B-Instruct
 

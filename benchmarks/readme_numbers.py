@@ -17,7 +17,12 @@ Why: the README's numbers drifted from what the code gives (they came from an ol
 3. the same training with each further ``--seeds`` value (held-out evaluation off: it does not change training):
    the run-to-run range of the learning gain, which one seed does not tell.
 
-The last lines are a markdown table to paste, headed by the commit (``git describe --dirty``) and the machine.
+The last lines are a markdown table, headed by the commit (``git describe --dirty``) and the machine. The command also
+writes what it measured to ``docs/data/readme_numbers.json`` and rewrites the two blocks of the docs that quote it
+(between ``<!-- readme_numbers:start -->`` and ``<!-- readme_numbers:end -->``): the README's excerpt of the quick
+start's console (its first and last step lines and its summary line) and the table in docs/learning_on_cpu.md.
+``tests/test_readme_numbers.py`` renders both blocks from that file and checks the docs still hold them
+(``--no_docs``: print only).
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ RECIPE = "recipes/grpo/cpu_smoke.yaml"
 EVAL_RECIPE = "recipes/eval/cpu_tiny.yaml"
 RECIPE_SEED = 42
 POLICY_NAME = "default-policy-t3_40-e96"  # the recipe's warmup_tasks and warmup_epochs
+DATA_FILE = REPO_ROOT / "docs" / "data" / "readme_numbers.json"
+START, END = "<!-- readme_numbers:start -->", "<!-- readme_numbers:end -->"
+QUICK_START_OUTPUT, QUICK_START_HUB = "outputs/grpo-cpu-smoke", "hub/grpo-cpu-smoke"  # the recipe's (the README's)
 
 
 def run(command: list[str], log: Path) -> float:
@@ -68,7 +76,23 @@ def train(work: Path, seed: int, heldout: bool) -> dict[str, Any]:
     ]  # fmt: skip
     if not heldout:
         command += ["--eval_strategy", "no"]
-    return read_run(work, name, seed, run(command, work / f"{name}.log"))
+    seconds = run(command, work / f"{name}.log")
+    result = read_run(work, name, seed, seconds)
+    result["console"] = console_excerpt(work, name)
+    return result
+
+
+def console_excerpt(work: Path, name: str) -> list[str]:
+    """The run's first two and last two step lines and its summary line, with the work directory's paths written as
+    the README's command (the recipe's output_dir and hub run) would print them."""
+    lines = (work / f"{name}.log").read_text(encoding="utf-8", errors="replace").splitlines()
+    steps = [line for line in lines if line.startswith("step ")]
+    done = [line for line in lines if line.startswith("done: ")]
+    chosen = [*steps[:2], "…", *steps[-2:], *done[-1:]] if len(steps) > 4 else [*steps, *done[-1:]]
+    replace = ((str(work / "hub" / name), QUICK_START_HUB), (str(work / name), QUICK_START_OUTPUT))
+    for old, new in replace:
+        chosen = [line.replace(old, new) for line in chosen]
+    return chosen
 
 
 def read_run(work: Path, name: str, seed: int, seconds: float) -> dict[str, Any]:
@@ -139,7 +163,15 @@ def commit() -> str:
     return described
 
 
-def table(runs: list[dict[str, Any]], evals: dict[str, dict[str, Any]], build_s: float | None) -> list[str]:
+def table(
+    runs: list[dict[str, Any]],
+    evals: dict[str, dict[str, Any]],
+    build_s: float | None,
+    described: str | None = None,
+    where: str | None = None,
+) -> list[str]:
+    """The figures as a markdown table, headed by the commit and the machine (``described``/``where``: as recorded;
+    unset, this checkout's and this machine's)."""
     main = runs[0]
     first, last, gain = main["quarters"]
     turns, tools, trunc = (main["other_quarters"][k] for k in ("turns", "tool_calls", "truncation_rate"))
@@ -154,7 +186,7 @@ def table(runs: list[dict[str, Any]], evals: dict[str, dict[str, Any]], build_s:
     heldout = ", ".join(f"{v:.2f} at step {s}" for s, v in main["heldout"]) or "n/a"
     gains = [r["quarters"][2] for r in runs]
     lines = [
-        f"commit {commit()}; machine: {machine()}",
+        f"commit {described or commit()}; machine: {where or machine()}",
         "",
         "| figure | value |",
         "|---|---|",
@@ -192,6 +224,8 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"training seeds; the first is the quick start with its evaluations (the recipe's is "
                         f"{RECIPE_SEED}), the others train only (default: %(default)s)")  # fmt: skip
     parser.add_argument("--outputs", default=str(REPO_ROOT / "outputs"), help="the work directory goes below it")
+    data_file = DATA_FILE.relative_to(REPO_ROOT)
+    parser.add_argument("--no_docs", action="store_true", help=f"print only: leave {data_file} and the docs alone")
     args = parser.parse_args(argv)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -217,19 +251,70 @@ def main(argv: list[str] | None = None) -> None:
             work, "test-trained", "--model", trained, "--tasks", test_tasks, "--num_samples", "4"
         ),  # fmt: skip
     }
-    report(work, runs, evals, build_s)  # the quick start's figures already, should the other seeds be stopped
+    described, where = commit(), machine()
+    report(work, runs, evals, build_s, described, where)  # the quick start's figures already, should the rest stop
     for seed in seeds[1:]:
         runs.append(train(work, seed, heldout=False))
-        report(work, runs, evals, build_s)
+        report(work, runs, evals, build_s, described, where)
+    if not args.no_docs:
+        data = {"commit": described, "machine": where, "runs": runs, "evals": evals, "build_seconds": build_s}
+        write_docs(data)
+        print(f"wrote {DATA_FILE.relative_to(REPO_ROOT)} and its blocks in " + ", ".join(DOC_BLOCKS), flush=True)
 
 
-def report(work: Path, runs: list[dict[str, Any]], evals: dict[str, dict[str, Any]], build_s: float | None) -> None:
+def report(
+    work: Path,
+    runs: list[dict[str, Any]],
+    evals: dict[str, dict[str, Any]],
+    build_s: float | None,
+    described: str,
+    where: str,
+) -> None:
     """Prints the table and writes it (and the raw figures) to the work directory."""
-    lines = table(runs, evals, build_s)
+    lines = table(runs, evals, build_s, described, where)
     (work / "readme_numbers.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (work / "readme_numbers.json").write_text(json.dumps({"runs": runs, "evals": evals, "build_seconds": build_s},
                                                          indent=2), encoding="utf-8")  # fmt: skip
     print("\n" + "\n".join(lines), flush=True)
+
+
+DOC_BLOCKS = ("README.md", "docs/learning_on_cpu.md")
+
+
+def blocks(data: dict[str, Any]) -> dict[str, str]:
+    """What each doc of ``DOC_BLOCKS`` holds between its markers, rendered from the recorded figures."""
+    main = data["runs"][0]
+    build = data.get("build_seconds")
+    took = f"{main['seconds']:.0f} s" + (f", {build:.0f} s of it building the default policy" if build else "")
+    console = "\n".join(["```text", *main["console"], "```"])
+    short_machine = data["machine"].split(" (load")[0]
+    excerpt = (f"{console}\n\n(seed {main['seed']}, commit {data['commit']}, {short_machine}: {took}; "
+               "[every figure of that run](docs/learning_on_cpu.md#the-figures))")  # fmt: skip
+    figures = "\n".join(table(data["runs"], data["evals"], build, data["commit"], data["machine"]))
+    return {"README.md": excerpt, "docs/learning_on_cpu.md": figures}
+
+
+def between_markers(text: str, path: str) -> tuple[int, int]:
+    start, end = text.find(START), text.find(END)
+    if start < 0 or end < start:
+        raise SystemExit(f"error: {path} has no {START} … {END} block")
+    return start + len(START), end
+
+
+def write_docs(data: dict[str, Any], root: Path = REPO_ROOT) -> None:
+    """Records ``data`` and rewrites each doc's block from it (atomically: a temporary file renamed into place)."""
+    DATA_FILE.parent.mkdir(parents=True, exist_ok=True)
+    _replace(root / DATA_FILE.relative_to(REPO_ROOT), json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    for path, block in blocks(data).items():
+        text = (root / path).read_text(encoding="utf-8")
+        start, end = between_markers(text, path)
+        _replace(root / path, text[:start] + "\n" + block + "\n" + text[end:])
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

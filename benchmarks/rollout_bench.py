@@ -13,7 +13,7 @@ Modes (same episodes, same seeds; ``--modes`` picks some):
 - ``plain-batched``: one ``run_episodes`` call for all episodes, one ``generate`` per wave;
 - ``prefix-one`` / ``prefix-batched``: the same with ``SharedPrefixTransformersBackend`` (the evaluator's engine):
   the KV cache of the shared prefix is computed once, only the per-episode rest is prefilled, and a wave's rows
-  attend to one copy of the prefix (read once per decoding step whatever the batch size); since issue 30 with turn
+  attend to one copy of the prefix (read once per decoding step whatever the batch size); since turn caching, with turn
   caching on (the numbers below for these modes and ``trl-prefix-batched`` were measured before it);
 - ``copied-batched``: wave-batched with ``TransformersBackend(prefix_cache=True)``, the prefix cache copied into
   every row (``generate`` then moves B × prefix bytes per decoding step);
@@ -37,7 +37,8 @@ separate micro-run on a quieter machine: 1.4 / 2.3 / 3.2 and 1.4 / 3.3 / 12.8. T
 generate one at a time 12.7-21.5 s, wave-batched 33-55 s, wave-batched with prefix reuse 1.5-1.7 s: **8.0x, 10.9x,
 13.1x**. The engine adds under 6% over its generate calls. A full run takes 3-8 minutes under that load.
 
-History (issue 24): the wave-batched prefix-reuse mode used to be the copied-prefix path (``copied-batched`` now):
+History (before the shared-prefix attention): the wave-batched prefix-reuse mode used to be the copied-prefix path
+(``copied-batched`` now):
 4.7x under transformers 5.24.0, 2.2-2.4x after the pin to 5.17.0 (vLLM 0.31 needs <5.18). Measured side by side on
 the same code and a quiet machine: 5.2x with 5.24.0, 2.4x with 5.17.0; copied-prefix decode at batch 16 8.9 vs
 31 ms/step. 5.17's sdpa repeats every key/value head per query-head group whenever a mask is given (``repeat_kv``),
@@ -45,11 +46,11 @@ so each decoding step copied every row's whole cache twice more; 5.24 packs the 
 ``airline_rl.backends.attention`` now does that packing for both transformers backends, and the engine's
 shared-prefix attention never copies the prefix at all (its prefill goes through torch's fused CPU kernel).
 
-Turn caching across horizons (issue 30, ``--horizon 4,8,16,32``): instead of the modes, the same ``--episodes``
+Turn caching across horizons (``--horizon 4,8,16,32``): instead of the modes, the same ``--episodes``
 (default 8) are played wave-batched through the evaluator's engine (``prefix-batched``) at each horizon (max turns;
 the scripted user answers up to the horizon, so the random model plays full-length episodes), once with turn
 caching (each episode's KV kept between waves, ``airline_rl/backends/turn_cache.py``) and once re-prefilling every
-history at every wave (``turn_cache_tokens=0``, the engine before issue 30). Per horizon: wall / prefix build /
+history at every wave (``turn_cache_tokens=0``, the engine before turn caching). Per horizon: wall / prefix build /
 prefill / decode seconds of both, the ratio, turns per episode, max context, environment tokens per turn, the turn
 cache's peak size and counters, and whether both modes played the same transcripts; then the log-log slope of wall
 time against the horizon (least squares over the horizons), the peak memory (the process's max RSS; the turn
@@ -57,7 +58,8 @@ cache's largest size between waves), and last the speed-up at the longest horizo
 the histories grow as in τ²: every turn, the text the environment runs is the task's next gold read call (cycled),
 so each turn appends a real τ² tool result (JSON of hundreds of tokens) while the engine samples as usual.
 
-Measured (issue 30) on 2 CPU cores shared with other jobs, one torch thread, transformers 5.17.0, torch 2.13.0+cpu.
+Measured (when turn caching landed) on 2 CPU cores shared with other jobs, one torch thread, transformers 5.17.0,
+torch 2.13.0+cpu.
 The defaults (``--horizon 4,8,16,32``: 8 episodes, 32 tokens a turn, scripted observations; commit fec2241, load
 average 9-12, so 8 min 52 s of wall for 55 s of CPU), turn caching vs re-prefill, wall (prefill / decode) seconds:
 

@@ -51,6 +51,24 @@ def test_bad_seeds_are_one_line(readme_numbers, capsys) -> None:
     assert info.value.code == 2 and "--seeds: comma-separated integers" in capsys.readouterr().err
 
 
+def test_the_docs_hold_what_the_command_last_recorded(readme_numbers) -> None:
+    """The README's console excerpt and docs/learning_on_cpu.md's table are what ``benchmarks/readme_numbers.py``
+    wrote from its last run (``docs/data/readme_numbers.json``); the README's seed range is that run's too."""
+    import json
+
+    data = json.loads(readme_numbers.DATA_FILE.read_text(encoding="utf-8"))
+    root = SCRIPT.parent.parent
+    for path, block in readme_numbers.blocks(data).items():
+        text = (root / path).read_text(encoding="utf-8")
+        start, end = readme_numbers.between_markers(text, path)
+        assert text[start:end].strip("\n") == block, f"{path} differs: rerun python benchmarks/readme_numbers.py"
+    gains = [run["quarters"][2] for run in data["runs"]]
+    seeds = ", ".join(str(run["seed"]) for run in data["runs"][:-1]) + f" and {data['runs'][-1]['seed']}"
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    assert f"{min(gains):+.2f} to {max(gains):+.2f} over seeds {seeds}" in readme
+    assert all("/readme-numbers/" not in line for line in data["runs"][0]["console"])  # the README's own paths
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # what the README's "Learning on CPU" claims on any CPU (its exact figures are one CPU's: README, "Learning on CPU")
 

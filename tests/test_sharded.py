@@ -421,6 +421,31 @@ def test_sft_under_fsdp2_follows_the_one_process_loss_curve(tmp_path: Path) -> N
     assert (tmp_path / "fsdp2" / "checkpoint-4" / "pytorch_model_fsdp_0").is_dir()
 
 
+def final_weights(output_dir: Path) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(output_dir)
+    return {k: v.detach().float() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.slow
+def test_sft_with_accumulation_trains_what_one_process_trains(tmp_path: Path) -> None:
+    """Issue 36.4: 2 processes × 2 accumulation steps against 1 process × 4 (one dialogue a micro-batch, 3 steps):
+    the loss is normalised by the tokens of the whole global batch (transformers' ``num_items_in_batch``, counted over
+    the accumulation steps and, with ``average_tokens_across_devices``, over the processes), so the weights agree."""
+    collect = [sys.executable, "collect_trajectories.py", "--teacher", "oracle", "--tasks", "3,40", "--attempts", "2",
+               "--output_dir", str(tmp_path / "trajectories"), "--hub_dir", str(tmp_path / "hub-data")]  # fmt: skip
+    subprocess.run(collect, cwd=ROOT, env=env(), check=True, capture_output=True, timeout=300)
+    steps = ["--max_steps", "3", "--save_steps", "3"]
+    one = [*sft_argv(ONE, tmp_path, "one", 1), "--gradient_accumulation_steps", "4", *steps]
+    ddp = [*sft_argv(DDP, tmp_path, "ddp", 1), "--gradient_accumulation_steps", "2", *steps]
+    run(one, tmp_path / "one.log", tmp_path / "probe")
+    run(ddp, tmp_path / "ddp.log", tmp_path / "probe")
+    difference = max_difference(final_weights(tmp_path / "ddp"), final_weights(tmp_path / "one"))
+    print(f"SFT 2 processes x 2 accumulation vs 1 x 4: max abs weight difference {difference:.3g}")
+    assert difference <= TOLERANCE, difference
+
+
 # ---------------------------------------------------------------------------------------------- fast: the configs
 
 

@@ -138,7 +138,7 @@ def build_default_policy(
     def announce() -> None:
         logger.warning(
             "default policy: building %s once (tiny Qwen2 + SFT on %s dialogues of train tasks %s, %d epochs); "
-            "about 40 s on 2 idle CPU cores, cached for later runs",
+            "under a minute on 2 idle CPU cores, a few minutes on busy ones; cached for later runs",
             output_dir,
             " + ".join(f"{teacher} x{copies}" for teacher, copies in WARMUP_TEACHERS.items()),
             ",".join(tasks),

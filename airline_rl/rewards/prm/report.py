@@ -25,7 +25,7 @@ CALIBRATION_START, CALIBRATION_END = "<!-- calibration:start -->", "<!-- calibra
 REAL_SET_DIR = Path(__file__).resolve().parents[3] / "tests" / "data" / "real_trajectories"
 REAL_TRAJECTORIES = REAL_SET_DIR / "gpt-4o-airline-v1-tasks-00-24.json"
 REAL_TASK_MAP = REAL_SET_DIR / "v1_to_tau2_task.json"
-"""The real calibration set in the repository: 100 GPT-4o conversations of τ-bench v1 tasks 0–24 (MIT; see README)."""
+"""The real calibration set in the repository: 100 GPT-4o conversations of τ-bench v1 tasks 0–24 (MIT; its README)."""
 
 
 PER_COUNT_RULES = ("P8", "B3", "P9", "P10", "P11", "B9", "P12", "B10", "B11", "P14", "P13")
