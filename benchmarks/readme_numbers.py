@@ -294,6 +294,17 @@ def blocks(data: dict[str, Any]) -> dict[str, str]:
     return {"README.md": excerpt, "docs/learning_on_cpu.md": figures}
 
 
+def gain_claim(data: dict[str, Any]) -> str:
+    """The README's sentence part on the learning gain over the recorded seeds (the test checks it is there)."""
+    gains = [run["quarters"][2] for run in data["runs"]]
+    names = [str(run["seed"]) for run in data["runs"]]
+    seeds = names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"
+    low, high = min(gains), max(gains)
+    if f"{low:+.2f}" == f"{high:+.2f}":
+        return f"{low:+.2f} for each of seeds {seeds}"
+    return f"{low:+.2f} to {high:+.2f} over seeds {seeds}"
+
+
 def between_markers(text: str, path: str) -> tuple[int, int]:
     start, end = text.find(START), text.find(END)
     if start < 0 or end < start:

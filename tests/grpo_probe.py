@@ -21,6 +21,9 @@ sync test needs weights that move.
 model of step ``<step>``'s checkpoint is written and before its optimizer state is (a half-written checkpoint);
 ``after_save`` at the start of the step after it (that checkpoint whole and sealed, the next step lost).
 ``GRPO_PROBE_SLOW_SAVE=<seconds>`` sleeps that long before each checkpoint is written (keeps a stopped trainer alive).
+
+``GRPO_PROBE_VLLM_UNCHUNKED=1`` (vLLM's CPU build, ``tests/vllm_cpu.py``): TRL's colocated engine gets
+``max_num_batched_tokens`` = its max model length, as a seeded request must not be chunked on CPU.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 import train_grpo  # noqa: E402
+from airline_rl.backends.vllm_seeds import SeededLLM  # noqa: E402
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer  # noqa: E402
 
 PROBE_TEXT = "Hello, I would like to change my flight reservation to an earlier date, please."
@@ -50,8 +54,24 @@ def length_reward(completions: list, **kwargs: Any) -> list[float]:
     return [sum(len(m.get("content") or "") for m in c if m.get("role") == "assistant") / 100 for c in completions]
 
 
+def unchunked_vllm_on_cpu() -> None:
+    """TRL builds its colocated ``vllm.LLM`` with ``max_num_batched_tokens=4096``; on vLLM's CPU build a seeded
+    request whose prompt is longer is chunked and crashes the sampler ("CPU Generator does not use offset")."""
+    from trl.generation import vllm_generation
+
+    engine = vllm_generation.LLM
+
+    def unchunked(*args: Any, **kwargs: Any) -> Any:
+        kwargs["max_num_batched_tokens"] = max(kwargs.get("max_num_batched_tokens") or 0, kwargs["max_model_len"])
+        return engine(*args, **kwargs)
+
+    vllm_generation.LLM = unchunked
+
+
 class ProbedTrainer(MultiTurnGRPOTrainer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if os.environ.get("GRPO_PROBE_VLLM_UNCHUNKED") == "1" and kwargs["args"].use_vllm:
+            unchunked_vllm_on_cpu()
         if os.environ.get("GRPO_PROBE_REWARD") == "length":
             kwargs["reward_funcs"] = [length_reward]
             kwargs["args"].reward_weights = [1.0]
@@ -83,8 +103,9 @@ class ProbedTrainer(MultiTurnGRPOTrainer):
     def _log_rollout_metrics(self, mode, records, prm_results, summaries, timings, seconds) -> None:  # noqa: ANN001
         turns = [len(r.turns) for r in records]
         episodes = self._rollout_episodes  # this rank's rows, in order: what each played, token for token
+        engine = getattr(getattr(self, "vllm_generation", None), "llm", None)
         self._probe_write({"kind": "rollout", "tasks": [s["task_id"] for s in summaries], "turns": turns,
-                           "seeds": [ep.seed for ep in episodes],
+                           "seeds": [ep.seed for ep in episodes], "seeded_vllm": isinstance(engine, SeededLLM),
                            "completions": [list(ep.agent_state["completion_ids"]) for ep in episodes]})  # fmt: skip
         super()._log_rollout_metrics(mode, records, prm_results, summaries, timings, seconds)
 

@@ -62,10 +62,8 @@ def test_the_docs_hold_what_the_command_last_recorded(readme_numbers) -> None:
         text = (root / path).read_text(encoding="utf-8")
         start, end = readme_numbers.between_markers(text, path)
         assert text[start:end].strip("\n") == block, f"{path} differs: rerun python benchmarks/readme_numbers.py"
-    gains = [run["quarters"][2] for run in data["runs"]]
-    seeds = ", ".join(str(run["seed"]) for run in data["runs"][:-1]) + f" and {data['runs'][-1]['seed']}"
     readme = (root / "README.md").read_text(encoding="utf-8")
-    assert f"{min(gains):+.2f} to {max(gains):+.2f} over seeds {seeds}" in readme
+    assert readme_numbers.gain_claim(data) in readme, readme_numbers.gain_claim(data)
     assert all("/readme-numbers/" not in line for line in data["runs"][0]["console"])  # the README's own paths
 
 

@@ -177,8 +177,24 @@ def test_grpo_colocate_generates_with_the_synced_weights(colocate_run: dict[str,
     logs = [r["logs"] for r in records if r["kind"] == "log" and "loss" in r["logs"]]
     assert len(logs) == 2
     assert all(log["sampling/sampling_logp_difference/mean"] < 0.05 for log in logs)  # TRL's own check, per step
+    assert all(r["seeded_vllm"] for r in records if r["kind"] == "rollout")  # per-request seeds (vllm_seeds.py)
     hub = colocate_run["out"].parent / "hub" / "gpu-smoke-joint"
     assert sorted(json.loads((hub / "refs.json").read_text())["revisions"].values()) == [1, 2]
+
+
+def test_trainer_rollouts_on_vllm_do_not_depend_on_their_generation_batch(
+    work: Path, plugin: Path, vllm_model: Path
+) -> None:
+    """The trainer's vLLM path (TrainerBackend → TRL's ``_generate_single_turn`` → ``VLLMGeneration.generate``,
+    colocate) with per-request seeds: the same 16 episodes played as one batch and as two of 8 give the same
+    transcripts, token for token (tests/vllm_seeds_probe.py)."""
+    out = work / "vllm-seeds.json"
+    run([PY, "tests/vllm_seeds_probe.py", str(vllm_model), str(out)], cpu_env(plugin, ROOT), work / "vllm-seeds.log")
+    played = {k: {int(row): ids for row, ids in v.items()} for k, v in json.loads(out.read_text()).items()}
+    assert sorted(played["whole"]) == list(range(16)) and all(played["whole"].values())
+    assert played["halves"] == played["whole"]
+    differ = sum(played["unseeded_halves"][row] != played["unseeded_whole"][row] for row in range(16))
+    print(f"batch-seeded (TRL's call without per-request seeds): {differ} of 16 episodes differ between the layouts")
 
 
 # LoRA: TRL merges the adapter into the base weights for each sync (``VLLMGeneration._iter_named_params``: merge,

@@ -88,5 +88,6 @@ def cpu_env(
         VLLM_CPU_OMP_THREADS_BIND=threads_bind,
         OMP_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
+        GRPO_PROBE_VLLM_UNCHUNKED="1",  # tests/grpo_probe.py: TRL's colocated engine, seeded requests unchunked
     )
     return env

@@ -50,7 +50,7 @@ from accelerate.utils import DistributedType, gather_object
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from airline_rl.backends import trl_prefix
+from airline_rl.backends import trl_prefix, vllm_seeds
 from airline_rl.configs import MultiTurnGRPOConfig
 from airline_rl.envs.episode import AirlineEnv, Episode, EpisodeRecord
 from airline_rl.envs.runner import RunTimings, run_episodes
@@ -96,7 +96,16 @@ class TrainerBackend:
         self.trainer = trainer
         reason = trl_prefix.unavailable(trainer)
         self.prefix_generation = trl_prefix.TrlPrefixGeneration(trainer) if reason is None else None
-        if reason is not None and not trainer.use_vllm and reason not in _LOGGED_REASONS:
+        self.seeded_llm: vllm_seeds.SeededLLM | None = None
+        if trainer.use_vllm:  # TRL's vLLM call: per-request seeds where the engine is colocated (vllm_seeds.py)
+            seeded = vllm_seeds.seed_requests(trainer)
+            if isinstance(seeded, vllm_seeds.SeededLLM):
+                self.seeded_llm = seeded
+            elif seeded not in _LOGGED_REASONS:
+                _LOGGED_REASONS.add(seeded)
+                logger.info("rollouts sample from one vLLM generator per batch: %s, so a rollout there depends on how "
+                            "the rows are spread over processes and generation calls", seeded)  # fmt: skip
+        elif reason is not None and reason not in _LOGGED_REASONS:
             _LOGGED_REASONS.add(reason)
             logger.info(
                 "rollouts generate through TRL without prefix reuse: %s (TRL samples from one generator per batch, "
@@ -114,7 +123,8 @@ class TrainerBackend:
     def generate(
         self, prompts: list[list[int]], max_new_tokens: int, seeds: list[int] | None = None
     ) -> tuple[list[list[int]], Any]:
-        """``seeds`` (per-row sampling) are honoured on the prefix path; TRL's call samples per batch."""
+        """``seeds`` (per-row sampling) are honoured on the prefix path and by a colocated vLLM engine; TRL's other
+        calls sample per batch."""
         if self.prefix_generation is not None:
             self.prefix_generation.begin_round()  # FSDP2: the round's one all-gather, before any other collective
         if not self._any_rank_busy(bool(prompts)):
@@ -124,6 +134,8 @@ class TrainerBackend:
             return [], None
         if self.prefix_generation is not None:
             return self.prefix_generation.generate(prompts, max_new_tokens, seeds), None
+        if self.seeded_llm is not None:
+            self.seeded_llm.seeds = seeds  # this call's requests, one seed each (cleared by the call)
         with self.trainer._max_new_tokens(max_new_tokens):
             return self.trainer._generate_single_turn(prompts, None, {}, 1)
 
@@ -274,7 +286,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
             self.args.max_completion_length,
             self.args.max_turn_tokens,
             _max_context(self),
-            per_episode_seeds=backend.prefix_generation is not None,
+            per_episode_seeds=backend.prefix_generation is not None or backend.seeded_llm is not None,
         )
         return backend, agent
 
