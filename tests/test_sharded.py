@@ -382,15 +382,57 @@ def test_a_launch_that_would_silently_not_shard_is_refused_in_one_line(tmp_path:
 
 
 @pytest.mark.slow
-def test_a_node_that_never_joins_ends_the_launch_within_the_rendezvous_timeout(tmp_path: Path) -> None:
-    """Node 0 alone of two: torchrun's static rendezvous gives up after ``--rdzv_conf timeout=N`` (600 s unset)."""
+@pytest.mark.parametrize("launcher", ["accelerate", "launch.py"])
+def test_a_node_that_never_joins_ends_the_launch_within_the_rendezvous_timeout(tmp_path: Path, launcher: str) -> None:
+    """Node 0 alone of two: torchrun's static rendezvous gives up after ``--rdzv_conf timeout=N`` (600 s unset);
+    ``accelerate launch`` then prints torch's traceback, ``python launch.py`` one line saying what to do."""
+    port = str(free_port())
     node = ["--num_machines", "2", "--num_processes", "2", "--machine_rank", "0", "--main_process_ip", "127.0.0.1",
-            "--main_process_port", str(free_port()), "--rdzv_conf", "timeout=20"]  # fmt: skip
+            "--main_process_port", port, "--rdzv_conf", "timeout=20"]  # fmt: skip
+    argv = grpo_argv([*FSDP2, *node], tmp_path, "alone", 8)
+    if launcher == "launch.py":
+        argv = [sys.executable, "launch.py", *argv[len(LAUNCH) :]]
     started = time.monotonic()
-    done = subprocess.run(grpo_argv([*FSDP2, *node], tmp_path, "alone", 8), cwd=ROOT, env=env(), capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and time.monotonic() - started < 240
-    assert "1/2 clients joined" in done.stderr, done.stderr[-3000:]
+    if launcher == "accelerate":
+        assert "1/2 clients joined" in done.stderr, done.stderr[-3000:]
+        return
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: the launch expected 2 nodes (2 rendezvous clients) at 127.0.0.1:{port}, but 1 "
+                           "joined within the rendezvous timeout ("), done.stderr[-3000:]  # fmt: skip
+    assert "--rdzv_conf timeout=<seconds>" in last
+
+
+@pytest.mark.slow
+def test_sigterm_to_launch_py_returns_once_the_checkpoint_is_written(reference: dict) -> None:
+    """``python launch.py`` (one process) passes a SIGTERM on to its trainer and waits: when the command returns,
+    the checkpoint is written and no trainer is left running."""
+    out = reference["out"]
+    argv = [sys.executable, "launch.py", *grpo_argv(ONE, out, "waits", 16, "--save_steps", "1000",
+                                                    "--max_steps", "3")[len(LAUNCH) :]]  # fmt: skip
+    log_path = out / "waits.log"
+    with open(log_path, "w", encoding="utf-8") as log:
+        launcher = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                    env=env() | {"GRPO_PROBE_DIR": str(out / "probe-waits")})  # fmt: skip
+        try:
+            deadline = time.monotonic() + 600
+            while "step 1/3" not in log_path.read_text(errors="replace") and time.monotonic() < deadline:
+                assert launcher.poll() is None, log_path.read_text(errors="replace")[-4000:]
+                time.sleep(0.5)
+            trainer = json.loads((out / "waits" / ".run.lock").read_text(encoding="utf-8"))["pid"]
+            launcher.send_signal(signal.SIGTERM)
+            assert launcher.wait(timeout=300) == 143
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+    assert not process_alive(trainer)
+    text = log_path.read_text(errors="replace")
+    checkpoints = sorted((out / "waits").glob("checkpoint-*"))
+    assert checkpoints and (checkpoints[-1] / "checkpoint_complete.json").is_file(), text[-4000:]
+    assert "Traceback" not in text, text[-4000:]
+    assert text.strip().splitlines()[-1].startswith("stopped by SIGTERM at step "), text[-2000:]
 
 
 def sft_argv(launch: list[str], out: Path, name: str, rows: int) -> list[str]:

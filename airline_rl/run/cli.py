@@ -33,6 +33,10 @@ EXIT_INTERRUPTED = 130
 INTERRUPTED_LINE = "interrupted (Ctrl-C); rerun the same command to resume from what was saved"
 
 
+QUIET_LAUNCHER_ENV = "AIRLINE_RL_QUIET_LAUNCHER"
+"""Set by ``launch.py`` for its children: no launcher traceback follows their line, so it is not repeated."""
+
+
 def error_line(message: str) -> str:
     text = " ".join(str(message).split())  # one line, whatever the message held
     return text if text.startswith("error:") or ": error:" in text else f"error: {text}"
@@ -45,9 +49,11 @@ def _parent_is_accelerate_launcher() -> bool:
     except OSError:
         return False
     words = [Path(w.decode(errors="replace")).name for w in cmdline if w]
-    # `accelerate launch ...` or `python -m accelerate.commands.launch ...`
-    return ("launch" in words and any(w.startswith("accelerate") for w in words)) or (
-        "accelerate.commands.launch" in words
+    # `accelerate launch ...`, `python -m accelerate.commands.launch ...` or this project's `python launch.py ...`
+    return (
+        ("launch" in words and any(w.startswith("accelerate") for w in words))
+        or "accelerate.commands.launch" in words
+        or "launch.py" in words[:2]
     )
 
 
@@ -94,7 +100,8 @@ def exit_with_line(line: str, code: int) -> NoReturn:
     """Prints ``line`` (to stderr) and exits with ``code``; under a live ``accelerate launch`` the line is repeated
     once the launcher has printed its own traceback and exited."""
     print(line, file=sys.stderr, flush=True)
-    if os.environ.get("LOCAL_RANK", "0") == "0" and _parent_is_accelerate_launcher():
+    quiet_launcher = os.environ.get(QUIET_LAUNCHER_ENV) == "1"  # launch.py prints no traceback after us
+    if os.environ.get("LOCAL_RANK", "0") == "0" and _parent_is_accelerate_launcher() and not quiet_launcher:
         sys.stdout.flush()
         _repeat_after_launcher(line)
     sys.exit(code)
