@@ -20,6 +20,7 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import torch  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 from trl.generation.vllm_generation import VLLMGeneration  # noqa: E402
 from vllm import LLM  # noqa: E402
@@ -41,7 +42,7 @@ def stand_in_trainer(llm: LLM, tokenizer) -> SimpleNamespace:
     """What ``TrainerBackend`` and TRL's ``_generate_single_turn`` read of a GRPO trainer with vLLM colocated."""
     generation = VLLMGeneration.__new__(VLLMGeneration)  # TRL's colocate generate, around this process's engine
     generation.__dict__.update(
-        mode="colocate", llm=llm, accelerator=SimpleNamespace(is_main_process=True), model=None,
+        mode="colocate", llm=llm, accelerator=SimpleNamespace(is_main_process=True), model=torch.nn.Module(),
         temperature=1.0, top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0,
         max_completion_length=MAX_TURN_TOKENS, logprobs=0, generation_kwargs={}, structured_outputs_regex=None,
         tensor_parallel_size=1, enable_sleep_mode=False, _llm_weights_sleeping=False,
