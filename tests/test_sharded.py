@@ -18,6 +18,7 @@ line before any step, which the fast tests below check in-process.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -26,10 +27,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from test_graceful_stop import alive
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "accelerate_configs"
@@ -211,6 +214,23 @@ def test_fsdp2_as_two_nodes_over_loopback(reference: dict) -> None:
     check_same_run(reference, out, "nodes")
 
 
+@contextlib.contextmanager
+def launched(argv: list[str], log_path: Path, extra_env: dict[str, str], until: str = "step 1/3") -> Iterator:
+    """A launch running in the background (output to ``log_path``), yielded once its log shows ``until``; killed
+    on the way out if it still runs."""
+    with open(log_path, "w", encoding="utf-8") as log:
+        launcher = subprocess.Popen(argv, cwd=ROOT, env=env() | extra_env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 600
+            while until not in log_path.read_text(errors="replace") and time.monotonic() < deadline:
+                assert launcher.poll() is None, log_path.read_text(errors="replace")[-4000:]
+                time.sleep(0.5)
+            yield launcher
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+
+
 @pytest.mark.slow
 def test_fsdp2_stopped_by_sigterm_resumes_to_the_uninterrupted_weights(reference: dict) -> None:
     """SIGTERM once step 1 of 3 is logged: the ranks finish the step in progress (2), save a sharded checkpoint and
@@ -218,19 +238,9 @@ def test_fsdp2_stopped_by_sigterm_resumes_to_the_uninterrupted_weights(reference
     out = reference["out"]
     argv = grpo_argv(FSDP2, out, "resumed", 8, "--save_steps", "1000", "--max_steps", "3")
     log_path = out / "resumed-1.log"
-    with open(log_path, "w", encoding="utf-8") as log:
-        launcher = subprocess.Popen(argv, cwd=ROOT, env=env() | {"GRPO_PROBE_DIR": str(out / "probe-resumed-1")},
-                                    stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-        try:
-            deadline = time.monotonic() + 600
-            while "step 1/3" not in log_path.read_text(errors="replace") and time.monotonic() < deadline:
-                assert launcher.poll() is None, log_path.read_text(errors="replace")[-4000:]
-                time.sleep(0.5)
-            launcher.send_signal(signal.SIGTERM)
-            launcher.wait(timeout=300)
-        finally:
-            if launcher.poll() is None:
-                launcher.kill()
+    with launched(argv, log_path, {"GRPO_PROBE_DIR": str(out / "probe-resumed-1")}) as launcher:
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=300)
     text = log_path.read_text(errors="replace")
     assert "SIGTERM received" in text, text[-4000:]
     checkpoints = sorted(p.name for p in (out / "resumed").glob("checkpoint-*"))
@@ -309,14 +319,6 @@ def test_a_truncated_newest_checkpoint_is_skipped_and_the_one_before_resumed(ref
     assert max_difference(hub_weights(out, "truncated", 3), reference["weights-3"]) <= TOLERANCE
 
 
-def process_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
-
-
 @pytest.mark.slow
 def test_sigterm_to_the_launcher_refuses_a_second_launch_until_the_trainer_has_saved(reference: dict) -> None:
     """``kill <accelerate pid>`` on one process: the launcher exits at once while its trainer finishes the step and
@@ -325,31 +327,21 @@ def test_sigterm_to_the_launcher_refuses_a_second_launch_until_the_trainer_has_s
     out = reference["out"]
     argv = grpo_argv(ONE, out, "orphan", 16, "--save_steps", "1000", "--max_steps", "3")
     log_path = out / "orphan-1.log"
-    with open(log_path, "w", encoding="utf-8") as log:
-        launcher = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                    env=env() | {"GRPO_PROBE_DIR": str(out / "probe-orphan-1"),
-                                                 "GRPO_PROBE_SLOW_SAVE": "90"})  # fmt: skip
-        try:
-            deadline = time.monotonic() + 600
-            while "step 1/3" not in log_path.read_text(errors="replace") and time.monotonic() < deadline:
-                assert launcher.poll() is None, log_path.read_text(errors="replace")[-4000:]
-                time.sleep(0.5)
-            launcher.send_signal(signal.SIGTERM)
-            assert launcher.wait(timeout=30) != 0  # accelerate's simple launcher dies at once
-        finally:
-            if launcher.poll() is None:
-                launcher.kill()
+    slowed = {"GRPO_PROBE_DIR": str(out / "probe-orphan-1"), "GRPO_PROBE_SLOW_SAVE": "90"}
+    with launched(argv, log_path, slowed) as launcher:
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=30) != 0  # accelerate's simple launcher dies at once
     trainer = json.loads((out / "orphan" / ".run.lock").read_text(encoding="utf-8"))["pid"]
-    assert process_alive(trainer)
+    assert alive(trainer)
     second = subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert second.returncode != 0
     refusals = [line for line in second.stderr.splitlines() if "is in use by another run" in line]
     assert refusals and f"(pid {trainer} on host " in refusals[-1], second.stderr[-3000:]
     before = second.stderr[: second.stderr.index(refusals[0])]
     assert "Traceback" not in before, second.stderr[-3000:]  # the trainer: one line (then the launcher's traceback)
-    assert process_alive(trainer), "the second launch was refused only because the trainer had already ended"
+    assert alive(trainer), "the second launch was refused only because the trainer had already ended"
     deadline = time.monotonic() + 600
-    while process_alive(trainer) and time.monotonic() < deadline:
+    while alive(trainer) and time.monotonic() < deadline:
         time.sleep(1)
     text = log_path.read_text(errors="replace")
     assert f"has already exited: this process, pid {trainer}, is still writing" in text, text[-4000:]
@@ -413,21 +405,11 @@ def test_sigterm_to_launch_py_returns_once_the_checkpoint_is_written(reference: 
     argv = [sys.executable, "launch.py", *grpo_argv(ONE, out, "waits", 16, "--save_steps", "1000",
                                                     "--max_steps", "3")[len(LAUNCH) :]]  # fmt: skip
     log_path = out / "waits.log"
-    with open(log_path, "w", encoding="utf-8") as log:
-        launcher = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                    env=env() | {"GRPO_PROBE_DIR": str(out / "probe-waits")})  # fmt: skip
-        try:
-            deadline = time.monotonic() + 600
-            while "step 1/3" not in log_path.read_text(errors="replace") and time.monotonic() < deadline:
-                assert launcher.poll() is None, log_path.read_text(errors="replace")[-4000:]
-                time.sleep(0.5)
-            trainer = json.loads((out / "waits" / ".run.lock").read_text(encoding="utf-8"))["pid"]
-            launcher.send_signal(signal.SIGTERM)
-            assert launcher.wait(timeout=300) == 143
-        finally:
-            if launcher.poll() is None:
-                launcher.kill()
-    assert not process_alive(trainer)
+    with launched(argv, log_path, {"GRPO_PROBE_DIR": str(out / "probe-waits")}) as launcher:
+        trainer = json.loads((out / "waits" / ".run.lock").read_text(encoding="utf-8"))["pid"]
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=300) == 143
+    assert not alive(trainer)
     text = log_path.read_text(errors="replace")
     checkpoints = sorted((out / "waits").glob("checkpoint-*"))
     assert checkpoints and (checkpoints[-1] / "checkpoint_complete.json").is_file(), text[-4000:]
