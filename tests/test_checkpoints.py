@@ -194,3 +194,13 @@ def test_lock_file_names_its_holder(tmp_path):
         assert info["pid"] == os.getpid() and abs(info["started"] - time.time()) < 60
     finally:
         lock.release()
+
+
+def test_an_explicit_resume_keeps_the_output_dirs_seal_rule(tmp_path):
+    fingerprint, length = {"model": "m"}, {"max_steps": 4}
+    other = _checkpoint(tmp_path / "other", 3)  # another run's whole checkpoint
+    fresh = decide_resume(tmp_path / "new", fingerprint, length, resume_from_checkpoint=str(other))
+    assert fresh.checkpoint == str(other) and fresh.sealed_from_step == 3  # this run writes steps 4.. sealed
+    write_run_config(tmp_path / "own", fingerprint, length)  # a sealing run: from step 0
+    own = decide_resume(tmp_path / "own", fingerprint, length, resume_from_checkpoint=str(other))
+    assert own.sealed_from_step == 0

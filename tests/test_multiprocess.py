@@ -27,6 +27,7 @@ from tests.openai_stub_server import StubServer
 ROOT = Path(__file__).resolve().parents[1]
 TWO_PROCESSES = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                  "accelerate_configs/multi_gpu.yaml", "--num_processes", "2", "--mixed_precision", "no"]  # fmt: skip
+ONE_PROCESS = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml"]
 # Task 0's user (Emma Kim) stops after one reply, task 1's (Raj Sanchez) after three.
 STOP_AFTER = {"emma_kim_9957": 1, "raj_sanchez_7340": 3}
 
@@ -49,12 +50,19 @@ def end_of_turn_id(model: Path) -> int:
 
 
 def run_two_ranks(
-    tmp_path: Path, model: Path, env: dict[str, str], extra: list[str], errors: tuple[str, ...] = (), status: int = 0
+    tmp_path: Path,
+    model: Path,
+    env: dict[str, str],
+    extra: list[str],
+    errors: tuple[str, ...] = (),
+    status: int = 0,
+    launch: list[str] = TWO_PROCESSES,
+    ranks: tuple[int, ...] = (0, 1),
 ) -> dict[int, list[dict]]:
     probe = tmp_path / "probe"
     tmp_path.mkdir(parents=True, exist_ok=True)
     with StubServer("stop", stop_after_by_text=STOP_AFTER, error_by_text=errors) as stub:
-        command = grpo_command(model, tmp_path, stub.base_url, extra)
+        command = [*launch, *grpo_command(model, tmp_path, stub.base_url, extra)[len(TWO_PROCESSES) :]]
         log = tmp_path / "grpo.log"
         with open(log, "w", encoding="utf-8") as out:
             done = subprocess.run(
@@ -62,11 +70,21 @@ def run_two_ranks(
                 timeout=1800,
             )  # fmt: skip
     assert done.returncode == status, log.read_text(errors="replace")[-5000:]
-    ranks = {}
-    for rank in (0, 1):
+    found = {}
+    for rank in ranks:
         lines = (probe / f"rank{rank}.jsonl").read_text(encoding="utf-8").splitlines()
-        ranks[rank] = [json.loads(line) for line in lines]
-    return ranks
+        found[rank] = [json.loads(line) for line in lines]
+    return found
+
+
+def step_one_episodes(ranks: dict[int, list[dict]]) -> dict[int, list[int]]:
+    """Episode seed → completion token ids of the first step, over every rank's rows."""
+    played: dict[int, list[int]] = {}
+    for records in ranks.values():
+        for record in records:
+            if record["kind"] == "rollout" and record["step"] == 0:
+                played.update(zip(record["seeds"], record["completions"], strict=True))
+    return played
 
 
 def check_two_ranks(tmp_path: Path, ranks: dict[int, list[dict[str, Any]]]) -> None:
@@ -151,6 +169,11 @@ def test_two_process_grpo_with_vllm_colocated(tmp_path: Path) -> None:
              json.dumps({"logit_bias": {str(end_of_turn_id(model)): 10.0}})]  # fmt: skip
     ranks = run_two_ranks(tmp_path, model, env, extra)
     check_two_ranks(tmp_path, ranks)
+    # One process playing both ranks' rows (per_device_train_batch_size 4): the same episodes of step 1, token for
+    # token, as each turn samples with its own vLLM request seed (airline_rl/backends/vllm_seeds.py).
+    one = run_two_ranks(tmp_path / "one", model, cpu_env(plugin, ROOT, threads_bind="0"),
+                        [*extra, "--per_device_train_batch_size", "4"], launch=ONE_PROCESS, ranks=(0,))  # fmt: skip
+    assert step_one_episodes(one) == step_one_episodes(ranks) and len(step_one_episodes(ranks)) == 4
     for records in ranks.values():  # each rank's engine scores a fixed prompt as its trainer does, at every step
         probes = [r for r in records if r["kind"] == "probe"]
         assert [r["step"] for r in probes] == [0, 1]

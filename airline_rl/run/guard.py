@@ -95,7 +95,10 @@ def decide_resume(
         why = checkpoint_problem(resume_from_checkpoint, require_seal=sealed_from is not None and step > sealed_from)
         if why is not None:
             raise RunGuardError(f"--resume_from_checkpoint {resume_from_checkpoint} {why}: pass a whole checkpoint")
-        return ResumeDecision(checkpoint=resume_from_checkpoint, sealed_from_step=step)
+        own = _sealed_from_step(_readable_run_config(Path(output_dir)))  # this run's output_dir, if it has a record
+        return ResumeDecision(
+            checkpoint=resume_from_checkpoint, sealed_from_step=step if own is None else min(own, step)
+        )
     if overwrite_output_dir or not Path(output_dir).is_dir():
         return ResumeDecision(checkpoint=None)
     stored = read_run_config(output_dir)
