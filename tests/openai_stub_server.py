@@ -12,6 +12,11 @@ It is a real HTTP server on a real socket (``ThreadingHTTPServer`` in a backgrou
 - ``slow``: answers like ``echo`` after ``delay_s``;
 - ``empty``: a well-formed response whose message content is empty.
 
+``latency=(median, sigma)`` (``--latency MEDIAN,SIGMA``) delays every answer by a log-normal time, median ×
+exp(sigma × z), with z drawn from a generator seeded by ``latency_seed`` and the request's messages: the same request
+waits as long whatever the order or the concurrency it arrives in, as a user server's reply time follows what it is
+asked, and two ways of scheduling the same episodes can be compared against the same latencies.
+
 A request may pick its own mode with a marker ``[[stub:<mode>]]`` anywhere in its messages (the newest marker wins),
 so one batch can mix good and bad episodes. The server counts requests and the most requests in flight at once.
 
@@ -25,7 +30,10 @@ By hand, to try the LLM user simulator without a GPU (Ctrl-C stops it):
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
+import random
 import re
 import signal
 import threading
@@ -121,8 +129,14 @@ class StubServer:
         hang_s: float = 30.0,
         model: str = "stub-model",
         port: int = 0,
+        latency: tuple[float, float] | None = None,
+        latency_seed: int = 0,
     ) -> None:
         marker(mode)  # validates the mode
+        if latency is not None and (latency[0] <= 0 or latency[1] < 0):
+            raise ValueError(f"latency: a median > 0 and a sigma >= 0, got {latency}")
+        self.latency = latency
+        self.latency_seed = latency_seed
         self.requested_port = port  # 0: a free port
         self.mode = mode
         self.stop_after = stop_after
@@ -213,8 +227,19 @@ class StubServer:
         text = " ".join(str(message.get("content") or "") for message in messages)
         return next((n for needle, n in self.stop_after_by_text.items() if needle in text), self.stop_after)
 
+    def latency_of(self, body: dict[str, Any]) -> float:
+        """The seconds this request waits before its answer (0 without ``latency``): a function of its messages."""
+        if self.latency is None:
+            return 0.0
+        median, sigma = self.latency
+        text = json.dumps([self.latency_seed, body.get("messages") or []], sort_keys=True)
+        z = random.Random(hashlib.sha256(text.encode()).digest()).gauss(0.0, 1.0)
+        return median * math.exp(sigma * z)
+
     def _answer(self, mode: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         messages = body.get("messages") or []
+        if self.latency is not None:
+            self._stopping.wait(self.latency_of(body))
         if mode == "error":
             return 500, {"error": {"message": "stub server error", "type": "internal_error", "code": 500}}
         if mode == "hang":
@@ -256,9 +281,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stop_after", type=int, default=2, help="stop mode: replies before ###STOP###")
     parser.add_argument("--port", type=int, default=8001, help="port on 127.0.0.1 (0: any free port)")
     parser.add_argument("--model", default="stub-model", help="the model id it serves (pass it as --user_model)")
+    parser.add_argument("--latency", default=None, metavar="MEDIAN,SIGMA",
+                        help="delay each answer by a log-normal time (seconds; seeded per request)")  # fmt: skip
+    parser.add_argument("--latency_seed", type=int, default=0, help="seed of the per-request delays")
     args = parser.parse_args(argv)
+    latency = None
+    if args.latency:
+        try:
+            median, sigma = (float(v) for v in args.latency.split(","))
+        except ValueError:
+            parser.error(f"--latency: MEDIAN,SIGMA (two numbers), got {args.latency!r}")
+        if median <= 0 or sigma < 0:
+            parser.error(f"--latency: a median > 0 and a sigma >= 0, got {args.latency!r}")
+        latency = (median, sigma)
     try:
-        server = StubServer(args.mode, stop_after=args.stop_after, model=args.model, port=args.port).start()
+        server = StubServer(args.mode, stop_after=args.stop_after, model=args.model, port=args.port, latency=latency,
+                            latency_seed=args.latency_seed).start()  # fmt: skip
     except OSError as err:
         parser.exit(2, f"{parser.prog}: error: --port {args.port}: {err.strerror or err}\n")
     print(f"serving {args.model!r} in mode {args.mode!r} at {server.base_url} (Ctrl-C stops)", flush=True)

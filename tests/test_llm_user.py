@@ -377,3 +377,21 @@ def test_the_stub_server_runs_by_hand_and_an_evaluation_uses_it(tmp_path: Path) 
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=10) == 0
+
+
+def test_the_stubs_latency_is_a_seeded_log_normal_function_of_the_request() -> None:
+    """Groundwork for scheduling benchmarks: the same request waits as long whatever its order; over many requests
+    the delays are log-normal around the median (checked on the drawn values, never on a clock)."""
+    import math
+    import statistics
+
+    server = StubServer("echo", latency=(0.3, 1.0), latency_seed=7)
+    bodies = [{"messages": [{"role": "user", "content": f"turn {i}"}]} for i in range(2000)]
+    delays = [server.latency_of(body) for body in bodies]
+    assert delays == [server.latency_of(body) for body in bodies]  # a function of the request, not of the order
+    assert StubServer("echo", latency=(0.3, 1.0), latency_seed=8).latency_of(bodies[0]) != delays[0]
+    logs = [math.log(d / 0.3) for d in delays]
+    assert abs(statistics.mean(logs)) < 0.1 and abs(statistics.stdev(logs) - 1.0) < 0.1
+    assert StubServer("echo").latency_of(bodies[0]) == 0.0
+    with pytest.raises(ValueError, match="latency"):
+        StubServer("echo", latency=(0.0, 1.0))
