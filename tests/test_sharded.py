@@ -188,6 +188,34 @@ def test_deepspeed_zero_trains_what_one_process_trains(reference: dict, stage: s
     check_same_run(reference, out, stage)
 
 
+def untied_model(path: Path) -> Path:
+    """The tiny Qwen2 with its own ``lm_head.weight`` (``tie_word_embeddings`` false)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from airline_rl.data.tiny_model import build_tiny_model
+
+    tied = build_tiny_model(path.parent / "tiny-tied")
+    model = AutoModelForCausalLM.from_pretrained(tied)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(tied).save_pretrained(path)
+    return path
+
+
+@pytest.mark.slow
+def test_an_untied_model_exports_the_same_tensors_under_fsdp2(tmp_path: Path) -> None:
+    """Issue 36.1, the untied case: FSDP2 keeps ``lm_head.weight`` (the model's own) and exports the 1-process
+    run's files and tensor names; the tied default's case is checked by every run above."""
+    model = untied_model(tmp_path / "untied")
+    flags = ("--model_name_or_path", str(model), "--max_steps", "1", "--save_steps", "1", "--max_turns", "2")
+    run(grpo_argv(ONE, tmp_path, "one", 16, *flags), tmp_path / "one.log", tmp_path / "probe-one")
+    run(grpo_argv(FSDP2, tmp_path, "fsdp2", 8, *flags), tmp_path / "fsdp2.log", tmp_path / "probe-fsdp2")
+    one, sharded = export_layout(tmp_path, "one", 1), export_layout(tmp_path, "fsdp2", 1)
+    assert sharded == one and "lm_head.weight" in one[1]
+
+
 @pytest.mark.slow
 def test_fsdp2_as_two_nodes_over_loopback(reference: dict) -> None:
     out = reference["out"]
