@@ -28,7 +28,10 @@ def test_the_trainers_exit_status_comes_back_without_a_launcher_traceback(tmp_pa
 def test_a_deepspeed_config_without_deepspeed_is_one_line_naming_the_pin(monkeypatch, capsys) -> None:
     import accelerate.commands.launch as accelerate_launch
 
+    from airline_rl.run import dependencies
+
     monkeypatch.setattr(accelerate_launch, "is_deepspeed_available", lambda: False)
+    monkeypatch.setattr(dependencies, "is_installed", lambda module: False)  # as on a machine without it
     with pytest.raises(SystemExit) as info:
         launch.main(["--config_file", "accelerate_configs/zero3.yaml", "train_grpo.py"])
     assert info.value.code == 2

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from airline_rl.run.cli import QUIET_LAUNCHER_ENV, exit_with_error
-from airline_rl.run.dependencies import OPTIONAL_PACKAGES
+from airline_rl.run.dependencies import MissingDependencyError, require
 
 _JOINED = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
 
@@ -87,10 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         if "DeepSpeed" not in str(err) and "deepspeed" not in str(err):
             raise
         config = f"--config_file {args.config_file}" if getattr(args, "config_file", None) else "--use_deepspeed"
-        exit_with_error(
-            f"{config} needs {OPTIONAL_PACKAGES['deepspeed']['name']}, which is not installed: "
-            f"{OPTIONAL_PACKAGES['deepspeed']['install']}"
-        )
+        try:
+            require("deepspeed", config)  # the project's one wording for a missing optional package
+        except MissingDependencyError as missing:
+            exit_with_error(str(missing))
+        raise
     except Exception as err:  # torch's DistStoreError and the elastic errors that wrap it
         line = rendezvous_line(f"{err} {err.__cause__ or ''}", args)
         if line is None:
