@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from airline_rl.run.start import release_process_group_at_exit
+
 FSDP_ENV = "ACCELERATE_USE_FSDP"
 DEEPSPEED_ENV = "ACCELERATE_USE_DEEPSPEED"
 
@@ -208,6 +210,7 @@ class ShardedLaunch:
 
     def create_accelerator_and_postprocess(self) -> None:
         check_launch_environment()
+        release_process_group_at_exit()  # a trainer built outside our entry scripts (tests, notebooks) too
         with cpu_fsdp2():
             super().create_accelerator_and_postprocess()  # type: ignore[misc]
         check_launch(self.accelerator)

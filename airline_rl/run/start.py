@@ -4,6 +4,7 @@ training, the in-process default-policy build."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import random
@@ -17,9 +18,32 @@ import torch
 import transformers
 from transformers import set_seed
 
+_release_registered = False
+
+
+def release_process_group_at_exit() -> None:
+    """Destroys the default process group when the interpreter exits normally, once per process.
+
+    A process that exits with its gloo group alive can abort in interpreter finalization (``terminate called
+    without an active exception``, SIGABRT, exit -6): gloo's worker threads still hold work whose tensors need the
+    GIL that finalization is tearing down. In CI it struck rank 1 of two finished gloo runs (after ``done:``, and
+    after a held-out evaluation), failing runs whose work was all written. ``atexit`` runs while the interpreter is
+    still whole; ``os._exit`` (a second Ctrl-C, a lost peer's hard stop) skips it, as it should."""
+    global _release_registered
+    if not _release_registered:
+        _release_registered = True
+        atexit.register(_destroy_process_group)
+
+
+def _destroy_process_group() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        with contextlib.suppress(Exception):  # exiting anyway: a peer already gone must not turn exit into a trace
+            torch.distributed.destroy_process_group()
+
 
 def setup_run(training_args: Any, script_logger: logging.Logger) -> None:
     """Seeds everything, routes logs to stdout at the process's log level, and refuses bf16 on a CPU-only machine."""
+    release_process_group_at_exit()
     set_seed(training_args.seed)
     logging.basicConfig(
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",

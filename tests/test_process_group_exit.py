@@ -1,0 +1,38 @@
+"""A process that built a gloo group destroys it at a normal exit (``airline_rl.run.start``), while the interpreter
+is whole: leaving it to finalization aborted finished runs in CI (``terminate called without an active exception``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = """
+import atexit, os, sys
+import torch.distributed as dist
+from airline_rl.run.start import release_process_group_at_exit
+
+def report():  # registered first, so it runs after the release (atexit runs last-in, first-out)
+    print("initialized at exit:", dist.is_initialized(), flush=True)
+
+atexit.register(report)
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("gloo", rank=0, world_size=1)
+release_process_group_at_exit()
+release_process_group_at_exit()  # once per process, however many trainers it builds
+dist.all_reduce(__import__("torch").ones(1))
+"""
+
+
+def test_the_process_group_is_destroyed_before_the_interpreter_finalizes(tmp_path) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(port)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines() == ["initialized at exit: False"]
