@@ -66,6 +66,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         check_user_endpoint(user, timeout=min(10.0, float(script_args.user_timeout)))  # as evaluate.py does
         run.claim_hub(overwrite=script_args.overwrite_hub)
         split = get_split(script_args.split, script_args.split_file, frozenset(env.domain.tasks))
+        schedule = script_args.episode_schedule()
         heldout = build_heldout(script_args, training_args, env, user, split, run.run_name)  # None: no evaluation
     except (HubError, KeyError, ValueError, ConnectionError) as err:  # --data_dir, --split, --tasks, --user_*
         # flags, a user endpoint that does not answer, the held-out evaluation's settings
@@ -90,6 +91,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
             processing_class=tokenizer,
             peft_config=get_peft_config(model_args),
             heldout=heldout,
+            schedule=schedule,
         )
     except LaunchError as err:  # a sharded config that would not shard, a setting the rollouts cannot honour
         raise SystemExit(f"error: {err}") from None

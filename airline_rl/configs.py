@@ -18,6 +18,7 @@ from airline_rl.variants import VARIANT_FIELDS, VARIANTS, get_variant  # noqa: F
 
 if TYPE_CHECKING:
     from airline_rl.envs.episode import EnvConfig
+    from airline_rl.envs.runner import Schedule
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,30 @@ class EnvArguments:
     user_cache_dir: str | None = field(
         default=None, metadata={"help": "llm user: on-disk reply cache for exact replay (off when unset)."}
     )
+    schedule: Literal["events", "waves"] = field(
+        default="events",
+        metadata={"help": "When the policy acts (airline_rl/envs/runner.py): 'events', on the episodes that are "
+                  "ready, each episode moving on when its own user reply lands; 'waves', on all active episodes "
+                  "together, each call waiting for the slowest reply. The same with the scripted user."},
+    )  # fmt: skip
+    min_ready: int = field(
+        default=1, metadata={"help": "--schedule events: act once this many episodes are ready (or all are)."}
+    )
+    batch_window: float = field(
+        default=0.0,
+        metadata={"help": "--schedule events: act at the latest this many seconds after an episode became ready, "
+                  "even with fewer than --min_ready."},
+    )  # fmt: skip
+
+    def episode_schedule(self) -> Schedule:
+        """When the episode loop calls the policy; a ValueError names the flag of a bad value."""
+        from airline_rl.envs.runner import Schedule
+
+        if self.min_ready < 1:
+            raise ValueError(f"--min_ready must be >= 1 (episodes), got {self.min_ready}")
+        if not self.batch_window >= 0:
+            raise ValueError(f"--batch_window must be >= 0 (seconds), got {self.batch_window}")
+        return Schedule(mode=self.schedule, min_ready=self.min_ready, batch_window=self.batch_window)
 
     def env_config(self) -> EnvConfig:
         """The episode protocol and limits these arguments select."""

@@ -10,7 +10,7 @@ token-out:
    results) are appended with mask 0: the Render-Twice-Diff suffix of ``airline_rl.render``;
 3. the sampled ids are appended with mask 1 exactly as sampled; their decoded text is only used to run the tools.
 
-All active episodes are generated in one backend call per wave.
+The ready episodes of ``run_episodes`` are generated in one backend call (all active ones under lock-step waves).
 """
 
 from __future__ import annotations
@@ -66,6 +66,28 @@ class TokenPolicyAgent:
         self.max_turn_tokens = max_turn_tokens
         self.max_context = max_context
         self._prompt_cache: dict[str, list[int]] = {}
+        self.partial_calls = False
+
+    @property
+    def schedule_invariant(self) -> bool:
+        """An episode's turns do not depend on which episodes share its generation call (per-episode seeds)."""
+        return self.per_episode_seeds
+
+    schedule_reason = "the policy samples from one generator per generation call"
+
+    def on_schedule(self, partial_calls: bool) -> None:
+        """Told by ``run_episodes``: whether a call may carry only some of the live episodes (event-driven, with a
+        user that answers later). Then the backend caches exactly the system prompt and greeting as the shared prefix
+        (``prefix_hint``), which every episode extends: the common part of a first call's one or two episodes would
+        reach into their own turns and be rebuilt (and the turn caches dropped) at the next call."""
+        self.partial_calls = partial_calls
+
+    def release(self, episodes: list[Episode]) -> None:
+        """Finished episodes: the backend frees what it keeps for them (their turn caches)."""
+        release = getattr(self.backend, "release", None)
+        if release is not None:
+            release([ep.agent_state["prompt_ids"] + ep.agent_state["completion_ids"] for ep in episodes
+                     if "prompt_ids" in ep.agent_state])  # fmt: skip
 
     def _prompt(self, prompt_messages: list[dict]) -> list[int]:
         """Token ids of the system prompt + greeting (cached: identical for every episode with that system prompt)."""
@@ -138,6 +160,8 @@ class TokenPolicyAgent:
     ) -> tuple[list[list[int]], list[list[float]] | None]:
         # Called every wave, even with nothing to generate: a distributed backend must join every wave's collective.
         prompts = [ep.agent_state["prompt_ids"] + ep.agent_state["completion_ids"] for ep in episodes]
+        if self.partial_calls and episodes and hasattr(self.backend, "prefix_hint"):
+            self.backend.prefix_hint = episodes[0].agent_state["prompt_ids"]
         if self.per_episode_seeds:
             seeds = [turn_seed(ep.seed, len(ep.record.turns)) for ep in episodes]
             return self.backend.generate(prompts, max(budgets, default=1), seeds=seeds)  # type: ignore[call-arg]

@@ -192,8 +192,10 @@ def play(env, tokenizer, make_agent: Callable[[], tuple[Any, Any]], specs, *, ba
     return wall, completions, backend, stats
 
 
-def build_trainer(model, tokenizer, env, turn_tokens: int, prefix_reuse: bool, output_dir: str):
-    """A ``MultiTurnGRPOTrainer`` over ``model`` whose TRL generation config decodes like the engine modes."""
+def build_trainer(model, tokenizer, env, turn_tokens: int, prefix_reuse: bool, output_dir: str, user=None,
+                  sample: bool = False):  # fmt: skip
+    """A ``MultiTurnGRPOTrainer`` over ``model`` whose TRL generation config decodes like the engine modes (or samples
+    at temperature 1, each turn from its episode's seeded generator, with ``sample``)."""
     import datasets  # noqa: PLC0415 - only the trainer modes need it
 
     from airline_rl.configs import MultiTurnGRPOConfig  # noqa: PLC0415
@@ -206,7 +208,7 @@ def build_trainer(model, tokenizer, env, turn_tokens: int, prefix_reuse: bool, o
         num_generations=4,
         max_completion_length=8192,
         max_turn_tokens=turn_tokens,
-        generation_kwargs={"do_sample": False, "forced_eos_token_id": tokenizer.eos_token_id},
+        generation_kwargs={"do_sample": sample, "forced_eos_token_id": tokenizer.eos_token_id},
         rollout_prefix_reuse=prefix_reuse,
         report_to="none",
         use_cpu=True,
@@ -221,7 +223,7 @@ def build_trainer(model, tokenizer, env, turn_tokens: int, prefix_reuse: bool, o
         model=model,
         args=args,
         env=env,
-        user=get_user_simulator("scripted"),
+        user=user or get_user_simulator("scripted"),
         train_dataset=datasets.Dataset.from_list(rows),
         processing_class=tokenizer,
         reward_funcs=[lambda completions, **kwargs: [0.0] * len(completions)],
@@ -384,6 +386,126 @@ def horizon_sweep(model, tokenizer, specs, horizons: list[int], args) -> None:
     )
 
 
+def _parse_latency(text: str) -> tuple[float, float]:
+    median, sigma = (float(v) for v in text.split(","))
+    if median <= 0 or sigma < 0:
+        raise ValueError
+    return median, sigma
+
+
+def _parse_settings(text: str) -> list[tuple[int, float]]:
+    """``MIN_READY:WINDOW,...`` (e.g. ``1:0,4:0.05``): the event-driven settings to measure."""
+    settings = []
+    for item in text.split(","):
+        ready, _, window = item.strip().partition(":")
+        settings.append((int(ready), float(window or 0)))
+    if not settings or any(r < 1 or w < 0 for r, w in settings):
+        raise ValueError
+    return settings
+
+
+def _request_chains(stub: Any) -> tuple[float, float, int]:
+    """From one mode's requests at the stub: the longest chain of one episode's reply delays (no schedule beats it),
+    the lock-step waves' own sum of per-turn slowest delays, and the most requests of one episode."""
+    per_episode: dict[Any, list[float]] = {}
+    for body in stub.bodies:
+        per_episode.setdefault(body.get("seed"), []).append(stub.latency_of(body))
+    chains = list(per_episode.values())
+    longest = max((sum(c) for c in chains), default=0.0)
+    turns = max((len(c) for c in chains), default=0)
+    waves = sum(max((c[t] for c in chains if t < len(c)), default=0.0) for t in range(turns))
+    return longest, waves, turns
+
+
+def latency_comparison(model, tokenizer, specs, args) -> None:
+    """Waves vs event-driven against the stub user server with seeded log-normal reply delays (``--user_latency``):
+    the same episodes through the evaluator's engine and through the trainer's rollouts; the last line starts with
+    the smaller speed-up over waves."""
+    from airline_rl.envs.runner import Schedule  # noqa: PLC0415
+    from airline_rl.envs.users.llm import LLMUser  # noqa: PLC0415
+    from tests.openai_stub_server import StubServer  # noqa: PLC0415
+
+    latency = args.latency
+    eos = tokenizer.eos_token_id
+    context = model.config.max_position_embeddings
+    env = AirlineEnv(config=EnvConfig(max_turns=args.max_turns))
+    schedules = {"waves": Schedule(mode="waves")}
+    for ready, window in args.event_settings:
+        schedules[f"events {ready}:{window:g}"] = Schedule(min_ready=ready, batch_window=window)
+    default_events = next(name for name in schedules if name != "waves")
+    results: dict[tuple[str, str], dict[str, Any]] = {}
+    with (
+        StubServer("echo", latency=latency, latency_seed=args.latency_seed) as stub,
+        tempfile.TemporaryDirectory() as scratch,
+    ):
+        user = LLMUser(base_url=stub.base_url, model="stub-model", timeout=120.0, concurrency=64)
+        trainer = build_trainer(model, tokenizer, env, args.turn_tokens, True, str(Path(scratch) / "t"), user, True)
+        model.eval()
+
+        def engine() -> tuple[Any, Any]:
+            backend = SharedPrefixTransformersBackend(model, tokenizer, temperature=1.0, eos_token_ids=[eos],
+                                                      generation_kwargs={"forced_eos_token_id": eos})  # fmt: skip
+            agent = TokenPolicyAgent(backend, tokenizer, env.tools, [eos], context, args.turn_tokens, context,
+                                     per_episode_seeds=True)  # fmt: skip
+            return backend, agent
+
+        def rollouts() -> tuple[Any, Any]:
+            backend, agent = trainer.policy_agent(env.tools)
+            return backend, agent
+
+        engines = {"evaluator engine": engine, "trainer rollouts": rollouts}
+        for repeat in range(args.repeats):  # round robin, best of N: load bursts hit every mode alike
+            for engine_name, make in engines.items():
+                for name, schedule in schedules.items():
+                    backend, agent = make()
+                    episodes = [env.reset(task_id, seed) for task_id, seed in specs]
+                    timings = RunTimings()
+                    stub.reset_counters()
+                    start = time.perf_counter()
+                    records = run_episodes(env, agent, user, specs, timings=timings, episodes=episodes,
+                                           score=outcome_reward, schedule=schedule)  # fmt: skip
+                    if hasattr(backend, "drain"):
+                        backend.drain()
+                    wall = time.perf_counter() - start
+                    if hasattr(backend, "close"):
+                        backend.close()
+                    run = {
+                        "wall": wall,
+                        "timings": timings,
+                        "transcripts": [(ep.agent_state["completion_ids"], ep.messages) for ep in episodes],
+                        "rewards": [r.reward["reward"] for r in records],
+                        "errors": sum(r.user_error is not None for r in records),
+                        "turns": sum(len(r.turns) for r in records) / len(records),
+                        "chains": _request_chains(stub),
+                    }
+                    print(f"  ({engine_name}, {name}, run {repeat + 1}: {wall:.2f}s)", file=sys.stderr, flush=True)
+                    if (engine_name, name) not in results or wall < results[(engine_name, name)]["wall"]:
+                        results[(engine_name, name)] = run
+        user.close()
+    speedups, equal_all = {}, True
+    for engine_name in engines:
+        reference = results[(engine_name, "waves")]
+        for name in schedules:
+            run, t = results[(engine_name, name)], results[(engine_name, name)]["timings"]
+            same = sum(a == b for a, b in zip(run["transcripts"], reference["transcripts"], strict=True))
+            same_rewards = run["rewards"] == reference["rewards"]
+            equal_all &= same == len(specs) and same_rewards
+            print(f"{engine_name:17s} {name:16s} wall {run['wall']:6.2f}s | agent {t.agent:5.2f}s in {t.waves:3d} "
+                  f"calls, idle {100 * t.agent_idle_fraction:4.1f}% | user requests in flight {t.mean_in_flight:4.1f}"
+                  f" (max {t.max_in_flight}) | {run['turns']:.1f} turns/episode, {run['errors']} user errors | "
+                  f"same transcripts as waves {same}/{len(specs)}, rewards "
+                  f"{'equal' if same_rewards else 'DIFFER'}")  # fmt: skip
+        speedups[engine_name] = reference["wall"] / results[(engine_name, default_events)]["wall"]
+    longest, waves_bound, requests = results[(next(iter(engines)), default_events)]["chains"]
+    print(f"reply delays alone: the slowest episode's own chain {longest:.2f}s (no schedule can beat it), the waves' "
+          f"sum of per-turn slowest replies {waves_bound:.2f}s ({requests} user requests per episode)")  # fmt: skip
+    worst = min(speedups, key=speedups.get)
+    others = ", ".join(f"{name} {value:.2f}x" for name, value in speedups.items())
+    print(f"{speedups[worst]:.1f}x over waves at user latency {latency[0]:g},{latency[1]:g} ({default_events}; "
+          f"{others}; {len(specs)} episodes x {args.max_turns} turns); transcripts and rewards equal in every mode: "
+          f"{'yes' if equal_all else 'NO'}")  # fmt: skip
+
+
 MODES = {  # key: (label, batched, maker kind)
     "plain-one": ("one-at-a-time, plain generate", False, "plain"),
     "plain-batched": ("wave-batched, plain generate", True, "plain"),
@@ -431,7 +553,35 @@ def main() -> None:
         help="--horizon: scripted (the scripted user answers every turn) or tau2 (every turn runs the task's next "
         "gold read call: real τ² tool-result JSON in the history)",
     )
+    parser.add_argument(
+        "--user_latency",
+        default="",
+        metavar="MEDIAN,SIGMA",
+        help="instead of the modes: waves vs event-driven against the stub user server, every reply delayed by a "
+        "seeded log-normal time (seconds), for the evaluator's engine and the trainer's rollouts",
+    )
+    parser.add_argument("--latency_seed", type=int, default=0, help="--user_latency: seed of the reply delays")
+    parser.add_argument("--max_turns", type=int, default=12, help="--user_latency: turns per episode")
+    parser.add_argument(
+        "--event_settings",
+        default="1:0",
+        help="--user_latency: event-driven settings to measure, MIN_READY:BATCH_WINDOW,... (the first is the "
+        "speed-up's)",
+    )
     args = parser.parse_args()
+    if args.user_latency:
+        try:
+            args.latency = _parse_latency(args.user_latency)
+        except ValueError:
+            parser.exit(
+                2, f"error: --user_latency: MEDIAN,SIGMA (median > 0, sigma >= 0), got {args.user_latency!r}\n"
+            )
+        try:
+            args.event_settings = _parse_settings(args.event_settings)
+        except ValueError:
+            parser.exit(
+                2, f"error: --event_settings: MIN_READY:SECONDS,... (>= 1, >= 0), got {args.event_settings!r}\n"
+            )
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
@@ -466,6 +616,10 @@ def main() -> None:
     if horizons:
         play(env, tokenizer, lambda: _warm_up(model, tokenizer, env, args.turn_tokens), specs[:2], batched=True)
         horizon_sweep(model, tokenizer, specs, horizons, args)
+        return
+    if args.user_latency:
+        play(env, tokenizer, lambda: _warm_up(model, tokenizer, env, args.turn_tokens), specs[:2], batched=True)
+        latency_comparison(model, tokenizer, specs, args)
         return
     eos = tokenizer.eos_token_id
     context = model.config.max_position_embeddings

@@ -178,7 +178,7 @@ def test_step_files_of_another_configuration_are_refused_before_training(
 
 def train_numbers(trainer: MultiTurnGRPOTrainer) -> list[dict[str, float]]:
     """Every training log entry's numbers, wall-clock ones left out (they differ between any two runs)."""
-    timing = ("time", "timing", "seconds", "runtime", "per_second", "speed")
+    timing = ("time", "timing", "seconds", "runtime", "per_second", "speed", "idle", "in_flight")
     return [
         {k: v for k, v in entry.items() if isinstance(v, int | float) and not any(t in k for t in timing)}
         for entry in trainer.state.log_history

@@ -48,24 +48,41 @@ def test_a_prompt_that_rewrites_its_history_reuses_the_common_part_and_says_so_o
     assert sum("does not extend" in r.message for r in caplog.records) == 1
 
 
-def test_a_call_keeps_only_its_own_entries_and_the_cap_drops_the_oldest_episodes():
+def test_a_call_replaces_what_it_continued_a_finished_episode_is_forgotten_and_the_cap_drops_the_oldest():
     cache = TurnCache(max_tokens=100)
     old, young = _history(1, 40), _history(2, 40)
     cache.add(_entry(old, born=0))
-    cache.add(_entry(_history(3, 40), born=0))  # an episode that finishes: no later call continues it
+    cache.add(_entry(_history(3, 40), born=0))  # an episode that finishes before the next call
     cache.commit()
     assert len(cache) == 2
-    cache.add(_entry(old + [1] * 20, born=0))  # 60 tokens, the oldest episode
+    cache.forget(_history(3, 45))  # the loop says it finished (its whole history extends its entry)
+    assert len(cache) == 1 and cache.lookup(_history(3, 41)) == (None, 0)
+    assert cache.lookup(old + [1] * 20)[1] == 40  # the next call continues the oldest episode
+    cache.add(_entry(old + [1] * 20, born=0))  # 60 tokens, replacing its 40
     cache.add(_entry(young, born=cache.next_born()))  # 40 tokens, started in this call
     cache.add(_entry(_history(4, 30), born=cache.next_born()))  # 30 tokens: 130 > 100, one entry must go
     cache.commit()
     assert cache.stats["dropped"] == 1 and cache.cached_tokens == 70
     assert cache.lookup(old + [1] * 20 + [2]) == (None, 0)  # dropped: re-prefilled at its next turn
     assert cache.lookup(young + [2])[1] == 40
-    assert cache.lookup(_history(3, 41)) == (None, 0)  # the finished episode was freed by the second call
     assert cache.stats["peak_tokens"] == 80
     cache.clear()
     assert len(cache) == 0
+
+
+def test_an_episode_left_out_of_a_call_keeps_its_entry():
+    """The event-driven loop calls with the ready episodes only: one waiting on its user keeps its cache."""
+    cache = TurnCache(max_tokens=10_000)
+    ready, waiting = _history(1, 40), _history(2, 40)
+    cache.add(_entry(ready))
+    cache.add(_entry(waiting))
+    cache.commit()
+    assert cache.lookup(ready + [5])[1] == 40
+    cache.release()  # the call's one batch has copied what it reuses: only that entry goes early
+    cache.add(_entry(ready + [5, 6]))
+    cache.commit()
+    assert cache.lookup(waiting + [7])[1] == 40 and cache.lookup(ready + [5, 6, 8])[1] == 42
+    assert len(cache) == 2
 
 
 def test_a_negative_cap_is_an_error_naming_its_flag(tmp_path):

@@ -68,7 +68,9 @@ class TransformersBackend:
     ``[prefix | left padding | rest]`` with position ids from the attention mask, so each sequence sees exactly the
     positions it would see unpadded and only the per-episode rest is prefilled. ``prefix_stats`` counts builds and
     reuses; ``timings`` splits the time spent in ``generate`` into prefix building, prefill and decoding. The cache is
-    rebuilt when the model's weights change (an optimiser step between calls).
+    rebuilt when the model's weights change (an optimiser step between calls). ``prefix_hint`` (set by
+    ``TokenPolicyAgent`` when calls carry only the ready episodes) is the prefix to build instead, when every prompt
+    extends it: the system prompt and greeting every episode shares.
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class TransformersBackend:
         self.generation_kwargs = dict(generation_kwargs or {})
         self.generation_config = generation_config
         self._prefix: list[int] = []
+        self.prefix_hint: list[int] | None = None
         self._prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._prefix_weights: tuple[int, int] | None = None
         self.prefix_stats = {"built": 0, "reused": 0, "prefix_tokens": 0}
@@ -197,6 +200,15 @@ class TransformersBackend:
         if self._prefix_kv is not None and cached < shortest and all(p[:cached] == self._prefix for p in prompts):
             self.prefix_stats["reused"] += 1
             return cached
+        hint = self.prefix_hint
+        if (
+            hint
+            and len(hint) < shortest
+            and len(hint) >= self.min_prefix_tokens
+            and all(p[: len(hint)] == hint for p in prompts)
+        ):
+            self._build_prefix(hint)
+            return len(hint)
         length = shortest - 1
         for prompt in prompts[1:]:
             length = _common_prefix_length(prompts[0], prompt, length)

@@ -210,7 +210,16 @@ class SharedPrefixTransformersBackend(TransformersBackend):
             return super().generate(prompts, max_new_tokens, seeds)
         finally:
             if self.turn_cache is not None:
-                self.turn_cache.commit()  # this call's episodes stay cached; finished ones are freed
+                self.turn_cache.commit()  # this call's episodes stay cached (finished ones are freed by ``release``)
+
+    def release(self, prompts: list[list[int]]) -> None:
+        """Finished episodes (their whole token lists): their turn caches are freed."""
+        if self.turn_cache is None or not self._prefix:
+            return
+        n = len(self._prefix)
+        for prompt in prompts:
+            if prompt[:n] == self._prefix:
+                self.turn_cache.forget(prompt[n:])
 
     def _build_prefix(self, prefix: list[int]) -> None:
         if self.turn_cache is not None:

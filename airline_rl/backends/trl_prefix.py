@@ -83,6 +83,7 @@ class TrlPrefixGeneration:
         self._round: contextlib.ExitStack | None = None
         self._model: Any = None
         self.stats: dict[str, int] = {}
+        self.prefix_hint: list[int] | None = None  # TokenPolicyAgent's, through TrainerBackend
 
     def begin_round(self) -> None:
         """Makes the round's generation model, once per round on every rank at the same point: FSDP2 all-gathers
@@ -124,8 +125,14 @@ class TrlPrefixGeneration:
                 generation_config=trainer.generation_config,  # copied per call
                 turn_cache_tokens=getattr(trainer.args, "rollout_turn_cache_tokens", DEFAULT_MAX_TOKENS),
             )
+        self.backend.prefix_hint = self.prefix_hint
         ids, _ = self.backend.generate(prompts, max_new_tokens, seeds=seeds)
         return ids
+
+    def release(self, prompts: list[list[int]]) -> None:
+        """Finished episodes: their turn caches are freed."""
+        if self.backend is not None:
+            self.backend.release(prompts)
 
     def _drop_backend(self) -> None:
         backend, self.backend = self.backend, None

@@ -12,8 +12,10 @@ Entries are bucketed by their first ``FINGERPRINT`` tokens; a prompt reuses the 
 
 1. A prompt that does not extend its episode's entry (a chat template that rewrites earlier turns, a turn cut to
    its budget after sampling) reuses the common part and re-prefills from the first difference; this is logged once.
-2. An entry that no prompt of a ``generate`` call continued belongs to a finished episode and is freed when the
-   call ends (``commit``): the live entries are exactly those the call produced.
+2. A call replaces the entries its prompts continued with the ones it produced (``commit``); an entry no prompt of
+   the call continued stays, since the event-driven episode loop calls with the ready episodes only. A finished
+   episode's entry is freed when the loop says it finished (``forget``, through ``TokenPolicyAgent.release``); under
+   the lock-step waves that is before the next call, so the live entries are exactly the previous call's.
 3. ``max_tokens`` caps the cached tokens: past it the oldest episodes' entries (the episode's first cached call)
    are dropped and re-prefilled at their next turn; ``stats["dropped"]`` counts them.
 """
@@ -61,6 +63,7 @@ class TurnCache:
         self.max_tokens = max_tokens
         self._entries: dict[tuple[int, ...], list[CachedTurn]] = {}
         self._pending: list[CachedTurn] = []
+        self._continued: list[CachedTurn] = []  # entries the current call's prompts reuse (replaced at commit)
         self._calls = 0
         self._warned = False
         self.stats = {
@@ -108,6 +111,8 @@ class TurnCache:
         length = min(length, len(own) - 1)
         if length < FINGERPRINT:
             return None, 0
+        if best is not None:
+            self._continued.append(best)
         return best, length
 
     def add(self, entry: CachedTurn) -> None:
@@ -119,28 +124,53 @@ class TurnCache:
         """The ``born`` of an episode whose cache starts in the current call."""
         return self._calls
 
+    def _entries_list(self) -> list[CachedTurn]:
+        return [entry for bucket in self._entries.values() for entry in bucket]
+
+    def _store(self, entries: list[CachedTurn]) -> None:
+        self._entries = {}
+        for entry in entries:
+            self._entries.setdefault(tuple(entry.tokens[:FINGERPRINT]), []).append(entry)
+
+    def _without(self, drop: list[CachedTurn]) -> list[CachedTurn]:
+        gone = {id(entry) for entry in drop}
+        return [entry for entry in self._entries_list() if id(entry) not in gone]
+
     def commit(self) -> None:
-        """Ends a ``generate`` call: its entries replace the previous ones (finished episodes' caches are freed),
-        the oldest dropped while more than ``max_tokens`` are cached."""
+        """Ends a ``generate`` call: its entries replace those its prompts continued (the others stay), the oldest
+        episodes' dropped while more than ``max_tokens`` are cached."""
         self._calls += 1
         pending, self._pending = self._pending, []
-        total = sum(len(e.tokens) for e in pending)
+        kept = self._without(self._continued)
+        self._continued = []
+        entries = kept + pending
+        total = sum(len(e.tokens) for e in entries)
         if total > self.max_tokens:
-            keep = sorted(range(len(pending)), key=lambda i: (pending[i].born, i))
+            keep = sorted(range(len(entries)), key=lambda i: (entries[i].born, i))
             while keep and total > self.max_tokens:
-                total -= len(pending[keep.pop(0)].tokens)
+                total -= len(entries[keep.pop(0)].tokens)
                 self.stats["dropped"] += 1
-            pending = [pending[i] for i in sorted(keep)]
-        self._entries = {}
-        for entry in pending:
-            self._entries.setdefault(tuple(entry.tokens[:FINGERPRINT]), []).append(entry)
+            entries = [entries[i] for i in sorted(keep)]
+        self._store(entries)
         self.stats["peak_tokens"] = max(self.stats["peak_tokens"], total)
-        self.stats["peak_bytes"] = max(self.stats["peak_bytes"], sum(e.nbytes for e in pending))
+        self.stats["peak_bytes"] = max(self.stats["peak_bytes"], sum(e.nbytes for e in entries))
 
     def release(self) -> None:
-        """Frees the previous call's entries early (its only batch has copied what it reuses): less peak memory."""
-        self._entries = {}
+        """Frees the entries the current call continues early (its only batch has copied what it reuses): less peak
+        memory."""
+        self._store(self._without(self._continued))
+        self._continued = []
+
+    def forget(self, own: list[int]) -> None:
+        """A finished episode (``own``: its tokens after the shared prefix): its entry is freed."""
+        bucket = self._entries.get(tuple(own[:FINGERPRINT]))
+        if not bucket:
+            return
+        mine = [entry for entry in bucket if own[: len(entry.tokens)] == entry.tokens]
+        if mine:
+            longest = max(mine, key=lambda entry: len(entry.tokens))
+            self._store(self._without([longest]))
 
     def clear(self) -> None:
         """Drops every entry (the shared prefix or the weights changed: the cached keys are stale)."""
-        self._entries, self._pending = {}, []
+        self._entries, self._pending, self._continued = {}, [], []

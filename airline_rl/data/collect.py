@@ -419,6 +419,10 @@ def _validate(args: CollectArguments) -> None:
         raise CollectError(f"--attempts must be >= 1, got {args.attempts}")
     if args.chunk_size < 1:
         raise CollectError(f"--chunk_size must be >= 1, got {args.chunk_size}")
+    try:
+        args.episode_schedule()
+    except ValueError as err:
+        raise CollectError(str(err)) from None
 
 
 def collect(
@@ -439,6 +443,7 @@ def collect(
     claim_hub_dataset(args.hub_dir, name, output_dir, overwrite=args.overwrite_hub)
     output_dir.mkdir(parents=True, exist_ok=True)
     settings = _settings(args)
+    schedule = args.episode_schedule()
 
     attempts = load_attempts(output_dir)
     _check_resume(output_dir, settings, attempts)
@@ -475,7 +480,8 @@ def collect(
             chunk = pending[begin : begin + args.chunk_size]
             specs = [(task_id, args.seed + attempt) for task_id, attempt in chunk]
             episodes = [env.reset(task_id, seed) for task_id, seed in specs]  # kept: agent_state says teacher errors
-            records = run_episodes(env, teacher, user, specs, episodes=episodes, progress=False, score=outcome_reward)
+            records = run_episodes(env, teacher, user, specs, episodes=episodes, progress=False, score=outcome_reward,
+                                   schedule=schedule)  # fmt: skip
             for (task_id, attempt), episode, record in zip(chunk, episodes, records, strict=True):
                 teacher_error = episode.agent_state.get("teacher_error")
                 if teacher_error or record.termination == USER_ERROR:

@@ -167,6 +167,10 @@ def validate_arguments(args: EvalArguments) -> None:
         if not ok:
             raise EvaluationError(message)
     try:
+        args.episode_schedule()
+    except ValueError as err:
+        raise EvaluationError(str(err)) from None
+    try:
         get_protocol(args.protocol)
         if args.tau2_results:
             tau2_reference()
@@ -583,6 +587,7 @@ def evaluate_target(
         logger.info("%s: resuming %s (%d episodes done, %d to go)", target.description, target.results_path, done,
                     len(todo))  # fmt: skip
     agent, release = build_policy(args, target, plan_.env)
+    schedule = args.episode_schedule()
     user.stats()  # start a fresh accounting window for this target
     timings = RunTimings()
     started, start, played = now(), time.perf_counter(), 0
@@ -593,7 +598,14 @@ def evaluate_target(
             # the bar moves as each episode finishes, not once per chunk of --batch_size episodes
             chunk_started, chunk_start = now(), time.perf_counter()
             records = run_episodes(
-                plan_.env, agent, user, specs, timings=timings, on_finished=bar.update, score=outcome_reward
+                plan_.env,
+                agent,
+                user,
+                specs,
+                timings=timings,
+                on_finished=bar.update,
+                score=outcome_reward,
+                schedule=schedule,
             )
             duration = (time.perf_counter() - chunk_start) / max(1, len(chunk))
             for (task_id, sample), record in zip(chunk, records, strict=True):
@@ -616,6 +628,12 @@ def evaluate_target(
                     "episodes": played,
                     "waves": timings.waves,
                     "timings": {k: round(getattr(timings, k), 3) for k in ("agent", "env", "user", "reward")},
+                    "schedule": {
+                        "mode": schedule.mode,
+                        "min_ready": schedule.min_ready,
+                        "batch_window": schedule.batch_window,
+                        **timings.schedule_summary(),
+                    },  # fmt: skip
                     "user_simulator": {"name": user.name, **user.stats()},
                     **({"turn_cache": turn_cache} if turn_cache else {}),
                 }

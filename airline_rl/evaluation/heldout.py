@@ -298,7 +298,13 @@ class HeldoutEvaluation:
                         part = shard[index * chunk : (index + 1) * chunk]
                         specs = [(task_id, episode_seed(seed, task_id, sample)) for task_id, sample in part]
                         records = run_episodes(
-                            self.env, agent, self.user, specs, timings=timings, score=outcome_reward
+                            self.env,
+                            agent,
+                            self.user,
+                            specs,
+                            timings=timings,
+                            score=outcome_reward,
+                            schedule=trainer.schedule,
                         )
                         backend.drain()
                         local = [(t, sample_entry(r, s)) for (t, s), r in zip(part, records, strict=True)]

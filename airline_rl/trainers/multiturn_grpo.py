@@ -53,7 +53,7 @@ from trl import GRPOTrainer
 from airline_rl.backends import trl_prefix, vllm_seeds
 from airline_rl.configs import MultiTurnGRPOConfig
 from airline_rl.envs.episode import AirlineEnv, Episode, EpisodeRecord
-from airline_rl.envs.runner import RunTimings, run_episodes
+from airline_rl.envs.runner import RunTimings, Schedule, run_episodes
 from airline_rl.envs.users.base import UserSimulator
 from airline_rl.rewards.outcome import outcome_reward
 from airline_rl.rewards.prm import PRMResult, episode_rule_stats, score_episode, within_group_signal
@@ -139,6 +139,20 @@ class TrainerBackend:
         with self.trainer._max_new_tokens(max_new_tokens):
             return self.trainer._generate_single_turn(prompts, None, {}, 1)
 
+    @property
+    def prefix_hint(self) -> list[int] | None:
+        return self.prefix_generation.prefix_hint if self.prefix_generation is not None else None
+
+    @prefix_hint.setter
+    def prefix_hint(self, ids: list[int] | None) -> None:
+        if self.prefix_generation is not None:  # TRL's own calls build no prefix of ours
+            self.prefix_generation.prefix_hint = ids
+
+    def release(self, prompts: list[list[int]]) -> None:
+        """Finished episodes: their turn caches are freed (prefix path)."""
+        if self.prefix_generation is not None:
+            self.prefix_generation.release(prompts)
+
     def _dummy_generation(self) -> None:
         if self.prefix_generation is not None:  # local generation: no collective to join
             return
@@ -183,7 +197,10 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         callbacks: list | None = None,
         reward_funcs: list | None = None,
         heldout: HeldoutEvaluation | None = None,
+        schedule: Schedule | None = None,
     ) -> None:
+        """``schedule``: when the episode loop calls the policy (``--schedule``, ``--min_ready``, ``--batch_window``;
+        default event-driven, which is the lock-step waves with the scripted user)."""
         if heldout is not None and eval_dataset is None:  # Trainer needs an eval_dataset once eval_strategy is set
             eval_dataset = heldout.dataset(env.system_prompt)
         if reward_funcs is None:  # the variant's rewards: τ²'s outcome, plus prm_coef × PRM-Lite for prm_lite/joint
@@ -211,6 +228,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         self._env_seconds = 0.0
         self._last_prm: list[PRMResult] = []
         self.heldout = heldout
+        self.schedule = schedule or Schedule()
         # user-simulator failures (numbers over all ranks): whether the current generation batch is nothing but
         # user errors, whether this optimiser step trained on anything, and the run's counts (this process's run)
         self._user_error_batch = False
@@ -314,7 +332,14 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         timings = RunTimings()
         with self._vllm_awake_for_rollout():
             records = run_episodes(
-                self.env, agent, self.user, specs, timings=timings, episodes=episodes, score=outcome_reward
+                self.env,
+                agent,
+                self.user,
+                specs,
+                timings=timings,
+                episodes=episodes,
+                score=outcome_reward,
+                schedule=self.schedule,
             )
             backend.drain()
         prm_start = time.perf_counter()
@@ -518,6 +543,13 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         metrics["timing/env_user"].append(timings.env + timings.user)
         metrics["timing/reward_prm"].append(timings.reward)
         metrics["timing/rollout"].append(seconds)
+        schedules = [timings.schedule_summary()]  # the policy engine's idle share (mean over ranks), the user
+        schedules = gather_object(schedules) if self.accelerator.num_processes > 1 else schedules  # server's load
+        metrics["rollout/agent_idle_fraction"].append(statistics.fmean(s["agent_idle_fraction"] for s in schedules))
+        metrics["rollout/user_requests_in_flight"].append(sum(s["user_requests_in_flight"] for s in schedules))
+        metrics["rollout/user_requests_in_flight_max"].append(
+            float(sum(s["user_requests_in_flight_max"] for s in schedules))
+        )
         cache_stats = [getattr(self, "_turn_cache_stats", {})]  # this round's (trl_prefix): summed over ranks,
         cache_stats = gather_object(cache_stats) if self.accelerator.num_processes > 1 else cache_stats  # peaks: max
         for key in sorted({k for stats in cache_stats for k in stats}):

@@ -9,15 +9,16 @@ built as τ²'s ``UserState.flip_roles`` builds it: every message the user recei
 that carried tool calls (τ² sends those to the environment only). Under ``airline_rl`` it is the project's own
 prompt, with consecutive messages of one side merged.
 
-Concurrency. ``reply_batch`` answers a whole wave at once: every request is a coroutine on one event loop that runs in
-a background thread owned by the simulator (started on first use, stopped by ``close()`` or when the simulator is
-garbage collected). The loop's ``AsyncOpenAI`` client keeps its connection pool across waves; an
+Concurrency. ``submit_batch`` returns one ``concurrent.futures.Future`` per episode at once (the episode loop moves
+each episode on when its own reply lands; ``reply_batch`` waits for them all): every request is a coroutine on one
+event loop that runs in a background thread owned by the simulator (started on first use, stopped by ``close()`` or
+when the simulator is garbage collected). The loop's ``AsyncOpenAI`` client keeps its connection pool across calls; an
 ``asyncio.Semaphore`` caps the requests in flight at ``concurrency``. Each request is bounded by ``timeout``
 (``asyncio.wait_for``, a hard wall-clock bound) and retried with exponential backoff; an episode whose requests keep
 failing gets ``UserReply(error=...)`` and the others are unaffected. Because the loop lives in its own thread, the
 caller needs no event loop and may even run one (a notebook, an async server): we never call ``asyncio.run`` in the
-caller's thread, we only block it on a ``concurrent.futures.Future``. One loop and one thread per simulator, however
-many waves: nothing leaks across calls.
+caller's thread, we only hand it ``concurrent.futures.Future``s (cancelling one cancels its request). One loop and one
+thread per simulator, however many calls: nothing leaks across calls.
 
 Replay cache. With ``cache_dir`` set, each reply is stored under the sha256 of (model, sampling settings, request
 seed, full conversation including the system prompt); a hit returns the identical reply and sends no request, so a
@@ -46,7 +47,7 @@ import openai
 
 from airline_rl.envs.protocol import AIRLINE_RL, TAU2, tau2_user_system_prompt, user_visible_agent_messages
 from airline_rl.envs.text import clean_text
-from airline_rl.envs.users.base import UserReply, UserSimulator, episode_protocol
+from airline_rl.envs.users.base import UserReply, UserSimulator, episode_protocol, resolved
 from airline_rl.files import mkstemp_honouring_umask
 
 if TYPE_CHECKING:
@@ -369,6 +370,7 @@ class LLMUser(UserSimulator):
     """A simulated customer played by an OpenAI-compatible chat endpoint (see the module docstring)."""
 
     name = "llm"
+    answers_at_once = False
 
     def __init__(self, config: LLMUserConfig | None = None, **overrides: Any) -> None:
         """Takes a config, or its fields as keywords (``get_user_simulator("llm", base_url=..., model=...)``)."""
@@ -396,32 +398,33 @@ class LLMUser(UserSimulator):
         return self.reply_batch([episode])[0]
 
     def reply_batch(self, episodes: list[Episode]) -> list[UserReply]:
-        """One reply per episode; cache hits are answered here, the misses are sent together on the loop thread."""
-        if not episodes:
-            return []
-        replies: list[UserReply | None] = [None] * len(episodes)
-        pending: list[_Request] = []
-        for index, episode in enumerate(episodes):
+        """One reply per episode, all requests in flight together; returns when the last has arrived."""
+        futures = self.submit_batch(episodes)
+        try:
+            return [future.result() for future in futures]
+        except BaseException:  # KeyboardInterrupt in the caller: do not leave the requests running
+            for future in futures:
+                future.cancel()
+            raise
+
+    def submit_batch(self, episodes: list[Episode]) -> list[concurrent.futures.Future[UserReply]]:
+        """One future reply per episode, returned at once: cache hits are resolved here, the misses are sent on the
+        loop thread (each stored in the cache when it lands)."""
+        futures: list[concurrent.futures.Future[UserReply]] = []
+        runtime: _LoopRuntime | None = None
+        for episode in episodes:
             messages = user_view(episode)
             seed = self.config.seed + episode.seed
             key = ReplyCache.key(self.config.model, self._sampling, seed, messages)
             cached = self.cache.get(key) if self.cache is not None else None
             if cached is not None:
-                replies[index] = UserReply.from_text(cached)
                 self._count(cache_hits=1, replies=1)
-            else:
-                pending.append(_Request(index=index, messages=messages, seed=seed, key=key))
-        if pending:
-            runtime = self._ensure_runtime()
-            answers = runtime.run(self._send_all(runtime, pending))
-            for request, answer in zip(pending, answers, strict=True):
-                replies[request.index] = answer
-                if self.cache is not None and answer.error is None:
-                    try:
-                        self.cache.put(request.key, answer.content, self.config.model)
-                    except OSError as err:  # a full or read-only disk must not fail the wave
-                        logger.warning("Could not write the user-simulator cache entry %s: %s", request.key, err)
-        return [reply for reply in replies if reply is not None]
+                futures.append(resolved(UserReply.from_text(cached)))
+                continue
+            runtime = runtime or self._ensure_runtime()
+            request = _Request(index=len(futures), messages=messages, seed=seed, key=key)
+            futures.append(asyncio.run_coroutine_threadsafe(self._send_and_store(runtime, request), runtime.loop))
+        return futures
 
     def stats(self) -> dict[str, Any]:
         """Counters and latency percentiles (seconds, per HTTP request) since the last call; resets the window."""
@@ -488,8 +491,14 @@ class LLMUser(UserSimulator):
         jitter = int.from_bytes(hashlib.sha256(f"{key}:{retry}".encode()).digest()[:8], "big") / 2**64
         return min(MAX_BACKOFF_S, self.config.backoff * 2 ** (retry - 1) * (0.5 + 0.5 * jitter))
 
-    async def _send_all(self, runtime: _LoopRuntime, requests: list[_Request]) -> list[UserReply]:
-        return list(await asyncio.gather(*(self._send(runtime, request) for request in requests)))
+    async def _send_and_store(self, runtime: _LoopRuntime, request: _Request) -> UserReply:
+        answer = await self._send(runtime, request)
+        if self.cache is not None and answer.error is None:
+            try:
+                self.cache.put(request.key, answer.content, self.config.model)
+            except OSError as err:  # a full or read-only disk must not fail the episode
+                logger.warning("Could not write the user-simulator cache entry %s: %s", request.key, err)
+        return answer
 
     async def _send(self, runtime: _LoopRuntime, request: _Request) -> UserReply:
         """Fetches one reply with retries; never raises, so one episode's failure cannot touch the others."""
