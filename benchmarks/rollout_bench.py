@@ -153,6 +153,18 @@ class TimedBackend:
         if hasattr(self.inner, "drain"):
             self.inner.drain()
 
+    def release(self, prompts: list[list[int]]) -> None:  # finished episodes: the inner turn cache frees them
+        if hasattr(self.inner, "release"):
+            self.inner.release(prompts)
+
+    @property
+    def prefix_hint(self) -> list[int] | None:
+        return getattr(self.inner, "prefix_hint", None)
+
+    @prefix_hint.setter
+    def prefix_hint(self, ids: list[int] | None) -> None:
+        self.inner.prefix_hint = ids
+
 
 def engine_backend(model, tokenizer, kind: str, turn_cache_tokens: int = DEFAULT_MAX_TOKENS) -> TransformersBackend:
     """The evaluator-side backend of a mode: ``plain``, ``copied`` (prefix cache per row) or ``prefix`` (shared;
@@ -295,6 +307,8 @@ class GoldCallAgent:
     def __init__(self, agent: TokenPolicyAgent) -> None:
         self.agent = agent
         self.backend = agent.backend
+        self.release = agent.release  # the episode loop's hooks reach the wrapped agent
+        self.on_schedule = agent.on_schedule
 
     @staticmethod
     def calls(episode) -> list[str]:

@@ -261,3 +261,25 @@ def test_ctrl_c_with_requests_in_flight_leaves_no_thread_socket_or_loop(env, stu
             break
         deadline.wait(0.1)
     assert threading.active_count() <= threads and _socket_count() <= sockets
+
+
+def test_a_policy_that_samples_per_call_is_said_once_to_depend_on_the_schedule(env, caplog) -> None:
+    """TRL's generate on vLLM server mode or PEFT draws from one generator per call: with a user that answers later
+    the loop says once that transcripts depend on the schedule; with the scripted user or under waves, nothing."""
+    import logging
+
+    from airline_rl.envs import runner
+
+    class PerCall(Talker):
+        schedule_invariant = False
+        schedule_reason = "the policy samples per call (test)"
+
+    runner._SAID.discard(PerCall.schedule_reason)
+    with caplog.at_level(logging.INFO, logger="airline_rl.envs.runner"):
+        play(env, PerCall(), get_user_simulator("scripted"))
+        play(env, PerCall(), DelayedUser({0: 0.0, 1: 0.0, 2: 0.0}), Schedule(mode="waves"))
+        assert not [r for r in caplog.records if "depends on which episodes share" in r.message]
+        for _ in range(2):
+            play(env, PerCall(), DelayedUser({0: 0.0, 1: 0.0, 2: 0.0}))
+    said = [r.message for r in caplog.records if "depends on which episodes share" in r.message]
+    assert len(said) == 1 and "the policy samples per call (test)" in said[0] and "delayed user" in said[0]

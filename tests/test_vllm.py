@@ -190,11 +190,19 @@ def test_trainer_rollouts_on_vllm_do_not_depend_on_their_generation_batch(
     transcripts, token for token (tests/vllm_seeds_probe.py)."""
     out = work / "vllm-seeds.json"
     run([PY, "tests/vllm_seeds_probe.py", str(vllm_model), str(out)], cpu_env(plugin, ROOT), work / "vllm-seeds.log")
-    played = {k: {int(row): ids for row, ids in v.items()} for k, v in json.loads(out.read_text()).items()}
+    found = json.loads(out.read_text())
+    schedules = found.pop("schedules")
+    played = {k: {int(row): ids for row, ids in v.items()} for k, v in found.items()}
     assert sorted(played["whole"]) == list(range(16)) and all(played["whole"].values())
     assert played["halves"] == played["whole"]
     differ = sum(played["unseeded_halves"][row] != played["unseeded_whole"][row] for row in range(16))
     print(f"batch-seeded (TRL's call without per-request seeds): {differ} of 16 episodes differ between the layouts")
+    # the event-driven loop on vLLM against the LLM user with reply delays: the same episodes as under waves, on the
+    # trainer's colocated path and through the evaluator's VLLMBackend, in more (smaller) policy calls
+    for path in ("trainer", "evaluator"):
+        waves, events = schedules[f"{path}_waves"], schedules[f"{path}_events"]
+        assert events["ids"] == waves["ids"] and events["messages"] == waves["messages"], path
+        assert all(waves["ids"].values()) and waves["calls"] == 4 and events["calls"] > waves["calls"], path
 
 
 # LoRA: TRL merges the adapter into the base weights for each sync (``VLLMGeneration._iter_named_params``: merge,

@@ -8,6 +8,11 @@ Everything between the episode loop and the engine is the code a GPU run takes: 
 ``airline_rl.backends.vllm_seeds``. Only the trainer object around them is a stand-in (no model to train: the
 engine's weights are the checkpoint's). It writes each episode's completion token ids, per batch layout, and the
 same episodes played batch-seeded (TRL's path without the wrapper) for comparison.
+
+Then the event-driven loop on vLLM: the same episodes against the LLM user behind the stub server with seeded
+log-normal reply delays, under ``Schedule(mode="waves")`` and the default event-driven schedule, through the
+trainer's path and through the evaluator's ``VLLMBackend`` (ready micro-batches to ``LLM.generate``); per schedule
+the completions, the messages and the number of policy calls.
 """
 
 from __future__ import annotations
@@ -25,9 +30,9 @@ from trl import GRPOTrainer  # noqa: E402
 from trl.generation.vllm_generation import VLLMGeneration  # noqa: E402
 from vllm import LLM  # noqa: E402
 
-from airline_rl.backends import vllm_seeds  # noqa: E402
-from airline_rl.envs.episode import AirlineEnv  # noqa: E402
-from airline_rl.envs.runner import run_episodes  # noqa: E402
+from airline_rl.backends import VLLMBackend, vllm_seeds  # noqa: E402
+from airline_rl.envs.episode import AirlineEnv, EnvConfig  # noqa: E402
+from airline_rl.envs.runner import RunTimings, Schedule, run_episodes  # noqa: E402
 from airline_rl.envs.users.scripted import ScriptedUser  # noqa: E402
 from airline_rl.rewards.outcome import outcome_reward  # noqa: E402
 from airline_rl.rollout import TokenPolicyAgent  # noqa: E402
@@ -58,20 +63,77 @@ def stand_in_trainer(llm: LLM, tokenizer) -> SimpleNamespace:
     return trainer
 
 
-def play(env: AirlineEnv, trainer: SimpleNamespace, tokenizer, rows: range, seeded: bool) -> dict[int, list[int]]:
+def play(
+    env: AirlineEnv,
+    trainer: SimpleNamespace,
+    tokenizer,
+    rows: range,
+    seeded: bool,
+    user=None,
+    schedule: Schedule | None = None,
+    backend=None,
+    details: dict | None = None,
+) -> dict[int, list[int]]:
     """Episodes ``rows`` (task, seed fixed per row) in one call of the episode loop; row → completion token ids."""
-    backend = TrainerBackend(trainer)
-    if not seeded:
-        backend.seeded_llm = None  # TRL's own path: one generator for the batch
+    if backend is None:
+        backend = TrainerBackend(trainer)
+        if not seeded:
+            backend.seeded_llm = None  # TRL's own path: one generator for the batch
+        seeded = backend.seeded_llm is not None
     eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id]
     agent = TokenPolicyAgent(backend, tokenizer, env.tools, eos, MAX_COMPLETION, MAX_TURN_TOKENS, MAX_LEN,
-                             per_episode_seeds=backend.seeded_llm is not None)  # fmt: skip
+                             per_episode_seeds=seeded)  # fmt: skip
     specs = [(TASKS[row % len(TASKS)], 7_000 + row) for row in rows]
     episodes = [env.reset(task, seed) for task, seed in specs]
     for episode in episodes:
         agent.start(episode)
-    run_episodes(env, agent, ScriptedUser(), specs, episodes=episodes, score=outcome_reward)
+    timings = RunTimings()
+    if user is not None:
+        agent = WholeTurns(agent)
+    run_episodes(env, agent, user or ScriptedUser(), specs, episodes=episodes, score=outcome_reward,
+                 schedule=schedule, timings=timings)  # fmt: skip
+    if details is not None:
+        details.update(calls=timings.waves, messages=[ep.messages for ep in episodes])
     return {row: list(ep.agent_state["completion_ids"]) for row, ep in zip(rows, episodes, strict=True)}
+
+
+class WholeTurns:
+    """Takes every turn as finished: the random tiny model seldom samples its end-of-turn token within the budget,
+    which would end each episode after one turn (``token_budget``); the schedules need several turns to differ."""
+
+    def __init__(self, agent: TokenPolicyAgent) -> None:
+        self.agent, self.release, self.on_schedule = agent, agent.release, agent.on_schedule
+
+    def act(self, episodes):
+        turns = self.agent.act(episodes)
+        for turn in turns:
+            turn.truncated = False
+        return turns
+
+
+def evaluator_backend(engine: vllm_seeds.SeededLLM) -> VLLMBackend:
+    """The evaluator's ``VLLMBackend`` (per-request seeds, temperature 1) around this process's engine."""
+    backend = VLLMBackend.__new__(VLLMBackend)
+    backend.llm, backend.temperature, backend.top_p, backend.seed = engine, 1.0, 1.0, 0
+    return backend
+
+
+def schedules(env: AirlineEnv, trainer: SimpleNamespace, engine, tokenizer) -> dict[str, dict]:
+    """Waves vs events against the LLM user with reply delays, on the trainer's and the evaluator's vLLM paths."""
+    from airline_rl.envs.users.llm import LLMUser
+    from tests.openai_stub_server import StubServer
+
+    found: dict[str, dict] = {}
+    with StubServer("echo", latency=(0.2, 1.0)) as stub:
+        user = LLMUser(base_url=stub.base_url, model=stub.model, timeout=120.0)
+        for path in ("trainer", "evaluator"):
+            for mode in ("waves", "events"):
+                details: dict = {}
+                backend = evaluator_backend(engine) if path == "evaluator" else None
+                ids = play(env, trainer, tokenizer, range(8), True, user, Schedule(mode=mode), backend, details)
+                found[f"{path}_{mode}"] = {"ids": ids, **details}
+        user.close()
+    return found
 
 
 if __name__ == "__main__":
@@ -89,5 +151,7 @@ if __name__ == "__main__":
     unseeded_whole = play(env, trainer, tokenizer, range(EPISODES), seeded=False)
     unseeded_halves = {**play(env, trainer, tokenizer, range(EPISODES // 2), seeded=False),
                        **play(env, trainer, tokenizer, range(EPISODES // 2, EPISODES), seeded=False)}  # fmt: skip
+    short = AirlineEnv(config=EnvConfig(max_turns=4))
     out.write_text(json.dumps({"whole": whole, "halves": halves, "unseeded_whole": unseeded_whole,
-                               "unseeded_halves": unseeded_halves}))  # fmt: skip
+                               "unseeded_halves": unseeded_halves,
+                               "schedules": schedules(short, trainer, engine, tokenizer)}))  # fmt: skip
