@@ -89,6 +89,29 @@ last line ``13.6x at 32 turns: ...``. Here the slope with caching is above 1.3: 
 keys; the episode's own part goes through matrix products, only the prefix part through the fused kernel), so
 prefill work grows as turns x history even though no token is prefilled twice.
 
+User latency (``--user_latency MEDIAN,SIGMA``, the event-driven episode loop): instead of the modes, the same
+``--episodes`` (16) of ``--max_turns`` (12) turns are played against the LLM user behind the stub server
+(tests/openai_stub_server.py), each reply delayed by a seeded log-normal time that is a function of the request, so
+every schedule meets the same delays; the policy samples at temperature 1, each turn from its episode's own seeded
+generator. Per engine (the evaluator's shared-prefix engine with turn caching; the trainer's rollouts through
+``TrainerBackend`` on the prefix-reuse path) and schedule (``waves``; ``--event_settings`` MIN_READY:BATCH_WINDOW,
+default ``1:0``): wall seconds, the policy's seconds and calls, its idle share, the user requests in flight, and
+whether transcripts and rewards equal the waves'. Then the limit no schedule can beat (the slowest episode's own chain
+of reply delays) next to what the waves pay (the sum of every turn's slowest reply), and last the smaller speed-up
+over waves. Measured on 2 idle cores (Intel Xeon), commit of issue 37:
+
+- ``--user_latency 0.3,1.0 --event_settings 1:0,4:0.05``: evaluator engine waves 27.98 s (12 calls, idle 90%),
+  events 1:0 12.20 s (100 calls, idle 27%), events 4:0.05 12.20 s (73 calls, idle 46%); trainer rollouts 27.95 s,
+  11.97 s (106 calls), 12.32 s (76 calls). Limit 10.43 s, waves' sum 24.66 s; last line ``2.3x over waves at user
+  latency 0.3,1 (events 1:0; evaluator engine 2.29x, trainer rollouts 2.34x; ...)``, transcripts and rewards equal
+  (16/16) in every mode. An earlier run sharing the cores with the test suite: 2.32x and 2.35x.
+- ``--user_latency 0.3,0.5``: waves 12.47 s / 12.46 s, events 7.60 s / 7.35 s: **1.64x / 1.70x**. Limit 5.18 s,
+  waves' sum 9.05 s. Here the policy is the bottleneck (idle 5-7%: 67 calls of ~0.1 s for 32 tokens each on CPU);
+  the gap to the limit is the policy's own time, which a GPU's batched decoding shrinks.
+
+Waiting for more ready episodes (``--min_ready 4 --batch_window 0.05``) makes fewer, larger calls but no faster
+rollouts on CPU, where a call's cost grows with its rows; the defaults act at once.
+
 Usage: ``python benchmarks/rollout_bench.py [--episodes 16] [--turn-tokens 32] [--threads N] [--repeats N]
 [--modes plain-one,prefix-batched,...]``. The speed-up of the engine (wave-batched + prefix reuse) over one episode
 at a time with plain generate is the last line. On a machine shared with other jobs, use ``--repeats 2`` or more

@@ -34,6 +34,23 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
+def wait_for_a_step(launcher: subprocess.Popen, log: Path) -> list[int]:
+    """Waits for the first step line; returns the launcher's training processes."""
+    deadline = time.monotonic() + 400
+    while "| loss " not in log.read_text() and time.monotonic() < deadline:
+        assert launcher.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.5)
+    return children(launcher.pid)
+
+
+def wait_until_gone(launcher: subprocess.Popen, trainers: list[int]) -> None:
+    launcher.wait(timeout=120)
+    deadline = time.monotonic() + 240
+    while any(alive(pid) for pid in trainers) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(alive(pid) for pid in trainers), "a training process outlived its launcher"
+
+
 LAUNCHERS = {
     "simple": ["--config_file", "accelerate_configs/cpu.yaml"],  # accelerate's own child process
     "torchrun": ["--config_file", "accelerate_configs/multi_gpu.yaml", "--num_processes", "2",
@@ -69,11 +86,7 @@ def test_sigterm_checkpoints_and_stops_the_trainer(
         argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=target == "process_group"
     )
     try:
-        deadline = time.monotonic() + 400
-        while "| loss " not in (tmp_path / "log.txt").read_text() and time.monotonic() < deadline:  # a step line
-            assert launcher.poll() is None, (tmp_path / "log.txt").read_text()[-3000:]
-            time.sleep(1)
-        trainers = children(launcher.pid)
+        trainers = wait_for_a_step(launcher, tmp_path / "log.txt")
         assert len(trainers) == (2 if launch == "torchrun" else 1), trainers
         if target == "process_group":
             os.killpg(launcher.pid, signal.SIGTERM)
@@ -82,11 +95,7 @@ def test_sigterm_checkpoints_and_stops_the_trainer(
                 os.kill(pid, signal.SIGTERM)
         else:
             launcher.send_signal(signal.SIGTERM)
-        launcher.wait(timeout=120)
-        deadline = time.monotonic() + 240
-        while any(alive(pid) for pid in trainers) and time.monotonic() < deadline:
-            time.sleep(1)
-        assert not any(alive(pid) for pid in trainers), "a training process outlived its launcher"
+        wait_until_gone(launcher, trainers)
     finally:
         if launcher.poll() is None:
             launcher.kill()
@@ -99,6 +108,43 @@ def test_sigterm_checkpoints_and_stops_the_trainer(
     assert 1 <= step < 40
     assert (checkpoints[-1] / "trainer_state.json").is_file(), text[-3000:]  # the whole checkpoint, not a torso
     assert not json.loads((out / RUN_CONFIG_FILE).read_text())["completed"]
+
+
+@pytest.mark.slow
+def test_sigterm_with_user_requests_in_flight_checkpoints_and_stops(tmp_path: Path, model_dir: Path) -> None:  # noqa: F811
+    """The event-driven loop against the LLM user with reply delays (median 0.3 s, σ 1: requests are in flight at any
+    moment of a rollout): SIGTERM to the launcher still ends the step, saves and exits 143 with the usual lines."""
+    from openai_stub_server import StubServer
+
+    out = tmp_path / "out"
+    with StubServer("echo", latency=(0.3, 1.0)) as server:
+        argv = [
+            sys.executable, "-m", "accelerate.commands.launch", *LAUNCHERS["simple"],
+            "train_grpo.py", "--model_name_or_path", str(model_dir), "--output_dir", str(out),
+            "--hub_dir", str(tmp_path / "hub"), "--tasks", "0,1", "--task_repeats", "64", "--num_generations", "2",
+            "--per_device_train_batch_size", "4", "--max_steps", "40", "--save_steps", "1000", "--max_turns", "3",
+            "--max_turn_tokens", "8", "--max_completion_length", "256", "--use_cpu", "true", "--bf16", "false",
+            "--report_to", "none", "--variant", "vanilla", "--gradient_checkpointing", "false", "--logging_steps", "1",
+            "--user_simulator", "llm", "--user_base_url", server.base_url, "--user_model", server.model,
+        ]  # fmt: skip
+        log_path = tmp_path / "log.txt"
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}
+        with log_path.open("w") as log:
+            launcher = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            trainers = wait_for_a_step(launcher, log_path)
+            time.sleep(1.0)  # into the next step's rollout, with replies on their way
+            launcher.send_signal(signal.SIGTERM)
+            wait_until_gone(launcher, trainers)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+    text = log_path.read_text()
+    assert "SIGTERM received: saving a checkpoint at the end of this step" in text
+    assert "rerun the same command to resume" in text, text[-3000:]
+    checkpoints = sorted(out.glob("checkpoint-*"))
+    assert checkpoints and (checkpoints[-1] / "trainer_state.json").is_file(), text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
 
 
 def test_a_stop_signal_saves_and_stops_at_the_end_of_the_step() -> None:
