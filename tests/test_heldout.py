@@ -129,6 +129,8 @@ def test_an_eval_step_plays_the_heldout_tasks_logs_pass_k_and_writes_a_results_f
     assert config["step"] == 1 and config["label"] == "tiny-run-heldout" and config["source"] == "training"
     assert config["tasks"] == heldout.task_ids and config["num_samples"] == 2 and metrics["complete"]
     assert config["group_sizes"] == {"covered_seen": 1, "uncovered_seen": 3, "unseen": 2}
+    schedule = data["runs"][0]["schedule"]  # the scripted user answers at once: nothing in flight
+    assert schedule["mode"] == "events" and schedule["user_requests_in_flight_max"] == 0
     for task_id, task in data["tasks"].items():
         assert [s["sample"] for s in task["samples"]] == [0, 1]
         assert [s["seed"] for s in task["samples"]] == [episode_seed(0, task_id, s) for s in (0, 1)]

@@ -324,6 +324,7 @@ class HeldoutEvaluation:
                             "episodes": played,
                             "waves": timings.waves,  # rank 0's
                             "timings": {k: round(getattr(timings, k), 3) for k in ("agent", "env", "user", "reward")},
+                            "schedule": {"mode": trainer.schedule.mode, **timings.schedule_summary()},  # rank 0's
                             "user_simulator": {"name": self.user.name, **_stats(self.user)},
                         }
                     )
