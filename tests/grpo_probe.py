@@ -174,5 +174,8 @@ class _RankLog(TrainerCallback):
 
 
 if __name__ == "__main__":
+    from airline_rl.run.start import leave_distributed_run
+
     train_grpo.MultiTurnGRPOTrainer = ProbedTrainer
     train_grpo.main(*train_grpo.parse_args())
+    leave_distributed_run()  # as train_grpo.py's own ending does (run_main): a finished rank skips finalization

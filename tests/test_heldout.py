@@ -264,6 +264,8 @@ trainer = MultiTurnGRPOTrainer(
 logs = trainer.evaluate()
 rank = trainer.accelerator.process_index
 (out / f"logs-{rank}.json").write_text(json.dumps({**logs, "world": trainer.accelerator.num_processes}))
+from airline_rl.run.start import leave_distributed_run
+leave_distributed_run()
 """
 
 

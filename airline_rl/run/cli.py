@@ -184,7 +184,7 @@ def parse_or_exit(parser: Any, argv: list[str] | None = None, prog: str | None =
 def run_main(main: Callable[[], T], input_errors: tuple[type[BaseException], ...] = ()) -> T:
     """Runs an entry point; its ``SystemExit("error: ...")`` and ``input_errors`` become the one line, status 2."""
     try:
-        return main()
+        result = main()
     except SystemExit as exc:
         if isinstance(exc.code, str):
             exit_with_error(exc.code)
@@ -198,6 +198,10 @@ def run_main(main: Callable[[], T], input_errors: tuple[type[BaseException], ...
         if message is None:
             raise
         exit_with_line(error_line(message), EXIT_LOST_PEER)
+    from airline_rl.run.start import leave_distributed_run  # noqa: PLC0415 - torch only where a run ends
+
+    leave_distributed_run()  # a finished rank of a multi-process run leaves without finalization (start.py)
+    return result
 
 
 EXIT_LOST_PEER = 1
