@@ -168,8 +168,7 @@ class TurnCache:
             return
         mine = [entry for entry in bucket if own[: len(entry.tokens)] == entry.tokens]
         if mine:
-            longest = max(mine, key=lambda entry: len(entry.tokens))
-            self._store(self._without([longest]))
+            bucket.remove(max(mine, key=lambda entry: len(entry.tokens)))  # its bucket only, not every entry
 
     def clear(self) -> None:
         """Drops every entry (the shared prefix or the weights changed: the cached keys are stale)."""
