@@ -28,11 +28,13 @@ from airline_rl.run.console import DropNoneLogs, install_first, silence_known_wa
 from airline_rl.run.hub import HubError, LocalHubCallback, save_consolidated
 from airline_rl.run.sharding import LaunchError
 from airline_rl.run.training_run import TrainingRun
+from airline_rl.trainers.generation_ahead import RolloutWorkerError
 from airline_rl.trainers.grpo_run import (
     compact_prompt,
     hub_card_config,
     run_fingerprint,
     stop_for_user_errors,
+    stop_for_worker_failure,
     task_dataset,
 )
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
@@ -107,7 +109,10 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     run.guard(trainer, allow_rounded_updates=script_args.allow_rounded_updates)
     step_lines = use_step_lines(trainer, str(Path(script_args.hub_dir) / run.run_name))
 
-    result = run.train(trainer)
+    try:
+        result = run.train(trainer)
+    except RolloutWorkerError as err:  # --max_staleness: the worker died or failed; the last step is kept
+        stop_for_worker_failure(trainer, err)
     if trainer.user_error_stop.stopped:  # the user simulator failed every episode: not a trained model
         stop_for_user_errors(trainer, script_args)
     run.save_metrics(trainer, result)

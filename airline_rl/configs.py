@@ -246,6 +246,25 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
         metadata={"help": "Stop the run (checkpoint kept, exit 1) after this many consecutive steps in which every "
                   "episode failed in the user simulator; such a step never updates the weights."},
     )  # fmt: skip
+    # -- generation ahead of training (airline_rl/trainers/generation_ahead.py, docs/variants.md) --
+    max_staleness: int = field(
+        default=0,
+        metadata={"help": "Generation runs ahead of training by at most this many optimiser steps, in a rollout "
+                  "worker process (CPU); 0: synchronous (TRL's loop, unchanged)."},
+    )  # fmt: skip
+    async_correction: Literal["truncate", "mask", "none"] = field(
+        default="truncate",
+        metadata={"help": "With --max_staleness >= 1: the behaviour weight pi_prox/pi_behav per token, truncated "
+                  "at --async_behaviour_cap (AReaL), tokens above it masked, or none (naive off-policy)."},
+    )  # fmt: skip
+    async_behaviour_cap: float = field(
+        default=5.0, metadata={"help": "With --max_staleness >= 1: the behaviour weight's cap (AReaL's default 5)."}
+    )
+    rollout_worker_threads: int | None = field(
+        default=None,
+        metadata={"help": "With --max_staleness >= 1: torch threads of the rollout worker (the trainer keeps the "
+                  "other cores); default half the cores, at least 1."},
+    )  # fmt: skip
     # -- held-out pass^k at eval steps (eval_strategy: steps, eval_steps: N; airline_rl/evaluation/heldout.py) --
     heldout_num_samples: int = field(
         default=4, metadata={"help": "Held-out eval: episodes per task at each eval step (pass^k for k up to it)."}
@@ -288,6 +307,12 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
             raise ValueError(f"--rollout_turn_cache_tokens must be >= 0, got {self.rollout_turn_cache_tokens}")
         if self.max_user_error_steps < 1:
             raise ValueError(f"--max_user_error_steps must be >= 1, got {self.max_user_error_steps}")
+        if self.max_staleness < 0:
+            raise ValueError(f"--max_staleness must be >= 0, got {self.max_staleness}")
+        if not self.async_behaviour_cap > 1.0:
+            raise ValueError(f"--async_behaviour_cap must be > 1, got {self.async_behaviour_cap}")
+        if self.rollout_worker_threads is not None and self.rollout_worker_threads < 1:
+            raise ValueError(f"--rollout_worker_threads must be >= 1, got {self.rollout_worker_threads}")
         if self.heldout_num_samples < 1 or self.heldout_uncovered_tasks < 0:
             raise ValueError("--heldout_num_samples must be >= 1 and --heldout_uncovered_tasks >= 0")
         self.loss_type = "luspo"

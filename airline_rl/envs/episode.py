@@ -269,6 +269,7 @@ class AirlineEnv:
     """The airline environment: one shared base database, fresh copy-on-write episodes."""
 
     def __init__(self, data_dir: str | None = None, config: EnvConfig | None = None) -> None:
+        self.data_dir = data_dir
         self.domain: Domain = load_domain(data_dir)
         self.base = shared_base(data_dir)
         self.config = config or EnvConfig()
@@ -279,6 +280,17 @@ class AirlineEnv:
     def reset(self, task_id: str | int, seed: int = 0) -> Episode:
         """A fresh episode of ``task_id``; copies nothing from the base database."""
         return Episode(self.domain.get_task(task_id), self.base, self.system_prompt, seed, self.config)
+
+    def __reduce__(self) -> tuple:
+        """Pickles as its recipe (data directory, config, the prompt it shows): a rollout worker process rebuilds
+        the same environment instead of receiving the database (which holds unpicklable hashes)."""
+        return (_rebuilt_env, (self.data_dir, self.config, self.system_prompt, self.tools))
+
+
+def _rebuilt_env(data_dir: str | None, config: EnvConfig, system_prompt: str, tools: list[dict]) -> AirlineEnv:
+    env = AirlineEnv(data_dir, config)
+    env.system_prompt, env.tools = system_prompt, tools
+    return env
 
 
 _BASES: dict[str | None, CanonicalBase] = {}

@@ -107,3 +107,20 @@ def stop_for_user_errors(trainer: Any, script_args: GRPOScriptArguments) -> None
     if trainer.is_world_process_zero():
         exit_with_line(line, 1)
     raise SystemExit(1)
+
+
+def stop_for_worker_failure(trainer: Any, err: Exception) -> None:
+    """The rollout worker died (``--max_staleness``): the weights of the last finished step are saved as a
+    checkpoint, the worker is stopped, and the run exits 1 in one line; rerunning resumes from that checkpoint."""
+    if trainer._ahead is not None:
+        trainer._ahead.close()
+    step = trainer.state.global_step
+    saved = Path(trainer.args.output_dir) / f"checkpoint-{step}"
+    if step > 0 and not saved.is_dir() and trainer.args.save_strategy != "no":
+        trainer._save_checkpoint(trainer.model, trial=None)
+        trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
+    where = f", checkpoint saved in {saved}" if saved.is_dir() else " (no step finished: nothing to save)"
+    line = error_line(f"{err}; stopped at step {step}{where}; rerun the same command to resume")
+    if trainer.is_world_process_zero():
+        exit_with_line(line, 1)
+    raise SystemExit(1)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import statistics
 import time
 from collections.abc import Iterator
@@ -59,6 +60,7 @@ from airline_rl.rewards.outcome import outcome_reward
 from airline_rl.rewards.prm import PRMResult, episode_rule_stats, score_episode, within_group_signal
 from airline_rl.rollout import TokenPolicyAgent
 from airline_rl.run.sharding import LaunchError, ShardedLaunch
+from airline_rl.trainers.generation_ahead import GenerationAhead, PlayedEpisode, behaviour_stats
 from airline_rl.trainers.variants import token_advantages
 
 if TYPE_CHECKING:
@@ -238,6 +240,35 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         self.episodes_played = 0
         self.user_error_stop = UserErrorStop(args.max_user_error_steps)
         self.add_callback(self.user_error_stop)
+        self._ahead: GenerationAhead | None = None
+        if args.max_staleness > 0:
+            self._ahead = GenerationAhead(self, args.max_staleness, _worker_threads(args))
+            self._check_generation_ahead()
+            self.add_callback(_AheadCallback(self._ahead))
+
+    def _check_generation_ahead(self) -> None:
+        """Refuses, in one line, the setups where generation cannot run ahead (a rollout worker process) yet."""
+        flag = f"--max_staleness {self.args.max_staleness}"
+        if self.use_vllm:
+            mode = self.args.vllm_mode
+            why = ("colocated vLLM generates in the training process, so nothing overlaps" if mode == "colocate"
+                   else "vLLM server mode is not built for it yet (docs/reproducing.md)")  # fmt: skip
+            raise LaunchError(f"{flag} needs a rollout worker: {why}; use --max_staleness 0 or --use_vllm false")
+        if self.accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_CPU):
+            raise LaunchError(
+                f"{flag} runs on one process or DDP on CPU; not under {self.accelerator.distributed_type.value} yet"
+            )
+        reason = trl_prefix.unavailable(self)
+        if reason is not None:
+            raise LaunchError(f"{flag}: the rollout worker samples through the prefix path, but {reason}")
+        if self.args.async_correction == "none":
+            logger.warning("%s with --async_correction none: training naive off-policy (no behaviour weight)", flag)
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
+        """With generation ahead, the epoch iterator is read ahead so the worker knows the next batches' rows."""
+        if self._ahead is not None:  # only the training loop calls it
+            epoch_iterator = self._ahead.lookahead(epoch_iterator)
+        return super().get_batch_samples(epoch_iterator, num_batches, device)
 
     def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval") -> dict:
         """Held-out pass^k of the current policy (``HeldoutEvaluation.run``) when configured, else TRL's evaluation."""
@@ -308,14 +339,15 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         )
         return backend, agent
 
-    def _episode_seed(self, index: int, rows: int) -> int:
+    def _episode_seed(self, index: int, rows: int, step: int | None = None) -> int:
         """The episode seed of local row ``index`` of ``rows``: a function of the step and the row's *global* index.
 
         accelerate gives process p the global rows [p·rows, (p+1)·rows) of each generation batch, so N processes ×
         B rows play exactly the episodes of 1 process × N·B rows (house style 10: a run does not depend on its
         process count)."""
         global_index = self.accelerator.process_index * rows + index
-        return (self.state.global_step * 1_000_003 + global_index) % (2**31)
+        step = self.state.global_step if step is None else step  # generation ahead: the step it trains at
+        return (step * 1_000_003 + global_index) % (2**31)
 
     def _generate(self, prompts: list) -> tuple:
         """Plays one episode per prompt row and returns TRL's 8-tuple with token-in/token-out completions."""
@@ -323,6 +355,8 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         rows = self._rollout_rows
         if len(rows) != len(prompts):
             raise RuntimeError("rollout rows and prompts are out of sync")
+        if self._ahead is not None and mode == "train":
+            return self._take_played(rows)
         start = time.perf_counter()
         specs = [(str(row["task_id"]), self._episode_seed(i, len(rows))) for i, row in enumerate(rows)]
         episodes = [self.env.reset(task_id, seed) for task_id, seed in specs]
@@ -366,6 +400,74 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         self._log_rollout_metrics(mode, records, prm_results, extra, timings, time.perf_counter() - start)
         return prompt_ids, completion_ids, tool_mask, completions, logprobs, {"episode": extra}, None, []
 
+    def _take_played(self, rows: list[dict]) -> tuple:
+        """The generation batch the rollout worker played ahead for this step, as ``_generate``'s 8-tuple; the
+        behaviour log-probs take TRL's vLLM slot (``_behaviour_correction``)."""
+        assert self._ahead is not None
+        start = time.perf_counter()
+        played = self._ahead.take(self.state.global_step, rows)
+        episodes = [PlayedEpisode(record, state, messages) for record, state, messages in zip(
+            played.records, played.agent_states, played.completions, strict=True)]  # fmt: skip
+        prompt_ids = [state["prompt_ids"] for state in played.agent_states]
+        completion_ids = [list(state["completion_ids"]) for state in played.agent_states]
+        tool_mask = [list(state["tool_mask"]) for state in played.agent_states]
+        logprobs = [list(lps) for lps in played.behaviour_logprobs]
+        pad = self.processing_class.pad_token_id or 0
+        for row, ids in enumerate(completion_ids):
+            if not ids:
+                ids.append(pad)
+                tool_mask[row].append(0)
+                logprobs[row].append(0.0)
+        extra = [_episode_summary(r, p) for r, p in zip(played.records, played.prm_results, strict=True)]
+        self._rollout_episodes = episodes  # type: ignore[assignment]
+        timings = played.timings
+        self._env_seconds += timings.env + timings.user + timings.reward
+        self._log_rollout_metrics("train", played.records, played.prm_results, extra, timings, played.seconds)
+        staleness = [float(self.state.global_step - played.version)]
+        waits = [self._ahead.wait_seconds, played.seconds, played.idle_seconds, self._ahead.trainer_idle_share]
+        if self.accelerator.num_processes > 1:
+            staleness = gather_object(staleness)
+            waits = gather_object([waits])
+        else:
+            waits = [waits]
+        metrics = self._metrics["train"]
+        metrics["async/staleness"].append(statistics.fmean(staleness))
+        metrics["async/staleness_max"].append(max(staleness))
+        metrics["async/trainer_wait_seconds"].append(max(w[0] for w in waits))
+        metrics["async/generator_busy_seconds"].append(max(w[1] for w in waits))
+        metrics["async/generator_idle_seconds"].append(max(w[2] for w in waits))
+        metrics["async/generator_idle_share"].append(statistics.fmean(w[2] / max(w[1] + w[2], 1e-9) for w in waits))
+        metrics["async/trainer_idle_share"].append(statistics.fmean(w[3] for w in waits))
+        self._ahead_take_seconds = time.perf_counter() - start
+        completions = played.completions
+        return prompt_ids, completion_ids, tool_mask, completions, logprobs, {"episode": extra}, None, []
+
+    @contextlib.contextmanager
+    def _behaviour_correction(self) -> Iterator[None]:
+        """With generation ahead: TRL's vLLM importance-sampling code, fed with the worker's behaviour log-probs.
+
+        TRL computes it only ``if self.use_vllm and self.vllm_importance_sampling_correction``: the proximal
+        log-probs (``old_per_token_logps``, at the step the batch first trains), the per-token weight
+        exp(old − behaviour) truncated (``token_truncate``) or masked (``token_mask``) at the cap, and the loss
+        multiplied by it. Those are the only places TRL reads ``use_vllm`` once ``_generate`` has returned, so the
+        flag is raised around them; generation itself (the worker's) never sees it."""
+        if self._ahead is None or not self.model.training:
+            yield
+            return
+        saved = (self.use_vllm, self.vllm_importance_sampling_correction, self.vllm_importance_sampling_mode,
+                 self.vllm_importance_sampling_clip_max, self.vllm_importance_sampling_clip_min)  # fmt: skip
+        correction = self.args.async_correction
+        self.use_vllm = True
+        self.vllm_importance_sampling_correction = correction != "none"
+        self.vllm_importance_sampling_mode = "token_mask" if correction == "mask" else "token_truncate"
+        self.vllm_importance_sampling_clip_max = self.args.async_behaviour_cap
+        self.vllm_importance_sampling_clip_min = None
+        try:
+            yield
+        finally:
+            (self.use_vllm, self.vllm_importance_sampling_correction, self.vllm_importance_sampling_mode,
+             self.vllm_importance_sampling_clip_max, self.vllm_importance_sampling_clip_min) = saved  # fmt: skip
+
     # -- scoring and loss shaping --------------------------------------------------------------------------------
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -374,9 +476,14 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         mask_truncated = self.mask_truncated_completions
         self.mask_truncated_completions = False  # judged from the episode record below, not from the last token
         try:
-            output = super()._generate_and_score_completions(inputs)
+            with self._behaviour_correction():
+                output = super()._generate_and_score_completions(inputs)
         finally:
             self.mask_truncated_completions = mask_truncated
+        if self._ahead is not None and self.model.training:
+            cap = self.args.async_behaviour_cap if self.args.async_correction != "none" else None
+            for key, value in behaviour_stats(output, cap).items():
+                self._metrics["train"][f"async/{key}"].append(value)
         episodes = self._rollout_episodes
         device = output["completion_ids"].device
         if mask_truncated:
@@ -412,7 +519,8 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
     def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None):
         """TRL's loss; on a batch of nothing but user errors it is multiplied by 0 (the backward still runs, so every
         rank joins the same collectives) and the step's gradients are dropped in ``_get_grad_norm``."""
-        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        with self._behaviour_correction():
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if not self.model.training:
             return loss
         if self.accelerator.distributed_type == DistributedType.DEEPSPEED:
@@ -562,6 +670,30 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
                 values = [float(s[key]) for s in stats if isinstance(s.get(key), int | float)]
                 if values:
                     metrics[f"user_sim/{key}"].append(max(values) if key.startswith("latency") else sum(values))
+
+
+def _worker_threads(args: MultiTurnGRPOConfig) -> int:
+    if args.rollout_worker_threads is not None:
+        return args.rollout_worker_threads
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+class _AheadCallback(TrainerCallback):
+    """Pushes the weights to the rollout worker after every optimiser step; stops it when training ends (a stop
+    signal included: the batches in flight are discarded, counted, and replayed by a resumed run)."""
+
+    def __init__(self, ahead: GenerationAhead) -> None:
+        self.ahead = ahead
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.ahead.process is not None:
+            self.ahead.push_weights(state.global_step)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        discarded = self.ahead.close()
+        if discarded:
+            logger.info("generation ahead: %d batch(es) played or in flight ahead of step %d discarded (a resumed run "
+                        "replays them with its weights)", discarded, state.global_step)  # fmt: skip
 
 
 class UserErrorStop(TrainerCallback):

@@ -392,6 +392,10 @@ class LLMUser(UserSimulator):
         self._runtime: _LoopRuntime | None = None
         self._finalizer: weakref.finalize | None = None
 
+    def __reduce__(self) -> tuple:
+        """Pickles as its config: a rollout worker process opens its own client (the loop thread stays here)."""
+        return (LLMUser, (self.config,))
+
     # ----------------------------------------------------------------------------------------------- public API
 
     def reply(self, episode: Episode) -> UserReply:
