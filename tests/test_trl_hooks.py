@@ -63,7 +63,25 @@ def test_subclass_overrides_only_the_documented_hooks():
         "compute_loss",
         "_get_grad_norm",
         "evaluate",
+        "get_batch_samples",
     }
+
+
+def test_the_importance_sampling_code_generation_ahead_feeds_reads_only_these_flags():
+    """``_behaviour_correction`` raises ``use_vllm`` around TRL's scoring and loss: TRL must compute the proximal
+    log-probs, the token-level weight and the loss product under exactly that condition, and nowhere else read
+    ``use_vllm`` after ``_generate`` has returned."""
+    from transformers import Trainer
+
+    assert list(inspect.signature(Trainer.get_batch_samples).parameters) == [
+        "self", "epoch_iterator", "num_batches", "device"]  # fmt: skip
+    scoring = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    after_generate = scoring[scoring.index("= self._generate(prompts)") :]
+    condition = "self.use_vllm and self.vllm_importance_sampling_correction"
+    assert after_generate.count("self.use_vllm") == after_generate.count(condition) == 4
+    loss = inspect.getsource(GRPOTrainer._compute_loss)
+    assert loss.count("self.use_vllm") == 1
+    assert 'per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]' in loss
 
 
 def test_a_user_error_step_can_drop_its_gradients_before_the_optimizer_step():

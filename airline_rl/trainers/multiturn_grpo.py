@@ -23,9 +23,14 @@ How it departs from textbook GRPO (single-turn, one completion per prompt):
    ``train/user_error_skip`` and not counted as trained, and ``max_user_error_steps`` such steps in a row stop the
    run with a checkpoint (``UserErrorStop``; train_grpo.py exits 1 naming the endpoint's error).
 
+8. ``--max_staleness k`` ≥ 1: a rollout worker process plays the next batches ahead (``generation_ahead.py``);
+   ``_generate`` takes its played batch, whose behaviour log-probs feed TRL's importance-sampling correction
+   (``_behaviour_correction``). k = 0 (default) is the synchronous loop above, unchanged.
+
 Overridden hooks (pinned to trl==1.16.0, checked by tests/test_trl_hooks.py): ``_generate`` (whole episodes),
 ``_generate_and_score_completions`` (truncation mask, variant advantages, metrics), ``training_step`` (timing),
-transformers' ``_get_grad_norm`` (the pre-clip gradient norm of every step; a user-error step's gradients dropped) and
+transformers' ``_get_grad_norm`` (the pre-clip gradient norm of every step; a user-error step's gradients dropped),
+transformers' ``get_batch_samples`` (the dataloader read ahead, only with ``--max_staleness``) and
 ``evaluate`` (held-out pass^k, ``airline_rl.evaluation.heldout``, instead of the loss on eval prompts); and, through
 ``run.sharding.ShardedLaunch``, transformers' ``create_accelerator_and_postprocess`` (CPU FSDP2, launch checks).
 
