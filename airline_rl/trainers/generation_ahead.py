@@ -69,6 +69,7 @@ class WorkerSpec:
     prm_rules: Any
     threads: int
     dtype: Any = None
+    model_generation_config: Any = None
 
 
 @dataclass
@@ -138,6 +139,8 @@ def worker_main(spec: WorkerSpec, weights: dict, version: Any, lock: Any, reques
 
     torch.set_num_threads(max(1, spec.threads))
     model = AutoModelForCausalLM.from_config(spec.model_config, dtype=spec.dtype)
+    if spec.model_generation_config is not None:  # from_config's default has use_cache False: 10x slower decoding
+        model.generation_config = spec.model_generation_config
     model.eval()
     params = dict(model.named_parameters())
     loaded = -1
@@ -298,6 +301,7 @@ class GenerationAhead:
             prm_rules=args.prm_rules,
             threads=self.threads,
             dtype=next(model.parameters()).dtype,
+            model_generation_config=getattr(model, "generation_config", None),
         )
         self.process = ctx.Process(
             target=worker_main,
