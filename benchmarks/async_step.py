@@ -5,9 +5,10 @@
 
 Each (setting, k) is one ``train_grpo.py`` run (scripted user) of ``--steps`` steps; the first step (the worker's
 start, the first batch nobody can overlap) is left out of the means. Per k it prints the step time, the generation
-seconds (the rollout for k = 0, the worker's busy time for k ≥ 1) and the training seconds (the optimisation for
-k = 0; the step minus the trainer's wait for k ≥ 1), the idle shares, and the overlap efficiency
-(t_gen + t_train − t_step) / min(t_gen, t_train), where 1.0 is perfect overlap and 0 none.
+seconds (the rollout for k = 0, the worker's busy time for k ≥ 1) and the training seconds (the step minus the
+rollout for k = 0, the trainer's ``timing/optimisation`` for k ≥ 1: its own work without the wait), the idle
+shares, and the overlap efficiency (t_gen + t_train − t_step) / min(t_gen, t_train), where 1.0 is perfect
+overlap and 0 none.
 
 Settings: ``quick_start`` is recipes/grpo/cpu_smoke.yaml with one group per step; ``balanced`` makes the training
 phase as heavy as the rollout (``--num_iterations 2``: each batch is trained for two optimiser steps, which also
@@ -56,7 +57,7 @@ def run(setting: str, k: int, steps: int, workdir: Path) -> dict[str, float]:
     else:
         gen = statistics.fmean(r.get("async/generator_busy_seconds", 0.0) for r in rows)
         wait = statistics.fmean(r.get("async/trainer_wait_seconds", 0.0) for r in rows)
-        train = step - wait
+        train = statistics.fmean(r["timing/optimisation"] for r in rows)  # the trainer's own work, no waiting
         gen_idle, train_idle = max(0.0, 1.0 - gen / step), wait / step
     overlap = (gen + train - step) / min(gen, train) if min(gen, train) > 0 else 0.0
     return {"step": step, "gen": gen, "train": train, "gen_idle": gen_idle, "train_idle": train_idle,
