@@ -26,6 +26,7 @@ noticed within ``POLL_S`` and ends the run with one line (``RolloutWorkerError``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing as mp
@@ -260,7 +261,7 @@ class GenerationAhead:
         self.accumulation = trainer.args.gradient_accumulation_steps
         self.process: Any = None
         self.pending: deque[BatchRequest] = deque()
-        self.lookaheads: dict[int, Lookahead] = {}
+        self._lookahead: Lookahead | None = None
         self.items_seen = 0
         self.first_step: int | None = None
         self.wait_seconds = 0.0
@@ -321,7 +322,7 @@ class GenerationAhead:
             return 0
         self.stopped = True
         self.discarded = len(self.pending)
-        with _quiet():
+        with contextlib.suppress(Exception):  # the worker may be gone already
             self.requests.put(None)
         self.process.join(timeout=2.0)
         if self.process.is_alive():
@@ -336,11 +337,10 @@ class GenerationAhead:
             self.start()
         if self.first_step is None:
             self.first_step = int(self.trainer.state.global_step)
-        key = id(epoch_iterator)
-        if key not in self.lookaheads or self.lookaheads[key].source is not epoch_iterator:
-            self.lookaheads = {key: Lookahead(epoch_iterator, self.k * self.generate_every + self.accumulation,
-                                              self._announce, self.items_seen)}  # fmt: skip
-        return self.lookaheads[key]
+        if self._lookahead is None or self._lookahead.source is not epoch_iterator:  # a new epoch
+            depth = self.k * self.generate_every + self.accumulation
+            self._lookahead = Lookahead(epoch_iterator, depth, self._announce, self.items_seen)
+        return self._lookahead
 
     def _announce(self, index: int, item: Any) -> None:
         """A dataloader item pulled ahead: a generation batch when TRL will generate on it (``_prepare_inputs``)."""
@@ -407,14 +407,6 @@ class GenerationAhead:
         if step - played.version > self.k:
             raise RolloutWorkerError(f"staleness {step - played.version} exceeds --max_staleness {self.k} (a bug)")
         return played
-
-
-class _quiet:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> bool:
-        return True
 
 
 def behaviour_stats(output: dict[str, torch.Tensor], cap: float | None) -> dict[str, float]:

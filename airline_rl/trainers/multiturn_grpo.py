@@ -391,13 +391,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         completion_ids = [list(ep.agent_state["completion_ids"]) for ep in episodes]
         tool_mask = [list(ep.agent_state["tool_mask"]) for ep in episodes]
         logprobs = [list(ep.agent_state["logprobs"]) for ep in episodes] if self.use_vllm else None
-        pad = self.processing_class.pad_token_id or 0
-        for row, ids in enumerate(completion_ids):
-            if not ids:  # no policy turn (the user simulator failed first): one masked pad token, as TRL needs ≥ 1
-                ids.append(pad)
-                tool_mask[row].append(0)
-                if logprobs is not None:
-                    logprobs[row].append(0.0)
+        self._pad_empty_completions(completion_ids, tool_mask, logprobs)
         completions = [ep.messages[2:] for ep in episodes]
         extra = [_episode_summary(record, prm) for record, prm in zip(records, prm_results, strict=True)]
         self._rollout_episodes = episodes
@@ -405,11 +399,23 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         self._log_rollout_metrics(mode, records, prm_results, extra, timings, time.perf_counter() - start)
         return prompt_ids, completion_ids, tool_mask, completions, logprobs, {"episode": extra}, None, []
 
+    def _pad_empty_completions(
+        self, completion_ids: list[list[int]], tool_mask: list[list[int]], logprobs: list[list[float]] | None
+    ) -> None:
+        """An episode without a policy turn (the user simulator failed first) gets one masked pad token, as TRL
+        needs ≥ 1 completion token per row."""
+        pad = self.processing_class.pad_token_id or 0
+        for row, ids in enumerate(completion_ids):
+            if not ids:
+                ids.append(pad)
+                tool_mask[row].append(0)
+                if logprobs is not None:
+                    logprobs[row].append(0.0)
+
     def _take_played(self, rows: list[dict]) -> tuple:
         """The generation batch the rollout worker played ahead for this step, as ``_generate``'s 8-tuple; the
         behaviour log-probs take TRL's vLLM slot (``_behaviour_correction``)."""
         assert self._ahead is not None
-        start = time.perf_counter()
         played = self._ahead.take(self.state.global_step, rows)
         episodes = [PlayedEpisode(record, state, messages) for record, state, messages in zip(
             played.records, played.agent_states, played.completions, strict=True)]  # fmt: skip
@@ -417,12 +423,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         completion_ids = [list(state["completion_ids"]) for state in played.agent_states]
         tool_mask = [list(state["tool_mask"]) for state in played.agent_states]
         logprobs = [list(lps) for lps in played.behaviour_logprobs]
-        pad = self.processing_class.pad_token_id or 0
-        for row, ids in enumerate(completion_ids):
-            if not ids:
-                ids.append(pad)
-                tool_mask[row].append(0)
-                logprobs[row].append(0.0)
+        self._pad_empty_completions(completion_ids, tool_mask, logprobs)
         extra = [_episode_summary(r, p) for r, p in zip(played.records, played.prm_results, strict=True)]
         self._rollout_episodes = episodes  # type: ignore[assignment]
         timings = played.timings
@@ -443,9 +444,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         metrics["async/generator_idle_seconds"].append(max(w[2] for w in waits))
         metrics["async/generator_idle_share"].append(statistics.fmean(w[2] / max(w[1] + w[2], 1e-9) for w in waits))
         metrics["async/trainer_idle_share"].append(statistics.fmean(w[3] for w in waits))
-        self._ahead_take_seconds = time.perf_counter() - start
-        completions = played.completions
-        return prompt_ids, completion_ids, tool_mask, completions, logprobs, {"episode": extra}, None, []
+        return prompt_ids, completion_ids, tool_mask, played.completions, logprobs, {"episode": extra}, None, []
 
     @contextlib.contextmanager
     def _behaviour_correction(self) -> Iterator[None]:
