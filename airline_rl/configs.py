@@ -262,8 +262,9 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
     )
     rollout_worker_threads: int | None = field(
         default=None,
-        metadata={"help": "With --max_staleness >= 1: torch threads of the rollout worker (the trainer keeps the "
-                  "other cores); default half the cores, at least 1."},
+        metadata={"help": "With --max_staleness >= 1: torch threads of the rollout worker; default half the "
+                  "cores, at least 1. The trainer keeps its own threads: the cores are shared, so while the worker "
+                  "waits on the user or for fresh weights the trainer has them all."},
     )  # fmt: skip
     # -- held-out pass^k at eval steps (eval_strategy: steps, eval_steps: N; airline_rl/evaluation/heldout.py) --
     heldout_num_samples: int = field(

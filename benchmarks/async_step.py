@@ -1,24 +1,36 @@
 """Generation ahead of training: step time at --max_staleness 0, 1, 2, side by side in one run (issue 38).
 
     python benchmarks/async_step.py                      # the quick start and the balanced setting, k = 0, 1, 2
-    python benchmarks/async_step.py --settings balanced --steps 6 --ks 0,1
+    python benchmarks/async_step.py --settings balanced --steps 6 --ks 0,1 --user_latency 0.5,0.5
 
-Each (setting, k) is one ``train_grpo.py`` run (scripted user) of ``--steps`` steps; the first step (the worker's
-start, the first batch nobody can overlap) is left out of the means. Per k it prints the step time, the generation
-seconds (the rollout for k = 0, the worker's busy time for k ≥ 1) and the training seconds (the step minus the
-rollout for k = 0, the trainer's ``timing/optimisation`` for k ≥ 1: its own work without the wait), the idle
-shares, and the overlap efficiency (t_gen + t_train − t_step) / min(t_gen, t_train), where 1.0 is perfect
-overlap and 0 none.
+Each (setting, k) is one ``train_grpo.py`` run of ``--steps`` steps; the first step (the worker's start, the first
+batch nobody can overlap) is left out of the means. Per k it prints the step time, the generation seconds and the
+training seconds, the idle shares, and the overlap efficiency (t_gen + t_train − t_step) / min(t_gen, t_train),
+where 1.0 is perfect overlap and 0 none. For k = 0 generation is the rollout and training the rest of the step.
+For k ≥ 1 generation is the worker's busy share of the step (1 − ``async/generator_idle_share``: its busy time per
+batch can run across step boundaries) and training the trainer's own ``timing/optimisation``, without its wait.
 
-Settings: ``quick_start`` is recipes/grpo/cpu_smoke.yaml with one group per step; ``balanced`` makes the training
-phase as heavy as the rollout (``--num_iterations 2``: each batch is trained for two optimiser steps, which also
-halves how often the worker must play). The last line starts with the k = 1 speed-up over k = 0 on ``balanced``.
-Ratios are measured side by side; absolute seconds depend on the machine and its load.
+Settings, each with two users: ``scripted`` (the recipe's) and ``llm``, the LLM user simulator against the stub
+server (tests/openai_stub_server.py) with every reply delayed by a seeded log-normal time (``--user_latency
+MEDIAN,SIGMA``, default 0.3,0.5 s, the event-driven loop's benchmark option), as when the user is a 72B model
+served elsewhere:
+- ``quick_start``: recipes/grpo/cpu_smoke.yaml with one group of 8 episodes per step (generation ~0.5 s, training
+  ~1.4 s per step with the scripted user);
+- ``balanced``: the recipe as shipped, two groups per step: with the scripted user its phases are within 2× of each
+  other (~1.0 s of generation, ~1.6 s of training). A heavier training phase through ``--num_iterations 2`` was
+  tried first: its batch is needed every other step, and at k = 1 admission lets it start only one step ahead, so
+  it overlaps half its steps (1.12×).
+On 2 cores both sides are CPU work on the same cores: the worker decodes with 1 thread where the synchronous rollout
+had 2, the trainer trains with 1, and the correction adds a forward pass on each side (the proximal log-probs in the
+trainer, the behaviour log-probs in the worker). What overlap can win there is the time generation spends waiting on
+the user. The last line starts with the k = 1 speed-up over k = 0 on ``balanced`` with the scripted user. Ratios are
+measured side by side; absolute seconds depend on the machine and its load.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -28,68 +40,94 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = {
-    "quick_start": ["--per_device_train_batch_size", "8"],
-    "balanced": ["--per_device_train_batch_size", "8", "--num_iterations", "2"],
-}
+sys.path.insert(0, str(ROOT))
+SETTINGS = {"quick_start": ["--per_device_train_batch_size", "8"], "balanced": []}
+USERS = {"scripted": [], "llm": ["--user_simulator", "llm", "--user_model", "stub-model"]}
 
 
-def run(setting: str, k: int, steps: int, workdir: Path) -> dict[str, float]:
-    out = workdir / f"{setting}-k{k}"
+def run(setting: str, user: str, k: int, steps: int, workdir: Path, user_url: str | None) -> dict[str, float]:
+    out = workdir / f"{setting}-{user}-k{k}"
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml",
         "train_grpo.py", "--config", "recipes/grpo/cpu_smoke.yaml", "--max_steps", str(steps),
         "--max_staleness", str(k), "--output_dir", str(out), "--run_name", out.name,
         "--hub_dir", str(workdir / "hub"), "--eval_strategy", "no", "--save_steps", str(steps), *SETTINGS[setting],
     ]  # fmt: skip
+    if USERS[user]:
+        command += [*USERS[user], "--user_base_url", str(user_url)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        raise SystemExit(f"error: {setting} k={k} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise SystemExit(f"error: {setting} ({user} user) k={k} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     history = json.loads((out / f"checkpoint-{steps}" / "trainer_state.json").read_text())["log_history"]
     rows = [entry for entry in history if "step_time" in entry][1:]  # the first step overlaps nothing
     step = statistics.fmean(r["step_time"] for r in rows)
     if k == 0:
-        # a step without generation (num_iterations 2) has no rollout entry: its generation time is 0
         gen = statistics.fmean(r.get("timing/rollout", 0.0) for r in rows)
         train = step - gen
         gen_idle, train_idle = 1.0 - gen / step, gen / step
     else:
-        gen = statistics.fmean(r.get("async/generator_busy_seconds", 0.0) for r in rows)
+        gen_idle = statistics.fmean(r["async/generator_idle_share"] for r in rows)
+        gen = step * (1.0 - gen_idle)
         wait = statistics.fmean(r.get("async/trainer_wait_seconds", 0.0) for r in rows)
         train = statistics.fmean(r["timing/optimisation"] for r in rows)  # the trainer's own work, no waiting
-        gen_idle, train_idle = max(0.0, 1.0 - gen / step), wait / step
+        train_idle = wait / step
     overlap = (gen + train - step) / min(gen, train) if min(gen, train) > 0 else 0.0
+    staleness = max((r.get("async/staleness_max", 0.0) for r in history if "step_time" in r), default=0.0)
     return {"step": step, "gen": gen, "train": train, "gen_idle": gen_idle, "train_idle": train_idle,
-            "overlap": overlap}  # fmt: skip
+            "overlap": overlap, "staleness_max": staleness}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--settings", default="quick_start,balanced")
-    parser.add_argument("--ks", default="0,1,2")
+    parser.add_argument("--settings", default="quick_start,balanced", help=f"comma-separated: {', '.join(SETTINGS)}")
+    parser.add_argument("--users", default="scripted,llm", help=f"comma-separated: {', '.join(USERS)}")
+    parser.add_argument("--ks", default="0,1,2", help="comma-separated --max_staleness values (0 is the baseline)")
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--user_latency", default="0.3,0.5", metavar="MEDIAN,SIGMA",
+                        help="llm user: the stub server's seeded log-normal reply delay, in seconds")  # fmt: skip
     args = parser.parse_args()
     settings = [s for s in args.settings.split(",") if s]
-    unknown = [s for s in settings if s not in SETTINGS]
-    if unknown:
-        raise SystemExit(f"error: --settings: unknown {unknown}; valid: {sorted(SETTINGS)}")
-    ks = [int(k) for k in args.ks.split(",")]
-    results: dict[tuple[str, int], dict[str, float]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    users = [u for u in args.users.split(",") if u]
+    for flag, names, valid in (("--settings", settings, SETTINGS), ("--users", users, USERS)):
+        unknown = [name for name in names if name not in valid]
+        if unknown or not names:
+            raise SystemExit(f"error: {flag}: unknown {unknown or names}; valid: {sorted(valid)}")
+    try:
+        ks = [int(k) for k in args.ks.split(",")]
+        median, sigma = (float(x) for x in args.user_latency.split(","))
+        if median <= 0 or sigma < 0 or min(ks) < 0 or args.steps < 2:
+            raise ValueError
+    except ValueError:
+        raise SystemExit(
+            "error: --ks takes integers >= 0, --user_latency MEDIAN,SIGMA (median > 0, sigma >= 0), --steps >= 2"
+        ) from None
+    from tests.openai_stub_server import StubServer  # noqa: PLC0415 - the test tree's stub, as rollout_bench
+
+    results: dict[tuple[str, str, int], dict[str, float]] = {}
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        url = stack.enter_context(StubServer("echo", latency=(median, sigma))).base_url if "llm" in users else None
         for setting in settings:
-            for k in ks:
-                results[setting, k] = r = run(setting, k, args.steps, Path(tmp))
-                print(f"{setting:12s} k={k}: step {r['step']:6.2f} s | gen {r['gen']:6.2f} s | train "
-                      f"{r['train']:6.2f} s | idle gen {r['gen_idle']:.2f} train {r['train_idle']:.2f} | overlap "
-                      f"{r['overlap']:.2f}", flush=True)  # fmt: skip
-    for setting in settings:
-        if (setting, 0) in results and (setting, 1) in results and setting != "balanced":
-            print(f"{setting}: k=1 speed-up over k=0 {results[setting, 0]['step'] / results[setting, 1]['step']:.2f}x")
-    if ("balanced", 0) in results and ("balanced", 1) in results:
-        base, one = results["balanced", 0], results["balanced", 1]
-        print(f"{base['step'] / one['step']:.2f}x: the k=1 speed-up over k=0 on the balanced setting (overlap "
-              f"efficiency {one['overlap']:.2f})")  # fmt: skip
+            for user in users:
+                for k in ks:
+                    results[setting, user, k] = r = run(setting, user, k, args.steps, tmp, url)
+                    print(f"{setting:11s} {user:8s} k={k}: step {r['step']:6.2f} s | gen {r['gen']:6.2f} s | train "
+                          f"{r['train']:6.2f} s | idle gen {r['gen_idle']:.2f} train {r['train_idle']:.2f} | "
+                          f"overlap {r['overlap']:.2f} | staleness max {r['staleness_max']:.0f}",
+                          flush=True)  # fmt: skip
+    for (setting, user, k), r in results.items():
+        if k > 0 and (setting, user, 0) in results and (setting, user) != ("balanced", "scripted"):
+            gain = results[setting, user, 0]["step"] / r["step"]
+            print(f"{setting} ({user} user): k={k} speed-up over k=0 {gain:.2f}x (overlap {r['overlap']:.2f})")
+    if ("balanced", "scripted", 0) in results and ("balanced", "scripted", 1) in results:
+        base, one = results["balanced", "scripted", 0], results["balanced", "scripted", 1]
+        two = results.get(("balanced", "scripted", 2))
+        also = f"; k=2 {base['step'] / two['step']:.2f}x" if two else ""
+        print(f"{base['step'] / one['step']:.2f}x: the k=1 speed-up over k=0 on the balanced setting (scripted user; "
+              f"k=0 "
+              f"generation {base['gen']:.2f} s, training {base['train']:.2f} s per step; overlap efficiency "
+              f"{one['overlap']:.2f}{also})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ import json
 import math
 import os
 import pickle
+import re
+import signal
 import subprocess
 import sys
 from collections import deque
@@ -26,6 +28,7 @@ from airline_rl.trainers.generation_ahead import (
     Lookahead,
     RolloutWorkerError,
     behaviour_stats,
+    worker_model,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,6 +98,22 @@ def test_the_env_and_the_llm_user_pickle_as_their_recipes():
     assert pickle.loads(pickle.dumps(user)).config == user.config
 
 
+def test_the_worker_model_keeps_the_trained_models_generation_config_and_decodes_like_it(tiny_model):
+    """Regression: ``from_config`` alone gave the worker ``use_cache`` off (10× slower decoding). With the shared
+    weights copied in, the worker's greedy decode equals the trained model's token for token."""
+    spec = SimpleNamespace(model_config=tiny_model.config, dtype=torch.float32,
+                           model_generation_config=tiny_model.generation_config)  # fmt: skip
+    worker = worker_model(spec)
+    assert worker.generation_config.use_cache is True and not worker.training
+    assert worker.generation_config.to_dict() == tiny_model.generation_config.to_dict()
+    with torch.no_grad():
+        for name, tensor in worker.named_parameters():
+            tensor.copy_(dict(tiny_model.named_parameters())[name])
+    prompt = torch.tensor([[1, 2, 3, 4, 5]])
+    kwargs = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": 0}
+    assert torch.equal(worker.generate(prompt, **kwargs), tiny_model.eval().generate(prompt, **kwargs))
+
+
 @pytest.mark.slow
 def test_a_run_ahead_by_one_step_keeps_its_staleness_within_the_bound(tmp_path):
     """3 steps of the quick start at --max_staleness 1: staleness 0 then 1 (never above the bound), the behaviour
@@ -116,3 +135,135 @@ def test_a_run_ahead_by_one_step_keeps_its_staleness_within_the_bound(tmp_path):
     assert steps[0]["async/behaviour_weight"] == pytest.approx(1.0, abs=1e-4)
     assert all(entry["loss"] != 0.0 for entry in steps)
     assert "generation runs ahead of training by at most 1 step(s)" in done.stdout + done.stderr
+
+
+LAUNCH = {
+    "python": [],  # no launcher: its own traceback would follow a failed child's line
+    "one": ["-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml"],
+    "two": ["-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/multi_gpu.yaml",
+            "--num_processes", "2", "--mixed_precision", "no"],  # the CPU twins: torchrun, gloo, a worker per rank
+}  # fmt: skip
+
+
+def _ahead_command(out: Path, tmp_path: Path, steps: int, *extra: str, launch: str = "one") -> list[str]:
+    rows = "4" if launch == "two" else "8"  # one group of 8 episodes per step, over the ranks
+    return [
+        sys.executable, *LAUNCH[launch], "train_grpo.py", "--config", "recipes/grpo/cpu_smoke.yaml",
+        "--max_steps", str(steps), "--per_device_train_batch_size", rows, "--max_staleness", "1",
+        "--output_dir", str(out), "--run_name", "ahead", "--hub_dir", str(tmp_path / "hub"), "--eval_strategy", "no",
+        "--report_to", "none", *extra,
+    ]  # fmt: skip
+
+
+def _launch(command: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    return subprocess.Popen(command, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launch", ["one", "two"])
+def test_sigterm_ahead_of_training_discards_the_batches_in_flight_and_the_rerun_resumes(tmp_path, launch):
+    """SIGTERM during a --max_staleness 1 run: the step ends, a checkpoint is saved, the worker stops and the batch
+    it played ahead is discarded and counted; the same command then resumes from the checkpoint (a fresh worker
+    replays that batch with the checkpoint's weights: staleness 0 first) and finishes the run."""
+    from test_graceful_stop import wait_for_a_step, wait_until_gone
+
+    out, log = tmp_path / "run", tmp_path / "log.txt"
+    command = _ahead_command(out, tmp_path, 8, "--save_steps", "100", launch=launch)
+    launcher = _launch(command, log)
+    try:
+        trainers = wait_for_a_step(launcher, log)
+        launcher.send_signal(signal.SIGTERM)
+        wait_until_gone(launcher, trainers)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    text = log.read_text()
+    assert launcher.returncode == 143, text[-3000:]
+    assert "SIGTERM received: saving a checkpoint at the end of this step" in text, text[-3000:]
+    checkpoints = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    assert checkpoints, text[-3000:]
+    stopped = int(checkpoints[-1].name.split("-")[1])
+    assert 1 <= stopped < 8
+    discarded = rf"generation ahead: 1 batch\(es\) played or in flight ahead of step {stopped} discarded"
+    assert len(re.findall(discarded, text)) == (2 if launch == "two" else 1), text[-3000:]  # one per rank's worker
+    log2 = tmp_path / "log2.txt"
+    rerun = _launch(command, log2)
+    assert rerun.wait(timeout=1200) == 0, log2.read_text()[-3000:]
+    assert f"resuming from {checkpoints[-1]}" in log2.read_text(), log2.read_text()[-3000:]
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    steps = {entry["step"]: entry for entry in history if "async/staleness_max" in entry}
+    assert sorted(steps) == list(range(1, 9)), sorted(steps)
+    assert steps[stopped + 1]["async/staleness_max"] == 0.0  # the replayed batch: the resumed weights, nothing ahead
+    assert all(entry["async/staleness_max"] <= 1 for entry in steps.values())
+    assert all(entry["loss"] != 0.0 for entry in steps.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launch", ["python", "two"])
+def test_a_rollout_worker_killed_mid_run_stops_the_run_in_one_line_with_a_checkpoint(tmp_path, launch):
+    """kill -9 of the rollout worker: the trainer notices within its poll, saves the last finished step, exits 1
+    with one line naming the worker and the checkpoint; it never hangs. In two processes the last rank's worker is
+    killed: both ranks learn it at the next batch, save the checkpoint together and stop."""
+    from test_graceful_stop import alive, wait_for_a_step
+
+    out, log = tmp_path / "run", tmp_path / "log.txt"
+    launcher = _launch(_ahead_command(out, tmp_path, 40, "--save_steps", "100", launch=launch), log)
+    try:
+        wait_for_a_step(launcher, log)
+        workers = [int(pid) for pid in re.findall(r"in rollout worker pid (\d+)", log.read_text())]
+        assert len(workers) == (2 if launch == "two" else 1), workers
+        worker = workers[-1]
+        assert alive(worker)
+        os.kill(worker, signal.SIGKILL)
+        assert launcher.wait(timeout=300) == 1, log.read_text()[-3000:]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    text = log.read_text()
+    lines = sorted({line for line in text.splitlines() if line.startswith("error:") and "rollout worker" in line})
+    assert len(lines) == 1, text[-3000:]  # (torchrun repeats nothing of ours, but a rank's line may come twice)
+    assert "died with exit code -9" in lines[0] and "rerun the same command to resume" in lines[0], lines[0]
+    if launch == "python":
+        assert "Traceback" not in text, text[-3000:]
+    saved = re.search(r"checkpoint saved in (\S+?);", lines[0])
+    assert saved and (Path(saved.group(1)) / "trainer_state.json").is_file(), lines[0]
+
+
+BEFORE_GENERATION_AHEAD = "c22928a"  # the last commit before --max_staleness existed (issue 38)
+TIMING = re.compile(r"time|timing|seconds|per_second|latency|idle_share|flos")  # wall clock: differs run to run
+
+
+def _logged_steps(command: list[str], cwd: Path, out: Path) -> list[dict]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(cwd)}  # fmt: skip
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    return [{k: v for k, v in entry.items() if not TIMING.search(k)} for entry in history if "loss" in entry]
+
+
+@pytest.mark.slow
+def test_max_staleness_0_is_the_run_from_before_generation_ahead_bit_for_bit(tmp_path):
+    """3 quick-start steps at --max_staleness 0 against the same 3 steps of the tree before issue 38 (extracted from
+    git): every logged figure but the wall-clock ones equal, float for float, on this machine."""
+    if subprocess.run(["git", "cat-file", "-e", f"{BEFORE_GENERATION_AHEAD}^{{commit}}"], cwd=ROOT).returncode != 0:
+        pytest.skip(f"commit {BEFORE_GENERATION_AHEAD} is not in this checkout's history (a shallow clone?)")
+    old = tmp_path / "before"
+    old.mkdir()
+    archive = subprocess.run(["git", "archive", BEFORE_GENERATION_AHEAD], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+    cache = tmp_path / "cache"  # one default policy for both trees (built by the first run)
+
+    def command(out: Path, *extra: str) -> list[str]:
+        return [
+            sys.executable, "train_grpo.py", "--config", "recipes/grpo/cpu_smoke.yaml", "--max_steps", "3",
+            "--per_device_train_batch_size", "8", "--output_dir", str(out), "--hub_dir", f"{out}-hub",
+            "--eval_strategy", "no", "--report_to", "none", "--warmup_cache_dir", str(cache), *extra,
+        ]  # fmt: skip
+
+    now = _logged_steps(command(tmp_path / "now", "--max_staleness", "0"), ROOT, tmp_path / "now")
+    before = _logged_steps(command(tmp_path / "before-run"), old, tmp_path / "before-run")
+    assert len(now) == 3 and all(entry["loss"] != 0.0 for entry in now)
+    assert now == before

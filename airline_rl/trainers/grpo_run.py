@@ -116,6 +116,7 @@ def stop_for_worker_failure(trainer: Any, err: Exception) -> None:
         trainer._ahead.close()
     step = trainer.state.global_step
     saved = Path(trainer.args.output_dir) / f"checkpoint-{step}"
+    trainer.accelerator.wait_for_everyone()  # every rank sees the same checkpoint folder before any of them saves
     if step > 0 and not saved.is_dir() and trainer.args.save_strategy != "no":
         trainer._save_checkpoint(trainer.model, trial=None)
         trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)

@@ -65,7 +65,13 @@ from airline_rl.rewards.outcome import outcome_reward
 from airline_rl.rewards.prm import PRMResult, episode_rule_stats, score_episode, within_group_signal
 from airline_rl.rollout import TokenPolicyAgent
 from airline_rl.run.sharding import LaunchError, ShardedLaunch
-from airline_rl.trainers.generation_ahead import GenerationAhead, PlayedEpisode, behaviour_stats
+from airline_rl.trainers.generation_ahead import (
+    GenerationAhead,
+    PlayedBatch,
+    PlayedEpisode,
+    RolloutWorkerError,
+    behaviour_stats,
+)
 from airline_rl.trainers.variants import token_advantages
 
 if TYPE_CHECKING:
@@ -416,7 +422,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         """The generation batch the rollout worker played ahead for this step, as ``_generate``'s 8-tuple; the
         behaviour log-probs take TRL's vLLM slot (``_behaviour_correction``)."""
         assert self._ahead is not None
-        played = self._ahead.take(self.state.global_step, rows)
+        played = self._take_on_every_rank(rows)
         episodes = [PlayedEpisode(record, state, messages) for record, state, messages in zip(
             played.records, played.agent_states, played.completions, strict=True)]  # fmt: skip
         prompt_ids = [state["prompt_ids"] for state in played.agent_states]
@@ -445,6 +451,25 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         metrics["async/generator_idle_share"].append(statistics.fmean(w[2] / max(w[1] + w[2], 1e-9) for w in waits))
         metrics["async/trainer_idle_share"].append(statistics.fmean(w[3] for w in waits))
         return prompt_ids, completion_ids, tool_mask, played.completions, logprobs, {"episode": extra}, None, []
+
+    def _take_on_every_rank(self, rows: list[dict]) -> PlayedBatch:
+        """This rank's played batch; with several processes the ranks first agree whether any rank's worker failed,
+        so that all of them stop together (and save the checkpoint together) instead of one waiting in a collective
+        the other never joins."""
+        assert self._ahead is not None
+        try:
+            played, failure = self._ahead.take(self.state.global_step, rows), None
+        except RolloutWorkerError as err:
+            played, failure = None, err
+        if self.accelerator.num_processes > 1:
+            failures = gather_object([None if failure is None else str(failure)])
+            first = next((f"rank {rank}: {text}" for rank, text in enumerate(failures) if text), None)
+            if first is not None:
+                raise RolloutWorkerError(first)
+        elif failure is not None:
+            raise failure
+        assert played is not None
+        return played
 
     @contextlib.contextmanager
     def _behaviour_correction(self) -> Iterator[None]:
