@@ -98,19 +98,24 @@ def test_the_env_and_the_llm_user_pickle_as_their_recipes():
     assert pickle.loads(pickle.dumps(user)).config == user.config
 
 
-def test_the_worker_model_keeps_the_trained_models_generation_config_and_decodes_like_it(tiny_model):
-    """Regression: ``from_config`` alone gave the worker ``use_cache`` off (10× slower decoding). With the shared
-    weights copied in, the worker's greedy decode equals the trained model's token for token."""
+def test_the_worker_model_decodes_with_its_cache_and_like_the_trained_model(tiny_model):
+    """Regression: built from the trainer's model config, where training has turned ``use_cache`` off, the worker
+    decoded 10× slower. Its model has the cache on, the trained model's generation settings otherwise, and with the
+    shared weights copied in its greedy decode equals the trained model's token for token."""
+    tiny_model.config.use_cache = False  # as training leaves it (gradient checkpointing)
+    tiny_model.generation_config.max_new_tokens = 7
     spec = SimpleNamespace(model_config=tiny_model.config, dtype=torch.float32,
                            model_generation_config=tiny_model.generation_config)  # fmt: skip
     worker = worker_model(spec)
-    assert worker.generation_config.use_cache is True and not worker.training
-    assert worker.generation_config.to_dict() == tiny_model.generation_config.to_dict()
+    assert worker.config.use_cache is True and worker.generation_config.use_cache is True and not worker.training
+    assert worker.generation_config.max_new_tokens == 7  # the trained model's settings, not from_config's defaults
+    assert tiny_model.config.use_cache is False  # the trainer's model is left as it was
     with torch.no_grad():
         for name, tensor in worker.named_parameters():
             tensor.copy_(dict(tiny_model.named_parameters())[name])
     prompt = torch.tensor([[1, 2, 3, 4, 5]])
     kwargs = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": 0}
+    tiny_model.config.use_cache = True
     assert torch.equal(worker.generate(prompt, **kwargs), tiny_model.eval().generate(prompt, **kwargs))
 
 

@@ -27,6 +27,7 @@ noticed within ``POLL_S`` and ends the run with one line (``RolloutWorkerError``
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import multiprocessing as mp
@@ -130,13 +131,16 @@ def _behaviour_logprobs(model: Any, agent_states: list[dict], temperature: float
 
 def worker_model(spec: WorkerSpec) -> Any:
     """The worker's copy of the policy: the trained model's architecture, dtype and generation config, in eval mode
-    (its weights come from the shared buffer). ``from_config`` alone would give a generation config with
-    ``use_cache`` off, which made decoding 10× slower."""
+    (its weights come from the shared buffer), with the KV cache on. Training turns ``use_cache`` off in the model's
+    config (gradient checkpointing), and a worker built from that config decoded 10× slower."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_config(spec.model_config, dtype=spec.dtype)
+    config = copy.deepcopy(spec.model_config)
+    config.use_cache = True  # the worker only generates
+    model = AutoModelForCausalLM.from_config(config, dtype=spec.dtype)
     if spec.model_generation_config is not None:
-        model.generation_config = spec.model_generation_config
+        model.generation_config = copy.deepcopy(spec.model_generation_config)
+    model.generation_config.use_cache = True
     return model.eval()
 
 
