@@ -64,7 +64,21 @@ def test_subclass_overrides_only_the_documented_hooks():
         "_get_grad_norm",
         "evaluate",
         "get_batch_samples",
+        "_load_optimizer_and_scheduler",
     }
+
+
+def test_the_optimizer_state_goes_to_args_device_under_several_processes_through_a_cached_device():
+    """``_load_optimizer_and_scheduler`` swaps ``TrainingArguments``' cached device for ``cpu`` while transformers
+    loads the optimiser state of a multi-process CPU run (``cpu:<rank>`` cannot be restored to)."""
+    import functools
+
+    from transformers import Trainer, TrainingArguments
+
+    source = inspect.getsource(Trainer._load_optimizer_and_scheduler)
+    assert 'map_location = self.args.device if self.args.world_size > 1 else "cpu"' in source
+    assert isinstance(inspect.getattr_static(TrainingArguments, "_setup_devices"), functools.cached_property)
+    assert "return self._setup_devices" in inspect.getsource(TrainingArguments.device.fget)
 
 
 def test_the_importance_sampling_code_generation_ahead_feeds_reads_only_these_flags():

@@ -30,7 +30,8 @@ How it departs from textbook GRPO (single-turn, one completion per prompt):
 Overridden hooks (pinned to trl==1.16.0, checked by tests/test_trl_hooks.py): ``_generate`` (whole episodes),
 ``_generate_and_score_completions`` (truncation mask, variant advantages, metrics), ``training_step`` (timing),
 transformers' ``_get_grad_norm`` (the pre-clip gradient norm of every step; a user-error step's gradients dropped),
-transformers' ``get_batch_samples`` (the dataloader read ahead, only with ``--max_staleness``) and
+transformers' ``get_batch_samples`` (the dataloader read ahead, only with ``--max_staleness``),
+transformers' ``_load_optimizer_and_scheduler`` (a multi-process CPU run's optimiser state loads to ``cpu``) and
 ``evaluate`` (held-out pass^k, ``airline_rl.evaluation.heldout``, instead of the loss on eval prompts); and, through
 ``run.sharding.ShardedLaunch``, transformers' ``create_accelerator_and_postprocess`` (CPU FSDP2, launch checks).
 
@@ -560,6 +561,23 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
             return loss * 0.0
         self._step_trained = True
         return loss
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """transformers maps the optimiser state to ``args.device`` when several processes train; on CPU (the twins)
+        that is ``cpu:<rank>``, which ``torch.load`` cannot restore to, so no multi-process CPU run could resume.
+        There it loads to ``cpu`` (the same memory) instead."""
+        device = self.args.device
+        if checkpoint is None or device.type != "cpu" or device.index is None:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        cached = self.args.__dict__.get("_setup_devices")  # TrainingArguments' cached device
+        self.args.__dict__["_setup_devices"] = torch.device("cpu")
+        try:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        finally:
+            if cached is None:
+                self.args.__dict__.pop("_setup_devices", None)
+            else:
+                self.args.__dict__["_setup_devices"] = cached
 
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
         start = time.perf_counter()
