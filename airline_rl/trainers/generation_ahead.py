@@ -340,6 +340,13 @@ class GenerationAhead:
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(timeout=5.0)
+        # Release the queues' and the lock's semaphores now: a run that stops on a signal exits without finalising
+        # them, and multiprocessing's resource tracker would warn about a leaked semaphore.
+        for channel in (self.requests, self.results):
+            with contextlib.suppress(Exception):
+                channel.cancel_join_thread()  # requests the dead worker never read must not block the exit
+                channel.close()
+        self.requests = self.results = self.lock = None
         return self.discarded
 
     # -- data
@@ -357,7 +364,7 @@ class GenerationAhead:
     def _announce(self, index: int, item: Any) -> None:
         """A dataloader item pulled ahead: a generation batch when TRL will generate on it (``_prepare_inputs``)."""
         self.items_seen = index + 1
-        if index % self.generate_every:
+        if index % self.generate_every or self.stopped:
             return
         assert self.first_step is not None
         step = self.first_step + index // self.accumulation
@@ -373,6 +380,8 @@ class GenerationAhead:
     # -- weights
 
     def push_weights(self, step: int) -> None:
+        if self.stopped:
+            return
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
         with self.lock, torch.no_grad():
             for name, param in model.named_parameters():
