@@ -340,8 +340,7 @@ class GenerationAhead:
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(timeout=5.0)
-        # Release the queues' and the lock's semaphores now: a run that stops on a signal exits without finalising
-        # them, and multiprocessing's resource tracker would warn about a leaked semaphore.
+        # The queues and the lock are released with the worker: nothing is sent or read after a stop.
         for channel in (self.requests, self.results):
             with contextlib.suppress(Exception):
                 channel.cancel_join_thread()  # requests the dead worker never read must not block the exit
