@@ -21,10 +21,10 @@ served elsewhere:
   tried first: its batch is needed every other step, and at k = 1 admission lets it start only one step ahead, so
   it overlaps half its steps (1.12×).
 On 2 cores both sides are CPU work on the same cores: the worker decodes with 1 thread where the synchronous rollout
-had 2, the trainer shares the cores with it, and the correction adds a forward pass on each side (the proximal log-probs in the
-trainer, the behaviour log-probs in the worker). What overlap can win there is the time generation spends waiting on
-the user. The last line starts with the k = 1 speed-up over k = 0 on ``balanced`` with the scripted user. Ratios are
-measured side by side; absolute seconds depend on the machine and its load.
+had 2, the trainer shares the cores with it, and the correction adds a forward pass on each side (the proximal
+log-probs in the trainer, the behaviour log-probs in the worker). What overlap can win there is the time generation
+spends waiting on the user. The last line starts with the k = 1 speed-up over k = 0 on ``balanced`` with the
+scripted user. Ratios are measured side by side; absolute seconds depend on the machine and its load.
 """
 
 from __future__ import annotations
