@@ -172,18 +172,11 @@ def test_sigterm_ahead_of_training_discards_the_batches_in_flight_and_the_rerun_
     """SIGTERM during a --max_staleness 1 run: the step ends, a checkpoint is saved, the worker stops and the batch
     it played ahead is discarded and counted; the same command then resumes from the checkpoint (a fresh worker
     replays that batch with the checkpoint's weights: staleness 0 first) and finishes the run."""
-    from test_graceful_stop import wait_for_a_step, wait_until_gone
+    from test_graceful_stop import sigterm_after_a_step
 
     out, log = tmp_path / "run", tmp_path / "log.txt"
     command = _ahead_command(out, tmp_path, 8, "--save_steps", "100", launch=launch)
-    launcher = _launch(command, log)
-    try:
-        trainers = wait_for_a_step(launcher, log)
-        launcher.send_signal(signal.SIGTERM)
-        wait_until_gone(launcher, trainers)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
+    sigterm_after_a_step(_launch(command, log), log)
     text = log.read_text()
     assert "SIGTERM received: saving a checkpoint at the end of this step" in text, text[-3000:]
     checkpoints = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))

@@ -51,6 +51,19 @@ def wait_until_gone(launcher: subprocess.Popen, trainers: list[int]) -> None:
     assert not any(alive(pid) for pid in trainers), "a training process outlived its launcher"
 
 
+def sigterm_after_a_step(launcher: subprocess.Popen, log: Path, pause: float = 0.0) -> None:
+    """SIGTERM to the launcher once the first step line is logged (and ``pause`` seconds more); waits until the
+    launcher and its training processes are gone, killing the launcher if anything fails on the way."""
+    try:
+        trainers = wait_for_a_step(launcher, log)
+        time.sleep(pause)
+        launcher.send_signal(signal.SIGTERM)
+        wait_until_gone(launcher, trainers)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
 LAUNCHERS = {
     "simple": ["--config_file", "accelerate_configs/cpu.yaml"],  # accelerate's own child process
     "torchrun": ["--config_file", "accelerate_configs/multi_gpu.yaml", "--num_processes", "2",
@@ -131,14 +144,7 @@ def test_sigterm_with_user_requests_in_flight_checkpoints_and_stops(tmp_path: Pa
         env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}
         with log_path.open("w") as log:
             launcher = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            trainers = wait_for_a_step(launcher, log_path)
-            time.sleep(1.0)  # into the next step's rollout, with replies on their way
-            launcher.send_signal(signal.SIGTERM)
-            wait_until_gone(launcher, trainers)
-        finally:
-            if launcher.poll() is None:
-                launcher.kill()
+        sigterm_after_a_step(launcher, log_path, pause=1.0)  # into the next step's rollout, replies on their way
     text = log_path.read_text()
     assert "SIGTERM received: saving a checkpoint at the end of this step" in text
     assert "rerun the same command to resume" in text, text[-3000:]
