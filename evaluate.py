@@ -66,14 +66,16 @@ def unfinished(path: Path) -> str | None:
             return f"{tau2_partial}: τ²'s models rejected {len(export['rejected'])} conversation(s): {rejected}"
     if not metrics.get("valid_episodes"):
         return (
-            f"{path}: no episode could be scored ({metrics.get('user_errors', 0)} of {metrics.get('episodes', 0)} "
-            "failed with user_error); fix the user simulator and rerun to retry them"
+            f"{path}: no episode could be scored ({metrics.get('user_errors', 0)} user_error and "
+            f"{metrics.get('agent_errors', 0)} agent_error of {metrics.get('episodes', 0)}); fix the failing endpoint "
+            "and rerun to retry them"
         )
     if not metrics.get("complete"):
         wanted = metrics.get("tasks", 0) * metrics.get("num_samples", 0)
         return (
             f"{path}: incomplete ({metrics.get('valid_episodes')} of {wanted} episodes scored, "
-            f"{metrics.get('user_errors', 0)} user errors); rerun the same command to resume"
+            f"{metrics.get('user_errors', 0)} user errors, {metrics.get('agent_errors', 0)} agent errors); rerun the "
+            "same command to resume"
         )
     return None
 

@@ -478,7 +478,28 @@ class EvalArguments(EnvArguments):
     model: str | None = field(
         default=None,
         metadata={"help": "What to evaluate: a model directory, a local-hub id '<run>[@<step>]' (see --hub_dir), "
+                  "'openai:<served name>' (a chat model behind --agent_base_url, with native tool calls), "
                   "'oracle' (replays the gold actions) or 'noop' (refuses everything)."},
+    )  # fmt: skip
+    agent_base_url: str | None = field(
+        default=None,
+        metadata={"help": "--model openai:<name>: the agent's OpenAI-compatible endpoint, with /v1 (e.g. "
+                  "http://localhost:8000/v1: `vllm serve ... --enable-auto-tool-choice --tool-call-parser hermes`)."},
+    )  # fmt: skip
+    agent_api_key_env: str = field(
+        default="OPENAI_API_KEY",
+        metadata={"help": "Name of the environment variable holding the agent endpoint's API key (never the key "
+                  "itself); unset: 'EMPTY', which vLLM accepts."},
+    )  # fmt: skip
+    agent_timeout: float = field(default=120.0, metadata={"help": "Served agent: seconds one request may take."})
+    agent_max_retries: int = field(
+        default=3, metadata={"help": "Served agent: retries of a failed request before the episode is an agent_error."}
+    )
+    agent_concurrency: int = field(default=16, metadata={"help": "Served agent: most requests in flight at once."})
+    agent_tool_probe: bool = field(
+        default=True,
+        metadata={"help": "Served agent: before any episode, check with one request that the endpoint returns native "
+                  "tool calls (fails when it has no tool-call parser)."},
     )  # fmt: skip
     steps: str | None = field(
         default=None,
@@ -508,7 +529,11 @@ class EvalArguments(EnvArguments):
     max_turn_tokens: int = field(
         default=512, metadata={"help": "Most tokens the policy samples in one turn (the trainer's max_turn_tokens)."}
     )
-    temperature: float = field(default=1.0, metadata={"help": "Policy sampling temperature (0: greedy)."})
+    temperature: float | None = field(
+        default=None,
+        metadata={"help": "Policy sampling temperature (0: greedy). Default: 1.0 for a local model (on-policy, as in "
+                  "training), 0.0 for a served one (--model openai:..., as τ²'s harness)."},
+    )  # fmt: skip
     top_p: float = field(default=1.0, metadata={"help": "Policy nucleus sampling top_p."})
     seed: int = field(default=0, metadata={"help": "Seed of the episode seeds and of the policy's sampling."})
     backend: Literal["transformers", "vllm"] = field(

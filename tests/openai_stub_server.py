@@ -12,6 +12,19 @@ It is a real HTTP server on a real socket (``ThreadingHTTPServer`` in a backgrou
 - ``slow``: answers like ``echo`` after ``delay_s``;
 - ``empty``: a well-formed response whose message content is empty.
 
+Agent modes (the stub plays the agent; replies are a function of the conversation, with native ``tool_calls`` as
+``vllm serve --enable-auto-tool-choice --tool-call-parser hermes`` returns them):
+
+- ``agent_text``: only ever answers in text;
+- ``agent_lookup``: once the user has named a user id, looks it up (``get_user_details``), then answers in text
+  with the name it found; asks for the user id before;
+- ``agent_write``: as ``agent_lookup``, then makes a write no task wants (``send_certificate`` of 50), then text;
+- ``agent_noparser``: writes its calls as raw ``<tool_call>`` text, as a server without a tool-call parser.
+
+Every agent mode but ``agent_noparser`` answers evaluate.py's tool-call probe with a call. User mode
+``user_scenario`` answers from the scenario in its system prompt: it names the user id found there, then thanks the
+agent quoting the start of its message, then ends (``###STOP###``) after ``stop_after`` replies.
+
 ``latency=(median, sigma)`` (``--latency MEDIAN,SIGMA``) delays every answer by a log-normal time, median ×
 exp(sigma × z), with z drawn from a generator seeded by ``latency_seed`` and the request's messages: the same request
 waits as long whatever the order or the concurrency it arrives in, as a user server's reply time follows what it is
@@ -41,8 +54,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-MODES = ("echo", "stop", "error", "hang", "slow", "empty")
-MARKER = re.compile(r"\[\[stub:([a-z]+)\]\]")
+AGENT_MODES = ("agent_text", "agent_lookup", "agent_write", "agent_noparser")
+MODES = ("echo", "stop", "error", "hang", "slow", "empty", *AGENT_MODES, "user_scenario")
+MARKER = re.compile(r"\[\[stub:([a-z_]+)\]\]")
+USER_ID = re.compile(r"\b[a-z]+_[a-z]+_\d{3,5}\b")
+PROBE_TEXT = "Look me up with get_user_details"  # airline_rl.data.teachers.PROBE_USER ends so
 STOP_REPLY = "Great, that is everything I needed. ###STOP###"
 
 
@@ -101,6 +117,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(404, {"error": {"message": f"no route {self.path}"}})
             return
         stub = self.server.stub
+        stub.authorizations.append(self.headers.get("Authorization") or "")
         stub._enter(body)
         start = time.monotonic()
         mode = stub._mode_of(body.get("messages") or [])
@@ -149,6 +166,7 @@ class StubServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self.bodies: list[dict[str, Any]] = []
+        self.authorizations: list[str] = []  # the Authorization header of every chat request
         self.timeline: list[tuple[str, float, float]] = []
         """(mode, start, end) of every answered request, in ``time.monotonic`` seconds."""
         self._lock = threading.Lock()
@@ -248,26 +266,89 @@ class StubServer:
             time.sleep(self.delay_s)
         earlier_replies = sum(message.get("role") == "assistant" for message in messages)
         newest = str(messages[-1].get("content") or "") if messages else ""
+        if mode in AGENT_MODES:
+            return 200, self._completion(body, *agent_reply(mode, messages))
+        if mode == "user_scenario":
+            return 200, self._completion(body, user_scenario_reply(messages, self._stop_after(messages)), [])
         if mode == "empty":
             content = ""
         elif mode == "stop" and earlier_replies >= self._stop_after(messages):
             content = STOP_REPLY
         else:
             content = f"[reply {earlier_replies + 1} seed={body.get('seed')}] You said: {newest[:80]}"
+        return 200, self._completion(body, content, [])
+
+    def _completion(self, body: dict[str, Any], content: str | None, calls: list[tuple[str, dict]]) -> dict[str, Any]:
+        """A chat completion with ``content`` and native tool calls (ids ``call_<messages>_<k>``)."""
+        messages = body.get("messages") or []
         prompt_tokens = sum(len(str(message.get("content") or "").split()) for message in messages)
-        completion_tokens = len(content.split())
-        return 200, {
+        completion_tokens = len((content or "").split()) + 8 * len(calls)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [
+                {"id": f"call_{len(messages)}_{k}", "type": "function",
+                 "function": {"name": name, "arguments": json.dumps(arguments)}}
+                for k, (name, arguments) in enumerate(calls)
+            ]  # fmt: skip
+        return {
             "id": f"chatcmpl-stub-{self.requests}",
             "object": "chat.completion",
             "created": 0,
             "model": body.get("model", self.model),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
             "usage": {
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
             },
         }
+
+
+def _tool_results(messages: list[dict[str, Any]]) -> list[str]:
+    return [str(m.get("content") or "") for m in messages if m.get("role") == "tool"]
+
+
+def agent_reply(mode: str, messages: list[dict[str, Any]]) -> tuple[str | None, list[tuple[str, dict]]]:
+    """(text, tool calls) of an agent mode: a function of the conversation only."""
+    newest = messages[-1] if messages else {}
+    said = " ".join(str(m.get("content") or "") for m in messages if m.get("role") == "user")
+    found = USER_ID.findall(said)
+    results = _tool_results(messages)
+    turn = sum(m.get("role") == "assistant" for m in messages)
+    probe = newest.get("role") == "user" and PROBE_TEXT in str(newest.get("content") or "")
+    if mode == "agent_noparser":
+        call = {"name": "get_user_details", "arguments": {"user_id": found[-1] if found else "x"}}
+        return f"<tool_call>\n{json.dumps(call)}\n</tool_call>", []
+    if probe:
+        return None, [("get_user_details", {"user_id": found[-1]})]
+    if mode == "agent_text":
+        return f"I am sorry, I cannot help with that request (reply {turn}).", []
+    if not found:
+        return "Could you please tell me your user id?", []
+    user_id = found[-1]
+    if not results:
+        return None, [("get_user_details", {"user_id": user_id})]
+    if mode == "agent_write" and len(results) == 1:
+        return None, [("send_certificate", {"user_id": user_id, "amount": 50})]
+    try:
+        profile = json.loads(results[0])
+        name = f"{profile['name']['first_name']} {profile['name']['last_name']}"
+    except (ValueError, KeyError, TypeError):
+        name = "there"
+    return f"Thank you, {name}. I found your profile ({len(results)} lookups).", []
+
+
+def user_scenario_reply(messages: list[dict[str, Any]], stop_after: int) -> str:
+    """The ``user_scenario`` user: names the scenario's user id, then thanks the agent, then stops."""
+    system = str(messages[0].get("content") or "") if messages and messages[0].get("role") == "system" else ""
+    found = USER_ID.findall(system)
+    replies = sum(m.get("role") == "assistant" for m in messages)
+    if replies >= stop_after:
+        return STOP_REPLY
+    if replies == 0:
+        return f"Hi, I need help. My user id is {found[0]}." if found else "Hi, I need help with my reservation."
+    agent_said = str(messages[-1].get("content") or "")
+    return f"Thanks. You said: {agent_said[:40]}"
 
 
 def _interrupt(signum: int, frame: Any) -> None:

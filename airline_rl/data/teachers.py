@@ -12,8 +12,12 @@ arguments, ``tool`` messages with the matching ``tool_call_id``) together with t
 --tool-call-parser hermes``; raw ``<tool_call>`` text otherwise) into Hermes text. Requests of a wave run concurrently
 on the event-loop thread of the LLM user simulator (``airline_rl.envs.users.llm._LoopRuntime``: one ``AsyncOpenAI``
 client, a semaphore capping requests in flight), each bounded by a timeout and retried with exponential backoff. An
-episode whose requests keep failing ends at once (truncated) with ``episode.agent_state["teacher_error"]`` set; the
-collector does not count it as an attempt, so a rerun retries it.
+episode whose requests keep failing ends at once as ``agent_error`` (``AgentTurn.error``, also kept in
+``episode.agent_state["teacher_error"]``); the collector does not count it as an attempt and evaluate.py leaves it out
+of pass^k, so a rerun retries it.
+
+The same class is evaluate.py's served agent (``--model openai:<name>``): there it gets the protocol's tool schemas
+(τ²'s under ``tau2``), temperature 0 and τ²'s per-trial request seed (``seed_of``), as τ²'s harness sends them.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import hashlib
 import json
 import logging
 import threading
+import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +42,9 @@ from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.envs.users.llm import (
     MAX_BACKOFF_S,
     NON_RETRYABLE_STATUS,
+    EndpointUnreachableError,
     _LoopRuntime,
+    _Stats,
     check_openai_endpoint,
 )
 
@@ -57,8 +65,8 @@ class OpenAITeacherConfig:
     model: str = ""
     api_key: str = "EMPTY"
     temperature: float = 0.7
-    top_p: float = 1.0
-    max_tokens: int = 1024
+    top_p: float | None = 1.0
+    max_tokens: int | None = 1024  # None (and top_p None): not sent, as τ²'s harness sends neither
     seed: int = 0
     timeout: float = 120.0
     max_retries: int = 3
@@ -82,7 +90,7 @@ class OpenAITeacherConfig:
             (self.max_retries >= 0, "--teacher_max_retries must be >= 0"),
             (self.backoff >= 0, "--teacher_backoff must be >= 0 seconds"),
             (self.concurrency >= 1, "--teacher_concurrency must be >= 1"),
-            (self.max_tokens >= 1, "--teacher_max_tokens must be >= 1"),
+            (self.max_tokens is None or self.max_tokens >= 1, "--teacher_max_tokens must be >= 1"),
         ]
         for ok, message in checks:
             if not ok:
@@ -155,12 +163,25 @@ class _TeacherError(Exception):
     pass
 
 
+PROBE_SYSTEM = "You are a customer service agent. Use the tools to look up the customer before you answer."
+PROBE_USER = "Hi, my user id is mia_li_3668. What is my membership level? Look me up with get_user_details."
+
+
 class OpenAITeacher:
     """A teacher played by an OpenAI-compatible endpoint (see the module docstring)."""
 
     name = "openai"
 
-    def __init__(self, config: OpenAITeacherConfig | None = None, tools: list[dict] | None = None, **overrides: Any):
+    def __init__(
+        self,
+        config: OpenAITeacherConfig | None = None,
+        tools: list[dict] | None = None,
+        seed_of: Callable[[Episode], int] | None = None,
+        flags: tuple[str, str, str] = ("--teacher_base_url", "--teacher_api_key", "--teacher_model"),
+        **overrides: Any,
+    ):
+        """``seed_of`` gives an episode's request seed (default: ``config.seed`` + the episode's seed); ``flags``
+        names the (URL, key, model) options in endpoint errors."""
         if config is None:
             valid = {f.name for f in fields(OpenAITeacherConfig)}
             unknown = sorted(set(overrides) - valid)
@@ -172,7 +193,11 @@ class OpenAITeacher:
         config.validate()
         self.config = config
         self.tools = tools if tools is not None else TOOL_SCHEMAS
-        self._sampling = {"temperature": config.temperature, "top_p": config.top_p, "max_tokens": config.max_tokens}
+        self.seed_of = seed_of or (lambda episode: config.seed + episode.seed)
+        self.flags = flags
+        self._latency = _Stats()
+        sampling = {"temperature": config.temperature, "top_p": config.top_p, "max_tokens": config.max_tokens}
+        self._sampling = {key: value for key, value in sampling.items() if value is not None}
         self._lock = threading.Lock()
         self.counts = {"requests": 0, "replies": 0, "retries": 0, "failures": 0, "prompt_tokens": 0}
         self.counts["completion_tokens"] = 0
@@ -185,14 +210,13 @@ class OpenAITeacher:
         if not episodes:
             return []
         runtime = self._ensure_runtime()
-        seed = self.config.seed
-        requests = [(openai_messages(e.messages), seed + e.seed, f"{e.task.task_id}:{e.seed}") for e in episodes]
+        requests = [(openai_messages(e.messages), self.seed_of(e), f"{e.task.task_id}:{e.seed}") for e in episodes]
         answers = runtime.run(self._send_all(runtime, requests))
         turns = []
         for episode, answer in zip(episodes, answers, strict=True):
             if isinstance(answer, _TeacherError):
                 episode.agent_state["teacher_error"] = str(answer)
-                turns.append(AgentTurn(text="", truncated=True))  # ends the episode; the collector retries it later
+                turns.append(AgentTurn(text="", error=str(answer)))  # ends the episode; a rerun retries it
             else:
                 turns.append(AgentTurn(text=answer))
         return turns
@@ -206,14 +230,67 @@ class OpenAITeacher:
             self.config.api_key,
             self.config.model,
             timeout,
-            who="teacher",
-            flags=("--teacher_base_url", "--teacher_api_key", "--teacher_model"),
+            who=self.name,
+            flags=self.flags,
             serve_hint=f"vllm serve {self.config.model} --enable-auto-tool-choice --tool-call-parser hermes",
         )
 
-    def stats(self) -> dict[str, int]:
+    def check_tool_calls(self, timeout: float = 30.0) -> None:
+        """One probe request that a chat model with native tool calls answers with a call; raises ValueError (one
+        line) when the endpoint refuses tools (vLLM without ``--enable-auto-tool-choice``), returns the call as raw
+        text (no tool-call parser) or returns text only. Not counted in ``stats``."""
+        config = self.config
+        hint = (f"serve it with native tool calls, e.g. `vllm serve {config.model} --enable-auto-tool-choice "
+                "--tool-call-parser hermes` (or python -m scripts.serve_policy_vllm --tool-calls)")  # fmt: skip
+        client = openai.OpenAI(base_url=config.base_url, api_key=config.api_key, timeout=timeout, max_retries=0)
+        try:
+            response = client.chat.completions.create(
+                model=config.model,
+                messages=[
+                    {"role": "system", "content": PROBE_SYSTEM},
+                    {"role": "user", "content": PROBE_USER},
+                ],
+                tools=self.tools,
+                tool_choice="auto",
+                temperature=0.0,
+                max_tokens=min(config.max_tokens or 256, 256),
+            )
+        except openai.APIStatusError as err:
+            raise ValueError(
+                f"The {self.name} endpoint {config.base_url} refused a request with tools (HTTP {err.status_code}: "
+                f"{str(err.message)[:160]}); {hint}"
+            ) from None
+        except (openai.APIConnectionError, openai.APITimeoutError) as err:
+            raise EndpointUnreachableError(
+                f"The {self.name} endpoint {config.base_url} did not answer a tool-call probe ({err}); "
+                f"fix {self.flags[0]}"
+            ) from None
+        finally:
+            client.close()
+        choices = getattr(response, "choices", None) or []
+        message = choices[0].message if choices else None
+        if message is not None and getattr(message, "tool_calls", None):
+            return
+        content = (getattr(message, "content", None) or "").strip()
+        if TOOL_CALL_OPEN in content:
+            why = "wrote the tool call as text (the server has no tool-call parser)"
+        else:
+            why = f"answered with text only ({content[:60]!r})"
+        raise ValueError(
+            f"The {self.name} endpoint {config.base_url} returned no tool calls to a probe that needs one: it {why}; "
+            f"{hint}. --agent_tool_probe false skips this check"
+        )
+
+    def stats(self) -> dict[str, Any]:
+        """Requests, replies, retries, failures, tokens and the latency (mean, p50/p90/p99 seconds) of requests."""
         with self._lock:
-            return dict(self.counts)
+            latency = {k: v for k, v in self._latency.summary().items() if k.startswith("latency")}
+            return {**self.counts, **{k: round(float(v), 4) for k, v in latency.items()}}
+
+    def reset_stats(self) -> None:
+        with self._lock:
+            self.counts = dict.fromkeys(self.counts, 0)
+            self._latency = _Stats()
 
     def close(self) -> None:
         if self._finalizer is not None:
@@ -260,6 +337,7 @@ class OpenAITeacher:
                 await asyncio.sleep(self.backoff_delay(f"{key}:{len(messages)}", attempt))
             async with runtime.semaphore:
                 self._count(requests=1)
+                start = time.perf_counter()
                 try:
                     response = await asyncio.wait_for(
                         runtime.client.chat.completions.create(
@@ -283,6 +361,9 @@ class OpenAITeacher:
                 except Exception as err:  # connection errors, malformed responses: this episode's problem only
                     last_error = f"{type(err).__name__}: {err}"
                     continue
+                finally:
+                    with self._lock:
+                        self._latency.add_latency(time.perf_counter() - start)
             choices = getattr(response, "choices", None) or []
             text = reply_text(choices[0].message) if choices else ""
             if not text:
@@ -296,7 +377,8 @@ class OpenAITeacher:
             )
             return text
         self._count(failures=1)
-        message = f"teacher {config.model} at {config.base_url} failed after {attempt + 1} attempt(s): {last_error}"
+        message = f"{self.name} {config.model} at {config.base_url} failed after {attempt + 1} attempt(s): "
+        message += last_error
         logger.warning("%s", message)
         return _TeacherError(message)
 

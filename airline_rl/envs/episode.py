@@ -80,6 +80,7 @@ class EpisodeRecord:
     termination: str | None = None
     user_error: str | None = None
     reward: dict[str, Any] | None = None
+    agent_error: str | None = None  # a served agent's requests failed: not the policy's doing, not scored
 
     @property
     def num_tool_calls(self) -> int:
@@ -249,6 +250,12 @@ class Episode:
         elif len(self.record.turns) >= self.config.max_turns:
             self.finish(MAX_TURNS)
         return tool_messages
+
+    def agent_failed(self, error: str) -> None:
+        """The agent could not produce a turn (its endpoint kept failing): ends the episode as ``agent_error``
+        with the message kept, as τ²'s harness records an infrastructure failure; no turn is recorded."""
+        self.record.agent_error = clean_text(str(error))
+        self.finish(AGENT_ERROR)
 
     def user_response(self, content: str, termination: str | None = None, error: str | None = None) -> None:
         """Applies the user's reply (``termination`` from a stop token; ``error`` when the simulator failed)."""

@@ -64,6 +64,9 @@ class AgentTurn:
     text: str
     num_tokens: int | None = None
     truncated: bool = False
+    error: str | None = None
+    """The agent failed (a served model's requests kept failing): the episode ends as ``agent_error`` with this
+    message, which evaluate.py leaves out of pass^k and retries on a rerun, as a user simulator's failure."""
 
 
 class Agent(Protocol):
@@ -252,7 +255,11 @@ class _Loop:
         to_user, done_now = [], []
         for index, episode, turn in zip(indices, active, turns, strict=True):
             turn = turn if isinstance(turn, AgentTurn) else AgentTurn(text=turn)
-            tool_messages = episode.env_response(turn.text, turn.num_tokens, turn.truncated)
+            if turn.error is not None:
+                episode.agent_failed(turn.error)
+                tool_messages = []
+            else:
+                tool_messages = episode.env_response(turn.text, turn.num_tokens, turn.truncated)
             if episode.is_completed:
                 done_now.append(index)
             elif tool_messages:

@@ -25,6 +25,8 @@ import gc
 import hashlib
 import json
 import logging
+import os
+import random
 import re
 import time
 import zlib
@@ -63,6 +65,9 @@ from .tau2_export import TAU2_INCOMPLETE_FILE, Tau2Results, tau2_info
 logger = logging.getLogger(__name__)
 
 SCRIPTED_AGENTS = ("oracle", "noop")
+SERVED_PREFIX = "openai:"
+"""``--model openai:<name>``: the chat model ``<name>`` behind ``--agent_base_url`` is the agent."""
+TAU2_DEFAULT_SEED = 300  # τ²'s `tau2 run --seed` default: evaluate.py --seed 300 sends τ²'s request seeds
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _CARD_LINE = r"^- `{}`: (\S+)\s*$"  # a training field in a local-hub model card (airline_rl.run.hub.model_card)
 
@@ -75,7 +80,7 @@ class EvaluationError(ValueError):
 class EvalTarget:
     """One thing to evaluate: a scripted agent or one model revision, and where its results go."""
 
-    kind: str  # "oracle", "noop" or "model"
+    kind: str  # "oracle", "noop", "model" (a local checkpoint) or "served" (--model openai:<name>)
     model: str  # the id as evaluated ("run@200" for a step of --steps)
     label: str
     step: int | None
@@ -144,7 +149,7 @@ def select_tasks(tasks: Any, env: AirlineEnv) -> list[str]:
 def validate_arguments(args: EvalArguments) -> None:
     checks = [
         (bool(args.model and str(args.model).strip()), "--model is required: a model directory, a local-hub id "
-         "'<run>[@<step>]', 'oracle' or 'noop'"),
+         "'<run>[@<step>]', 'openai:<served name>', 'oracle' or 'noop'"),
         (args.num_samples >= 1, f"--num_samples must be >= 1, got {args.num_samples}"),
         (args.max_new_tokens >= 1, f"--max_new_tokens must be >= 1, got {args.max_new_tokens}"),
         (args.max_turn_tokens >= 1, f"--max_turn_tokens must be >= 1, got {args.max_turn_tokens}"),
@@ -152,7 +157,10 @@ def validate_arguments(args: EvalArguments) -> None:
         (args.tau2_max_steps >= 1, f"--tau2_max_steps must be >= 1, got {args.tau2_max_steps}"),
         (args.max_tool_errors >= 1, f"--max_tool_errors must be >= 1, got {args.max_tool_errors}"),
         (args.protocol in PROTOCOLS, f"--protocol must be one of {', '.join(PROTOCOLS)}, got {args.protocol!r}"),
-        (args.temperature >= 0, f"--temperature must be >= 0, got {args.temperature}"),
+        (args.temperature is None or args.temperature >= 0, f"--temperature must be >= 0, got {args.temperature}"),
+        (args.agent_timeout > 0, f"--agent_timeout must be > 0 seconds, got {args.agent_timeout}"),
+        (args.agent_max_retries >= 0, f"--agent_max_retries must be >= 0, got {args.agent_max_retries}"),
+        (args.agent_concurrency >= 1, f"--agent_concurrency must be >= 1, got {args.agent_concurrency}"),
         (0 < args.top_p <= 1, f"--top_p must be in (0, 1], got {args.top_p}"),
         (args.batch_size >= 0, f"--batch_size must be >= 0 (0: all episodes at once), got {args.batch_size}"),
         (args.generation_batch_size >= 1, f"--generation_batch_size must be >= 1, got {args.generation_batch_size}"),
@@ -177,6 +185,22 @@ def validate_arguments(args: EvalArguments) -> None:
     except ProtocolUnavailableError as err:
         flag = "--protocol tau2" if args.protocol == TAU2 else "--tau2_results"
         raise EvaluationError(str(err).replace("--protocol tau2", flag)) from None
+    model = str(args.model).strip()
+    if model.startswith(SERVED_PREFIX):
+        if not model[len(SERVED_PREFIX) :].strip():
+            raise EvaluationError(f"--model {model!r}: name the served model after 'openai:' (e.g. openai:Qwen2.5-7B)")
+        if not (args.agent_base_url or "").strip():
+            raise EvaluationError(
+                f"--model {model} needs --agent_base_url, the endpoint serving it (e.g. http://localhost:8000/v1)"
+            )
+        if not (args.agent_api_key_env or "").strip() or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*",
+                                                                            args.agent_api_key_env):  # fmt: skip
+            raise EvaluationError(
+                f"--agent_api_key_env names an environment variable holding the key (e.g. OPENAI_API_KEY), got "
+                f"{args.agent_api_key_env!r}; the key itself never goes on the command line"
+            )
+    elif args.agent_base_url:
+        raise EvaluationError(f"--agent_base_url is for --model openai:<name>, not --model {model!r}")
     if args.user_simulator == "llm":
         if not args.user_base_url:
             raise EvaluationError("--user_simulator llm needs --user_base_url (e.g. http://localhost:8000/v1)")
@@ -218,6 +242,12 @@ def resolve_targets(args: EvalArguments) -> list[EvalTarget]:
             raise EvaluationError(f"--steps needs a local-hub run id as --model, not the scripted agent {model!r}")
         label = _safe_name(args.eval_name or model)
         return [EvalTarget(model, model, label, None, None, output_dir / label)]
+    if model.startswith(SERVED_PREFIX):
+        if steps:
+            raise EvaluationError(f"--steps needs a local-hub run id as --model, not the served model {model!r}")
+        name = model[len(SERVED_PREFIX) :].strip()
+        label = _safe_name(args.eval_name or name)
+        return [EvalTarget("served", name, label, None, None, output_dir / label)]
     if steps:
         run_dir = Path(args.hub_dir) / model
         if "@" in model:
@@ -302,7 +332,8 @@ def build_config(
     args: EvalArguments, target: EvalTarget, task_ids: list[str], compact: bool = False
 ) -> dict[str, Any]:
     """The results file's config section (FINGERPRINT_FIELDS decide whether a file may be resumed)."""
-    policy = target.kind == "model"
+    policy = target.kind in ("model", "served")
+    local = target.kind == "model"
     user: dict[str, Any] = {"simulator": args.user_simulator}
     if args.user_simulator == "llm":
         user.update(
@@ -318,8 +349,9 @@ def build_config(
         "model_path": str(target.model_path.resolve()) if target.model_path else None,
         "model_digest": model_digest(target.model_path) if target.model_path else None,
         "step": target.step,
-        "backend": args.backend if policy else None,
-        "dtype": args.dtype if policy else None,
+        "backend": args.backend if local else None,
+        "dtype": args.dtype if local else None,
+        "agent_endpoint": {"base_url": args.agent_base_url, "model": target.model} if not local and policy else None,
         "split": args.split,
         "split_file": args.split_file,
         "data_dir": args.data_dir,
@@ -329,8 +361,8 @@ def build_config(
         "seed": args.seed,
         "temperature": args.temperature if policy else None,
         "top_p": args.top_p if policy else None,
-        "max_new_tokens": args.max_new_tokens if policy else None,
-        "max_turn_tokens": args.max_turn_tokens if policy else None,
+        "max_new_tokens": args.max_new_tokens if local else None,
+        "max_turn_tokens": args.max_turn_tokens if local else None,
         "system_prompt": style_name(compact) if policy else None,
         "protocol": args.protocol,
         "max_turns": args.max_turns if args.protocol != TAU2 else None,
@@ -371,6 +403,9 @@ def build_policy(args: EvalArguments, target: EvalTarget, env: AirlineEnv) -> tu
     """The agent for ``target`` and a function that frees it (the model's memory) when its evaluation is done."""
     if target.kind in SCRIPTED_AGENTS:
         return get_agent(target.kind), lambda: None
+    if target.kind == "served":
+        agent = served_agent(args, target, env)
+        return agent, agent.close
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -456,6 +491,63 @@ def build_policy(args: EvalArguments, target: EvalTarget, env: AirlineEnv) -> tu
     return agent, release
 
 
+def tau2_trial_seeds(seed: int, num_trials: int) -> list[int]:
+    """The request seed of each trial as τ²'s ``run_tasks`` draws it: ``random.seed(seed)``, then one
+    ``randint(0, 1_000_000)`` per trial, sent with every agent and user request of that trial."""
+    rng = random.Random(seed)
+    return [rng.randint(0, 1_000_000) for _ in range(num_trials)]
+
+
+def served_agent(args: EvalArguments, target: EvalTarget, env: AirlineEnv) -> Any:
+    """The ``OpenAITeacher`` that plays ``--model openai:<name>``: the protocol's tool schemas (τ²'s under
+    ``tau2``), ``--temperature`` (0 by default) and τ²'s per-trial seed on every request."""
+    from airline_rl.data.teachers import OpenAITeacher, OpenAITeacherConfig
+
+    assert args.agent_base_url is not None
+    seeds = tau2_trial_seeds(args.seed, args.num_samples)
+    trial_of = {
+        episode_seed(args.seed, task_id, sample): sample
+        for task_id in env.domain.tasks
+        for sample in range(args.num_samples)
+    }
+    config = OpenAITeacherConfig(
+        base_url=args.agent_base_url,
+        model=target.model,
+        api_key=os.environ.get(args.agent_api_key_env) or "EMPTY",
+        temperature=float(args.temperature or 0.0),
+        top_p=args.top_p if args.top_p != 1.0 else None,  # τ²'s harness sends neither top_p nor max_tokens
+        max_tokens=None,
+        timeout=args.agent_timeout,
+        max_retries=args.agent_max_retries,
+        concurrency=args.agent_concurrency,
+    )
+    agent = OpenAITeacher(
+        config,
+        tools=env.tools,
+        seed_of=lambda episode: seeds[trial_of.get(episode.seed, 0)],
+        flags=("--agent_base_url", f"${args.agent_api_key_env} (--agent_api_key_env)", "--model openai:"),
+    )
+    agent.name = "agent"
+    return agent
+
+
+def check_served_agents(args: EvalArguments, plan_: Plan) -> None:
+    """Before any episode: the served agent's endpoint answers, serves the model, and returns native tool calls.
+    Each failure is one EvaluationError line."""
+    for target in plan_.targets:
+        if target.kind != "served":
+            continue
+        agent = served_agent(args, target, plan_.env)
+        try:
+            agent.check_endpoint(timeout=min(10.0, args.agent_timeout))
+            if args.agent_tool_probe:
+                agent.check_tool_calls(timeout=args.agent_timeout)
+        except (ValueError, ConnectionError) as err:
+            raise EvaluationError(str(err)) from None
+        finally:
+            agent.close()
+
+
 def build_user(args: EvalArguments) -> UserSimulator:
     """The user simulator; the LLM user's endpoint is checked before any episode runs."""
     user = get_user_simulator(args.user_simulator, **args.user_kwargs())
@@ -493,6 +585,8 @@ def plan(args: EvalArguments) -> Plan:
     split = get_split(args.split, args.split_file, frozenset(env.domain.tasks))
     task_ids = select_tasks(args.tasks, env)
     targets = resolve_targets(args)
+    if args.temperature is None:  # τ²'s harness samples a served agent greedily; a local policy samples on-policy
+        args.temperature = 0.0 if any(t.kind == "served" for t in targets) else 1.0
     if args.backend == "vllm" and any(t.kind == "model" for t in targets):
         _require_vllm()
     compact = prompt_style_of(args, targets)
@@ -523,6 +617,7 @@ def tau2_writer(args: EvalArguments, plan_: Plan, target: EvalTarget, config: di
     """The τ² results file next to ``target``'s results.json (airline_rl.evaluation.tau2_export)."""
     reference = tau2_reference()
     policy = target.kind == "model"
+    served = target.kind == "served"
     user = config["user"]
     info = tau2_info(
         policy=plan_.env.domain.policy,
@@ -531,7 +626,7 @@ def tau2_writer(args: EvalArguments, plan_: Plan, target: EvalTarget, config: di
         max_errors=args.max_tool_errors,
         seed=args.seed,
         agent={
-            "implementation": f"airline_rl.{target.kind}",
+            "implementation": "llm_agent" if served else f"airline_rl.{target.kind}",
             "llm": target.model,
             "llm_args": {
                 "temperature": args.temperature,
@@ -540,6 +635,8 @@ def tau2_writer(args: EvalArguments, plan_: Plan, target: EvalTarget, config: di
                 "system_prompt": config["system_prompt"],
             }
             if policy
+            else {"api_base": args.agent_base_url, "temperature": args.temperature, "protocol": args.protocol}
+            if served
             else {"protocol": args.protocol},
         },  # fmt: skip
         user={
@@ -586,6 +683,7 @@ def evaluate_target(
     if done:
         logger.info("%s: resuming %s (%d episodes done, %d to go)", target.description, target.results_path, done,
                     len(todo))  # fmt: skip
+    agent: Any
     agent, release = build_policy(args, target, plan_.env)
     schedule = args.episode_schedule()
     user.stats()  # start a fresh accounting window for this target
@@ -619,6 +717,7 @@ def evaluate_target(
     finally:
         bar.close()
         turn_cache = getattr(getattr(agent, "backend", None), "turn_cache_stats", None) or {}  # die with it
+        agent_stats = agent.stats() if target.kind == "served" else None  # requests, tokens, latency
         release()
         if played:
             results.add_run(
@@ -635,6 +734,7 @@ def evaluate_target(
                         **timings.schedule_summary(),
                     },  # fmt: skip
                     "user_simulator": {"name": user.name, **user.stats()},
+                    **({"agent_endpoint": agent_stats} if agent_stats else {}),
                     **({"turn_cache": turn_cache} if turn_cache else {}),
                 }
             )
@@ -645,6 +745,7 @@ def evaluate_target(
 def run_evaluation(args: EvalArguments) -> list[Path]:
     """Evaluates every target of ``args``; returns the results files written."""
     plan_ = plan(args)
+    check_served_agents(args, plan_)
     user = build_user(args)
     written = []
     try:

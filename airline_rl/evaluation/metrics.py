@@ -155,7 +155,12 @@ def bootstrap_pass1(
 
 def valid_samples(task: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The samples of a task whose user simulator did not fail."""
-    return [s for s in task.get("samples", []) if not s.get("user_error")]
+    return [s for s in task.get("samples", []) if not failed(s)]
+
+
+def failed(sample: Mapping[str, Any]) -> bool:
+    """Whether the sample's user simulator or served agent endpoint failed (a rerun plays it again)."""
+    return bool(sample.get("user_error") or sample.get("agent_error"))
 
 
 def refusal_passes(task: Mapping[str, Any]) -> bool:
@@ -240,7 +245,8 @@ def compute_metrics(
         "num_samples": num_samples,
         "episodes": len(samples),
         "valid_episodes": len(valid),
-        "user_errors": len(samples) - len(valid),
+        "user_errors": sum(1 for s in samples if s.get("user_error")),
+        "agent_errors": sum(1 for s in samples if s.get("agent_error") and not s.get("user_error")),
         "complete": complete,
         "pass_hat_k": {str(k): pass_hat_k(counts, k, pass_k_convention) for k in range(1, num_samples + 1)},
         "pass_hat_k_convention": pass_k_convention,

@@ -10,7 +10,7 @@ Schema (``format`` 1; docs/metrics.md documents every field)::
                                  "samples": [{"sample", "seed", "success", "reward": {...breakdown...}, "termination",
                                               "turns", "tool_calls", "tool_errors", "tool_error_kinds",
                                               "write_calls", "policy_tokens": [...per turn...], "truncated",
-                                              "user_error"}, ...]}},
+                                              "user_error", "agent_error" (served agents only)}, ...]}},
       "user_simulator": {...accounting summed over runs...},
       "runs":     [{"started", "seconds", "episodes", "timings", "user_simulator"}, ...],
       "updated":  "<ISO time>"
@@ -33,7 +33,7 @@ from typing import Any
 from airline_rl.envs.episode import EpisodeRecord
 from airline_rl.run.hub import write_json_atomic
 
-from .metrics import GROUPS, compute_metrics, refusal_passes
+from .metrics import GROUPS, compute_metrics, failed, refusal_passes
 from .schema import SchemaError, check_results_types
 
 FORMAT_VERSION = 1
@@ -48,6 +48,7 @@ FINGERPRINT_FIELDS = (
     "step",
     "backend",
     "dtype",
+    "agent_endpoint",
     "split",
     "split_file",
     "data_dir",
@@ -169,6 +170,7 @@ def sample_entry(record: EpisodeRecord, sample: int, save_messages: bool = False
         "policy_tokens": [t.num_policy_tokens for t in record.turns if t.num_policy_tokens is not None],
         "truncated": record.truncated,
         "user_error": record.user_error,
+        **({"agent_error": record.agent_error} if record.agent_error else {}),
         "prm": _prm_entry(record),
     }
     if save_messages:
@@ -255,7 +257,7 @@ class ResultsFile:
         """(task id, sample) pairs still to play: missing ones and those whose user simulator failed."""
         todo = []
         for task_id in self.config["tasks"]:
-            done = {s["sample"] for s in self.data["tasks"][task_id]["samples"] if not s.get("user_error")}
+            done = {s["sample"] for s in self.data["tasks"][task_id]["samples"] if not failed(s)}
             todo.extend((task_id, sample) for sample in range(self.config["num_samples"]) if sample not in done)
         return todo
 
@@ -272,7 +274,7 @@ class ResultsFile:
     def refresh(self) -> None:
         """Recomputes per-task counts, the metrics and the user-simulator accounting from the samples."""
         for entry in self.data["tasks"].values():
-            valid = [s for s in entry["samples"] if not s.get("user_error")]
+            valid = [s for s in entry["samples"] if not failed(s)]
             entry["valid_samples"] = len(valid)
             entry["successes"] = sum(1 for s in valid if s.get("success"))
         self.data["metrics"] = metrics_of(self.data)
@@ -339,9 +341,12 @@ def summary_markdown(data: Mapping[str, Any]) -> str:
         + (
             f"; backend `{config['backend']}`, temperature {config.get('temperature')}"
             if config.get("backend")
+            else f"; served at `{config['agent_endpoint']['base_url']}`, temperature {config.get('temperature')}"
+            if config.get("agent_endpoint")
             else ""
         ),
-        f"- episodes: {metrics.get('episodes', 0)} ({metrics.get('user_errors', 0)} user-simulator failures, left out "
+        f"- episodes: {metrics.get('episodes', 0)} ({metrics.get('user_errors', 0)} user-simulator and "
+        f"{metrics.get('agent_errors', 0)} agent-endpoint failures, left out "
         f"of every metric); complete: {fmt(metrics.get('complete', False))}",
         "",
         "## pass^1",

@@ -22,6 +22,7 @@ SAMPLE_TYPES: dict[str, tuple[type, ...]] = {
     "policy_tokens": (list,),
     "truncated": (bool,),
     "user_error": (str, type(None)),
+    "agent_error": (str, type(None)),
     "messages": (list,),
 }
 TASK_TYPES: dict[str, tuple[type, ...]] = {

