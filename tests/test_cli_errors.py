@@ -182,7 +182,7 @@ def test_evaluate_exits_non_zero_when_no_episode_could_be_scored(tmp_path: Path,
             "--progress", "false", "--protocol", "airline_rl"]  # fmt: skip
     assert evaluate.cli(argv) == 1
     err = capsys.readouterr().err
-    assert "no episode could be scored (2 of 2 failed with user_error)" in err
+    assert "no episode could be scored (2 user_error and 0 agent_error of 2)" in err
 
 
 def test_evaluate_ctrl_c_is_one_line_and_status_130(tmp_path: Path, capsys, monkeypatch) -> None:
@@ -222,7 +222,7 @@ def test_evaluate_exits_non_zero_when_results_are_incomplete(tmp_path: Path, cap
     data = json.loads(path.read_text())
     data["metrics"].update(valid_episodes=1, user_errors=1, complete=False)
     path.write_text(json.dumps(data))
-    assert "incomplete (1 of 2 episodes scored, 1 user errors)" in evaluate.unfinished(path)
+    assert "incomplete (1 of 2 episodes scored, 1 user errors, 0 agent errors)" in evaluate.unfinished(path)
 
 
 @pytest.mark.slow
