@@ -287,11 +287,6 @@ class OpenAITeacher:
             latency = {k: v for k, v in self._latency.summary().items() if k.startswith("latency")}
             return {**self.counts, **{k: round(float(v), 4) for k, v in latency.items()}}
 
-    def reset_stats(self) -> None:
-        with self._lock:
-            self.counts = dict.fromkeys(self.counts, 0)
-            self._latency = _Stats()
-
     def close(self) -> None:
         if self._finalizer is not None:
             self._finalizer()

@@ -67,7 +67,6 @@ logger = logging.getLogger(__name__)
 SCRIPTED_AGENTS = ("oracle", "noop")
 SERVED_PREFIX = "openai:"
 """``--model openai:<name>``: the chat model ``<name>`` behind ``--agent_base_url`` is the agent."""
-TAU2_DEFAULT_SEED = 300  # τ²'s `tau2 run --seed` default: evaluate.py --seed 300 sends τ²'s request seeds
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _CARD_LINE = r"^- `{}`: (\S+)\s*$"  # a training field in a local-hub model card (airline_rl.run.hub.model_card)
 
