@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from openai_stub_server import STOP_REPLY, StubServer, marker
 
-from airline_rl.envs.episode import USER_ERROR, USER_STOP, AirlineEnv, Episode
+from airline_rl.envs.episode import USER_ERROR, USER_STOP, AirlineEnv, EnvConfig, Episode
 from airline_rl.envs.users import USER_SIMULATORS, get_user_simulator
 from airline_rl.envs.users.llm import EMPTY_AGENT_TURN, EndpointUnreachableError, LLMUser, LLMUserConfig, user_view
 
@@ -231,6 +231,23 @@ def test_replay_cache_hit_sends_no_request(
     failing = make_user(server, cache_dir=str(cache_dir), max_retries=0)
     assert failing.reply(waiting_episode(env, f"x {marker('error')}")).error is not None
     assert len([path for path in cache_dir.rglob("*.json")]) == 4  # failures are never cached
+
+
+def test_tau2_keeps_the_replys_whitespace_airline_rl_strips_it(
+    stub: Callable[..., StubServer], make_user, tmp_path: Path
+) -> None:
+    """τ²'s UserSimulator takes the endpoint's content as it is; so does the ``tau2`` protocol (the replay cache
+    keys the two apart, so a stripped reply cached before is never replayed as a τ² one)."""
+    server = stub("echo")
+    text = "A" * 79 + " tail"  # echo quotes 80 characters: the reply ends in a space
+    replies = {}
+    for protocol in ("tau2", "airline_rl"):
+        env = AirlineEnv(None, EnvConfig(protocol=protocol))
+        user = make_user(server, cache_dir=str(tmp_path / "cache"))
+        replies[protocol] = user.reply(waiting_episode(env, text)).content
+    assert replies["tau2"].endswith("A ") and replies["airline_rl"] == replies["tau2"].rstrip()
+    assert server.requests == 2  # one cache key per protocol
+    assert sorted(p.read_text(encoding="utf-8").count("A \"") for p in (tmp_path / "cache").rglob("*.json")) == [0, 1]
 
 
 def test_stats_counts_and_resets(env: AirlineEnv, stub: Callable[..., StubServer], make_user) -> None:

@@ -185,18 +185,8 @@ def test_tau2_harness_agrees_on_a_few_tasks(tmp_path: Path) -> None:
     assert set(rewards.values()) == {0.0}  # the unwanted certificate fails every task, in both harnesses
 
 
-KNOWN_DIFFERENCE = pytest.mark.xfail(
-    strict=True,
-    reason="known difference, to fix: our LLM user strips its replies, τ²'s UserSimulator keeps trailing whitespace "
-    "(user_scenario quotes 40 characters of the agent, which can end in a space)",
-)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "mode", ["agent_text", pytest.param("agent_lookup", marks=KNOWN_DIFFERENCE), pytest.param("agent_write",
-                                                                                         marks=KNOWN_DIFFERENCE)]
-)  # fmt: skip
+@pytest.mark.parametrize("mode", ["agent_text", "agent_lookup", "agent_write"])
 def test_tau2_harness_agrees_on_all_50_tasks(tmp_path: Path, mode: str) -> None:
     rewards = harness_agreement(tmp_path, mode, None)
     assert len(rewards) == 50

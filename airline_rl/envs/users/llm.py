@@ -6,8 +6,9 @@ scenario, then the agent's visible texts as role ``user`` and its own earlier re
 calls and tool results are invisible to it, as they are to a real customer. Under the ``tau2`` protocol (the
 episode's ``EnvConfig.protocol``) the system prompt is the one τ²'s ``UserSimulator`` builds and the conversation is
 built as τ²'s ``UserState.flip_roles`` builds it: every message the user received, unmerged and unstripped, and none
-that carried tool calls (τ² sends those to the environment only). Under ``airline_rl`` it is the project's own
-prompt, with consecutive messages of one side merged.
+that carried tool calls (τ² sends those to the environment only); the reply is kept as the endpoint sent it,
+whitespace included, as τ²'s ``UserSimulator`` keeps it. Under ``airline_rl`` it is the project's own prompt, with
+consecutive messages of one side merged, and replies are stripped.
 
 Concurrency. ``submit_batch`` returns one ``concurrent.futures.Future`` per episode at once (the episode loop moves
 each episode on when its own reply lands; ``reply_batch`` waits for them all): every request is a coroutine on one
@@ -272,8 +273,14 @@ class ReplyCache:
         self.directory.mkdir(parents=True, exist_ok=True)
 
     @staticmethod
-    def key(model: str, sampling: dict[str, Any], seed: int, messages: list[dict[str, str]]) -> str:
+    def key(
+        model: str, sampling: dict[str, Any], seed: int, messages: list[dict[str, str]], *, raw: bool = False
+    ) -> str:
+        """``raw``: the reply is kept as sent (``tau2``), not stripped; a key of its own, so that a cache written
+        before whitespace was kept (stripped replies) is never replayed as a τ² reply. Stripped keys are unchanged."""
         material = {"v": CACHE_FORMAT, "model": model, "sampling": sampling, "seed": seed, "messages": messages}
+        if raw:
+            material["reply"] = "raw"
         blob = json.dumps(material, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
@@ -313,6 +320,8 @@ class _Request:
     messages: list[dict[str, str]]
     seed: int
     key: str
+    raw: bool = False
+    """Keep the reply's whitespace (``tau2``: τ²'s ``UserSimulator`` takes the content as the endpoint sent it)."""
 
 
 class _LoopRuntime:
@@ -419,14 +428,15 @@ class LLMUser(UserSimulator):
         for episode in episodes:
             messages = user_view(episode)
             seed = self.config.seed + episode.seed
-            key = ReplyCache.key(self.config.model, self._sampling, seed, messages)
+            raw = episode_protocol(episode).name == TAU2
+            key = ReplyCache.key(self.config.model, self._sampling, seed, messages, raw=raw)
             cached = self.cache.get(key) if self.cache is not None else None
             if cached is not None:
                 self._count(cache_hits=1, replies=1)
                 futures.append(resolved(UserReply.from_text(cached)))
                 continue
             runtime = runtime or self._ensure_runtime()
-            request = _Request(index=len(futures), messages=messages, seed=seed, key=key)
+            request = _Request(index=len(futures), messages=messages, seed=seed, key=key, raw=raw)
             futures.append(asyncio.run_coroutine_threadsafe(self._send_and_store(runtime, request), runtime.loop))
         return futures
 
@@ -541,7 +551,7 @@ class LLMUser(UserSimulator):
                     continue
                 finally:
                     self._latency(time.perf_counter() - start)
-            content = _reply_text(response)
+            content = _reply_text(response, raw=request.raw)
             if content is None:
                 last_error = "the endpoint returned an empty reply"
                 continue
@@ -558,15 +568,16 @@ class LLMUser(UserSimulator):
         return UserReply(error=message + last_error)
 
 
-def _reply_text(response: Any) -> str | None:
-    """The stripped text of the first choice, or None when there is none (no choices, no content, whitespace)."""
+def _reply_text(response: Any, *, raw: bool = False) -> str | None:
+    """The text of the first choice, stripped unless ``raw``, or None when there is none (no choices, no content,
+    whitespace only: τ²'s ``generate`` retries such a reply too)."""
     choices = getattr(response, "choices", None) or []
     if not choices:
         return None
     content = getattr(choices[0].message, "content", None)
     if not isinstance(content, str) or not content.strip():
         return None
-    return clean_text(content.strip())  # a server may send "\ud800": the cache file and the episode need valid text
+    return clean_text(content if raw else content.strip())  # a server may send "\ud800": keep the text valid
 
 
 def check_openai_endpoint(
