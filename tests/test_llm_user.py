@@ -247,7 +247,7 @@ def test_tau2_keeps_the_replys_whitespace_airline_rl_strips_it(
         replies[protocol] = user.reply(waiting_episode(env, text)).content
     assert replies["tau2"].endswith("A ") and replies["airline_rl"] == replies["tau2"].rstrip()
     assert server.requests == 2  # one cache key per protocol
-    assert sorted(p.read_text(encoding="utf-8").count("A \"") for p in (tmp_path / "cache").rglob("*.json")) == [0, 1]
+    assert sorted(p.read_text(encoding="utf-8").count('A "') for p in (tmp_path / "cache").rglob("*.json")) == [0, 1]
 
 
 def test_stats_counts_and_resets(env: AirlineEnv, stub: Callable[..., StubServer], make_user) -> None:
