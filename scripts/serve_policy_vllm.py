@@ -1,7 +1,17 @@
-"""Serve the policy for GRPO's vLLM *server* mode with ``trl vllm-serve``, offline, and print its base URL.
+"""Serve the policy with ``trl vllm-serve``, offline, and print its base URL: for GRPO's vLLM *server* mode, or
+(``--tool-calls``) as an agent that evaluate.py and τ²'s own harness talk to over the OpenAI API.
 
 Colocate mode (the recipes' default) needs no server. Server mode puts generation on its own GPU(s): start this,
 then train on the other GPUs with ``--use_vllm true --vllm_mode server --vllm_server_base_url <printed URL>``.
+
+``--tool-calls`` serves a checkpoint (any model directory, a local-hub revision such as
+``hub/grpo-joint-2gpu/step-000300`` included) with native tool calls: vLLM's ``hermes`` parser (the Qwen2.5
+template's ``<tool_call>`` blocks), the project's chat template (TRL's ``qwen2_5.jinja``, what training and
+``--backend vllm`` render with) and ``--generation-config vllm`` (a request's unset sampling settings are vLLM's
+neutral defaults, as ``--backend vllm`` samples, not the model's ``generation_config.json``):
+
+    python -m scripts.serve_policy_vllm --model hub/grpo-joint-2gpu/step-000300 --tool-calls --gpu-ids 1 --detach
+    python evaluate.py --model openai:step-000300 --agent_base_url http://127.0.0.1:8000/v1 ...
 
     python -m scripts.serve_policy_vllm --model /models/Qwen2.5-7B-Instruct --gpu-ids 7 --port 8000 --detach
     accelerate launch --config_file accelerate_configs/zero3.yaml --gpu_ids 0,1,2,3 \
@@ -60,7 +70,61 @@ def make_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Disable prefix caching (on by default: all episodes of a task share the prompt).",
     )
+    parser.add_argument(
+        "--tool-calls",
+        action="store_true",
+        help="Serve an agent for evaluate.py --model openai:<name> (and τ²'s harness): native tool calls "
+        "(--enable-auto-tool-choice --tool-call-parser), the project's chat template, --generation-config vllm.",
+    )
+    parser.add_argument(
+        "--tool-call-parser", default="hermes", help="vLLM's tool-call parser with --tool-calls (Qwen2.5: hermes)."
+    )
+    parser.add_argument(
+        "--chat-template",
+        default=None,
+        help="Chat template file with --tool-calls; default: the project's (TRL's qwen2_5.jinja).",
+    )
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        help="The name clients send (evaluate.py --model openai:<name>); default: the model directory's name with "
+        "--tool-calls, the model path without.",
+    )
     return parser
+
+
+def project_chat_template() -> Path:
+    """The chat template the project trains and renders with: TRL's bundled ``qwen2_5.jinja`` (also the tiny
+    model's, byte for byte: airline_rl/data/tiny_model.py)."""
+    from importlib import resources
+
+    return Path(str(resources.files("trl").joinpath("chat_templates", "qwen2_5.jinja")))
+
+
+def served_name(args: argparse.Namespace) -> str:
+    """The model name the server answers to."""
+    if args.served_model_name:
+        return args.served_model_name
+    return Path(args.model).resolve().name if args.tool_calls else str(args.model)
+
+
+def agent_arguments(args: argparse.Namespace) -> list[str]:
+    """The vLLM flags ``--tool-calls`` adds (nothing without it)."""
+    flags = ["--served-model-name", args.served_model_name] if args.served_model_name else []
+    if not args.tool_calls:
+        return flags
+    template = Path(args.chat_template) if args.chat_template else project_chat_template()
+    return [
+        "--served-model-name",
+        served_name(args),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        args.tool_call_parser,
+        "--chat-template",
+        str(template),
+        "--generation-config",
+        "vllm",
+    ]
 
 
 def trl_vllm_serve_arguments(args: argparse.Namespace, extra: list[str] | None = None) -> list[str]:
@@ -134,7 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         check_model_dir(args.model)
         check_port_free(args.port, args.host)
         require_vllm()
-    command = build_command(args, extra)
+    if args.chat_template and not Path(args.chat_template).is_file():
+        raise LaunchError(f"--chat-template {args.chat_template}: no such file")
+    if args.tool_calls and any(flag in extra for flag in ("--chat-template", "--tool-call-parser")):
+        raise LaunchError("with --tool-calls, set --chat-template / --tool-call-parser before --, not after it")
+    command = build_command(args, agent_arguments(args) + extra)
     if args.dry_run:
         print(format_command(command, env))
         return 0
@@ -149,11 +217,25 @@ def main(argv: list[str] | None = None) -> int:
         detach=args.detach,
         pid_file=Path(args.pid_file) if args.pid_file else None,
         name="policy-vllm",
-        hint=f"; train with --use_vllm true --vllm_mode server --vllm_server_base_url {url}",
+        hint=(
+            f"; evaluate with --model openai:{served_name(args)} --agent_base_url {url}/v1"
+            if args.tool_calls
+            else f"; train with --use_vllm true --vllm_mode server --vllm_server_base_url {url}"
+        ),
     )
 
 
-__all__ = ["LaunchError", "base_url", "build_command", "main", "make_parser", "trl_vllm_serve_arguments"]
+__all__ = [
+    "LaunchError",
+    "agent_arguments",
+    "base_url",
+    "build_command",
+    "main",
+    "make_parser",
+    "project_chat_template",
+    "served_name",
+    "trl_vllm_serve_arguments",
+]
 
 if __name__ == "__main__":
     sys.exit(run_launcher(main))

@@ -16,8 +16,8 @@ Agent modes (the stub plays the agent; replies are a function of the conversatio
 ``vllm serve --enable-auto-tool-choice --tool-call-parser hermes`` returns them):
 
 - ``agent_text``: only ever answers in text;
-- ``agent_lookup``: once the user has named a user id, looks it up (``get_user_details``), then answers in text
-  with the name it found; asks for the user id before;
+- ``agent_lookup``: once the user has named a user id, looks it up (``get_user_details``, with the text "Let me
+  look you up.\n" beside the call), then answers in text with the name it found; asks for the user id before;
 - ``agent_write``: as ``agent_lookup``, then makes a write no task wants (``send_certificate`` of 50), then text;
 - ``agent_noparser``: writes its calls as raw ``<tool_call>`` text, as a server without a tool-call parser.
 
@@ -326,8 +326,8 @@ def agent_reply(mode: str, messages: list[dict[str, Any]]) -> tuple[str | None, 
     if not found:
         return "Could you please tell me your user id?", []
     user_id = found[-1]
-    if not results:
-        return None, [("get_user_details", {"user_id": user_id})]
+    if not results:  # text next to the call, ending in a newline, as Qwen2.5 writes it before <tool_call>
+        return "Let me look you up.\n", [("get_user_details", {"user_id": user_id})]
     if mode == "agent_write" and len(results) == 1:
         return None, [("send_certificate", {"user_id": user_id, "amount": 50})]
     try:

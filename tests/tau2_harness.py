@@ -18,9 +18,13 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from openai_stub_server import PROBE_TEXT
+
+from airline_rl.configs import EvalArguments
 from airline_rl.envs.protocol import tau2_reference
 
 TAU2_SEED = 300  # `tau2 run --seed` default
@@ -115,3 +119,93 @@ def request_key(body: dict[str, Any], *, sampling: bool = True) -> str:
     if sampling:
         kept.update({k: v for k, v in body.items() if k not in ("messages", "model")})
     return json.dumps(kept, sort_keys=True)
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def served_args(out: Path, agent: Any, user: Any, **overrides: Any) -> EvalArguments:
+    """evaluate.py's arguments for ``--model openai:<agent.model>`` against two OpenAI-compatible endpoints (objects
+    with ``base_url`` and ``model``), 1 trial, τ²'s default seed."""
+    settings = {
+        "model": f"openai:{agent.model}",
+        "agent_base_url": agent.base_url,
+        "user_simulator": "llm",
+        "user_base_url": user.base_url,
+        "user_model": user.model,
+        "num_samples": 1,
+        "tasks": "0,1,2,3",
+        "output_dir": str(out),
+        "progress": False,
+        "bootstrap_samples": 100,
+        "save_messages": True,
+        "seed": TAU2_SEED,  # the same request seeds as τ²'s harness
+    }
+    settings.update(overrides)
+    return EvalArguments(**settings)
+
+
+@dataclass
+class Endpoint:
+    base_url: str
+    model: str
+
+
+def compare_harnesses(
+    tmp_path: Path,
+    agent_url: str,
+    agent_model: str,
+    user: Any,
+    task_ids: list[str] | None,
+    *,
+    concurrency: int = 4,
+    agent_stub: Any = None,
+    **overrides: Any,
+) -> dict[str, float]:
+    """Runs τ²'s harness, then evaluate.py, against the same agent endpoint and user stub (a ``StubServer``).
+    Asserts equal per-task rewards, terminations and conversations, and equal user requests (and agent requests,
+    when the agent is a stub that records them: ``agent_stub``); returns the per-task rewards.
+
+    ``concurrency`` bounds the requests in flight in both harnesses (1: one at a time, so that a real server
+    computes every request alone and its numerics do not depend on what else it is batching)."""
+    from airline_rl.evaluation import run_evaluation
+
+    def agent_bodies() -> list[str]:
+        kept = [b for b in agent_stub.bodies if PROBE_TEXT not in json.dumps(b["messages"])]
+        return sorted(request_key(b) for b in kept)
+
+    tau2 = run_tau2_harness(
+        agent_url, agent_model, user.base_url, user.model, task_ids, tmp_path / "tau2", concurrency=concurrency
+    )
+    theirs_agent = agent_bodies() if agent_stub is not None else None
+    theirs_user = sorted(request_key(b, sampling=False) for b in user.bodies)
+    user.reset_counters()
+    if agent_stub is not None:
+        agent_stub.reset_counters()
+    args = served_args(
+        tmp_path / "ours",
+        Endpoint(agent_url, agent_model),
+        user,
+        tasks=",".join(task_ids) if task_ids else None,
+        agent_concurrency=concurrency,
+        **overrides,
+    )
+    (path,) = run_evaluation(args)
+    ours_user = sorted(request_key(b, sampling=False) for b in user.bodies)
+    ours = load(path)
+    exported = {s["task_id"]: s for s in load(path.parent / "tau2_results.json")["simulations"]}
+    theirs = {s.task_id: s for s in tau2.simulations}
+    expected = set(task_ids) if task_ids else {str(i) for i in range(50)}
+    assert set(theirs) == set(exported) == expected
+    rewards = {}
+    for task_id in sorted(expected, key=int):
+        (sample,) = ours["tasks"][task_id]["samples"]
+        assert sample["reward"]["reward"] == theirs[task_id].reward_info.reward, task_id
+        assert exported[task_id]["termination_reason"] == theirs[task_id].termination_reason.value, task_id
+        assert conversation(exported[task_id]["messages"]) == conversation(theirs[task_id].messages), task_id
+        rewards[task_id] = sample["reward"]["reward"]
+    if agent_stub is not None:  # the same requests: messages, tools, tool_choice, temperature, seed
+        assert agent_bodies() == theirs_agent
+    assert ours_user == theirs_user
+    return rewards

