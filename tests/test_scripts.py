@@ -158,6 +158,27 @@ def test_policy_dry_run_prints_the_exact_trl_vllm_serve_command(capsys: pytest.C
     assert "--weight-transfer-config" in trl_command and trl_command[-2:] == ["--x", "1"]
 
 
+def test_policy_tool_calls_serves_an_agent(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """--tool-calls: TRL's server plus native tool calls (hermes), the project's chat template (TRL's qwen2_5.jinja,
+    the tiny model's byte for byte) and request-only sampling defaults; the served name is the directory's."""
+    from airline_rl.data.tiny_model import qwen2_5_chat_template
+
+    assert serve_policy_vllm.main(["--model", "/models/step-000300", "--tool-calls", "--dry-run"]) == 0
+    command = shlex.split(capsys.readouterr().out)
+    template = command[command.index("--chat-template") + 1]
+    assert Path(template).read_text(encoding="utf-8") == qwen2_5_chat_template()
+    tail = command[command.index("--served-model-name") :]
+    assert tail == ["--served-model-name", "step-000300", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                    "--chat-template", template, "--generation-config", "vllm"]  # fmt: skip
+    assert "--weight-transfer-config" in command  # still trl vllm-serve's server
+    assert serve_policy_vllm.main(["--model", "/m", "--tool-calls", "--served-model-name", "p", "--dry-run"]) == 0
+    assert "--served-model-name p " in capsys.readouterr().out
+    with pytest.raises(serve_policy_vllm.LaunchError, match="--chat-template"):
+        serve_policy_vllm.main(["--model", "/m", "--tool-calls", "--chat-template", str(tmp_path / "x.jinja")])
+    with pytest.raises(serve_policy_vllm.LaunchError, match="before --"):
+        serve_policy_vllm.main(["--model", "/m", "--tool-calls", "--dry-run", "--", "--tool-call-parser", "x"])
+
+
 def test_dry_run_as_a_file_and_as_a_module(tmp_path: Path) -> None:
     """Both ways of running a launcher work from the repository root, without vLLM or a GPU."""
     for prefix in (["scripts/serve_user_llm.py"], ["-m", "scripts.serve_user_llm"]):

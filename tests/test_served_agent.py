@@ -144,3 +144,30 @@ def test_tau2_harness_agrees_on_all_50_tasks(tmp_path: Path, mode: str) -> None:
     assert len(rewards) == 50
     if mode != "agent_write":  # changing nothing passes the read-only tasks
         assert 0 < sum(rewards.values()) < 50
+
+
+def test_the_tau2_harness_script_compares_with_evaluate(tmp_path: Path, capsys) -> None:
+    """scripts/tau2_harness.py: τ²'s harness on the project's tasks beside evaluate.py's results; equal exits 0, a
+    difference exits 1 and names the simulation, a missing results file exits 2 in one line."""
+    from scripts import tau2_harness
+
+    with (
+        StubServer("agent_lookup", model="stub-agent") as agent,
+        StubServer("user_scenario", model="stub-user", stop_after=3) as user,
+    ):
+        (path,) = run_evaluation(served_args(tmp_path / "ours", agent, user, tasks="0,5"))
+        argv = ["--agent_base_url", agent.base_url, "--agent_model", agent.model, "--user_base_url", user.base_url,
+                "--user_model", user.model, "--tasks", "0,5", "--output_dir", str(tmp_path / "theirs")]  # fmt: skip
+        assert tau2_harness.main([*argv, "--compare", str(path.parent)]) == 0
+    out = capsys.readouterr().out
+    assert "simulations compared: 2 (2 tasks)" in out and "equal: every reward" in out
+    exported = load(path.parent / "tau2_results.json")
+    exported["simulations"][0]["reward_info"]["reward"] = 1.0 - exported["simulations"][0]["reward_info"]["reward"]
+    changed = tmp_path / "changed.json"
+    changed.write_text(json.dumps(exported), encoding="utf-8")
+    comparison = tau2_harness.compare_results(tmp_path / "theirs" / "tau2_harness.json", changed)
+    assert not comparison.equal and comparison.reward_differs == [("0", 0)] and "NOT equal" in comparison.report()
+    with pytest.raises(SystemExit) as exit_info:
+        tau2_harness.main([*argv, "--compare", str(tmp_path / "nothing")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("no tau2_results.json")
