@@ -32,7 +32,7 @@ from airline_rl.data.collect import (
     load_trajectories,
     rows_to_dataset,
 )
-from airline_rl.data.teachers import OpenAITeacher, openai_messages, reply_text
+from airline_rl.data.teachers import OpenAITeacher, api_turn, openai_messages, reply_text
 from airline_rl.data.tiny_model import qwen2_5_chat_template
 from airline_rl.envs.agents import OracleAgent, get_agent
 from airline_rl.envs.episode import AirlineEnv
@@ -457,6 +457,12 @@ def test_reply_text_formats_structured_calls() -> None:
     assert text == 'Sure.\n<tool_call>\n{"name": "get_user_details", "arguments": {"user_id": "a_1"}}\n</tool_call>'
     parsed = parse_assistant_text(reply_text(message(None, ("f", "{not json"))))
     assert parsed.tool_calls[0].parse_error is not None  # recorded as a malformed call, never guessed
+    # the same message as τ²'s harness takes it (tau2): content as sent, structured calls, nothing re-parsed
+    turn = api_turn(message(" Sure.\n", ("get_user_details", '{"user_id": "a_1"}'), ("", "{}"), ("g", "[1]")))
+    assert turn.text == " Sure.\n" and [c.name for c in turn.tool_calls] == ["get_user_details", "", "g"]
+    assert turn.tool_calls[0].arguments == {"user_id": "a_1"} and turn.tool_calls[0].parse_error is None
+    assert [c.parse_error is not None for c in turn.tool_calls] == [False, True, True]
+    assert api_turn(message("<tool_call>\n{}\n</tool_call>")).tool_calls == []  # text stays text
 
 
 def test_a_failing_user_endpoint_is_named_and_leaves_no_dataset(tmp_path: Path) -> None:

@@ -171,3 +171,23 @@ def test_the_tau2_harness_script_compares_with_evaluate(tmp_path: Path, capsys) 
         tau2_harness.main([*argv, "--compare", str(tmp_path / "nothing")])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().endswith("no tau2_results.json")
+
+
+def test_a_served_reply_is_taken_as_sent_under_tau2_and_parsed_under_airline_rl() -> None:
+    """τ²'s LLMAgent keeps the API's content and structured calls; a policy's Hermes text is parsed (airline_rl)."""
+    from airline_rl.envs.episode import AirlineEnv, EnvConfig
+    from airline_rl.envs.tool_calls import ParsedToolCall, ParsedTurn, format_tool_call
+
+    call = ParsedToolCall("get_user_details", {"user_id": "emma_kim_9957"})
+    hermes = "Let me look.\n" + format_tool_call(call.name, call.arguments)
+    for protocol, content in (("tau2", " Let me look.\n"), ("airline_rl", "Let me look.")):
+        episode = AirlineEnv(None, EnvConfig(protocol=protocol)).reset("0", 0)
+        episode.user_response("Hi, I am emma_kim_9957.")
+        tools = episode.env_response(hermes, api_message=ParsedTurn(" Let me look.\n", [call]))
+        assert (
+            episode.messages[-2]["content"] == content and len(tools) == 1 and not episode.record.tool_calls[0].error
+        )
+    text_only = AirlineEnv(None, EnvConfig(protocol="tau2")).reset("0", 0)
+    text_only.user_response("Hi.")
+    assert text_only.env_response(hermes, api_message=ParsedTurn(hermes, [])) == []  # the server parsed no call
+    assert text_only.messages[-1] == {"role": "assistant", "content": hermes}

@@ -148,21 +148,14 @@ def reply_text(message: Any) -> str:
     Arguments that are not a JSON object are written out as they came, so the environment records the malformed
     call (and the collector drops the episode) instead of this function guessing.
     """
-    content = (getattr(message, "content", None) or "").strip()
-    blocks = []
-    for call in getattr(message, "tool_calls", None) or []:
-        function = getattr(call, "function", None)
-        name = getattr(function, "name", None) or ""
-        raw = getattr(function, "arguments", None)
-        try:
-            arguments = json.loads(raw) if isinstance(raw, str) else raw
-        except ValueError:
-            arguments = None
-        if isinstance(arguments, dict) and name:
-            blocks.append(format_tool_call(name, arguments))
-        else:
-            blocks.append(f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name)}, "arguments": {raw}}}\n{TOOL_CALL_CLOSE}')
-    return "\n".join(part for part in [content, *blocks] if part)
+    turn = api_turn(message)
+    blocks = [
+        format_tool_call(call.name, call.arguments)
+        if call.parse_error is None
+        else f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(call.name)}, "arguments": {call.raw}}}\n{TOOL_CALL_CLOSE}'
+        for call in turn.tool_calls
+    ]
+    return "\n".join(part for part in [turn.text.strip(), *blocks] if part)
 
 
 def api_turn(message: Any) -> ParsedTurn:
