@@ -167,7 +167,7 @@ def _launch(command: list[str], log: Path) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launch", ["one", "two"])
+@pytest.mark.parametrize("launch", [pytest.param("one", marks=pytest.mark.exhaustive), "two"])  # CI: two processes
 def test_sigterm_ahead_of_training_discards_the_batches_in_flight_and_the_rerun_resumes(tmp_path, launch):
     """SIGTERM during a --max_staleness 1 run: the step ends, a checkpoint is saved, the worker stops and the batch
     it played ahead is discarded and counted; the same command then resumes from the checkpoint (a fresh worker
@@ -217,7 +217,7 @@ def _rollout_workers(root: int) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launch", ["python", "two"])
+@pytest.mark.parametrize("launch", [pytest.param("python", marks=pytest.mark.exhaustive), "two"])  # CI: two
 def test_a_rollout_worker_killed_mid_run_stops_the_run_in_one_line_with_a_checkpoint(tmp_path, launch):
     """kill -9 of the rollout worker: the trainer notices within its poll, saves the last finished step, exits 1
     with one line naming the worker and the checkpoint; it never hangs. In two processes the last rank's worker is
