@@ -1,8 +1,8 @@
-"""The benchmarks CI runs, at toy sizes: each mode still plays, and every mode plays the same transcripts.
+"""The benchmarks, at toy sizes: each mode still plays, and every mode plays the same transcripts.
 
-CI prints ``benchmarks/rollout_bench.py``'s ratios after the slow suite; a change to a backend's signature once broke
-the benchmark there (its timing wrapper dropped the per-row ``seeds``) while every test passed. These runs take
-seconds and fail on the same breakage in the default suite.
+The benchmarks run by hand (``.ci/run`` lists them; CI ran them until its 90 minutes ran short). A change to a
+backend's signature once broke ``benchmarks/rollout_bench.py`` (its timing wrapper dropped the per-row ``seeds``)
+while every test passed. These runs take seconds and fail on the same breakage in the default suite.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _bench(tiny_model_dir: Path, *args: str) -> str:
 
 
 def test_rollout_bench_modes_ci_runs_play_the_same_transcripts(tiny_model_dir: Path) -> None:
-    modes = "plain-one,prefix-batched,trl-one,trl-prefix-batched"  # the modes .ci/run prints
+    modes = "plain-one,prefix-batched,trl-one,trl-prefix-batched"  # the modes .ci/run lists
     out = _bench(tiny_model_dir, "--modes", modes, "--batch-sizes", "1")
     lines = [line for line in out.splitlines() if "same transcripts as the first mode" in line]
     assert len(lines) == 4, out
