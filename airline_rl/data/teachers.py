@@ -148,7 +148,11 @@ def reply_text(message: Any) -> str:
     Arguments that are not a JSON object are written out as they came, so the environment records the malformed
     call (and the collector drops the episode) instead of this function guessing.
     """
-    turn = api_turn(message)
+    return hermes_text(api_turn(message))
+
+
+def hermes_text(turn: ParsedTurn) -> str:
+    """``api_turn``'s turn as Hermes text (what ``reply_text`` returns)."""
     blocks = [
         format_tool_call(call.name, call.arguments)
         if call.parse_error is None
@@ -388,7 +392,8 @@ class OpenAITeacher:
                     with self._lock:
                         self._latency.add_latency(time.perf_counter() - start)
             choices = getattr(response, "choices", None) or []
-            text = reply_text(choices[0].message) if choices else ""  # empty: τ²'s generate retries too
+            turn = api_turn(choices[0].message) if choices else ParsedTurn(text="", tool_calls=[])
+            text = hermes_text(turn)  # empty: τ²'s generate retries too
             if not text:
                 last_error = "the endpoint returned an empty reply"
                 continue
@@ -398,7 +403,7 @@ class OpenAITeacher:
                 prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
                 completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
             )
-            return text, api_turn(choices[0].message)
+            return text, turn
         self._count(failures=1)
         message = f"{self.name} {config.model} at {config.base_url} failed after {attempt + 1} attempt(s): "
         message += last_error
