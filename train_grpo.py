@@ -14,6 +14,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from airline_rl.run.omp_wait import passive_waits_for_generation_ahead
+
+passive_waits_for_generation_ahead()  # --max_staleness >= 1: before torch loads (libgomp reads it once)
+
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from airline_rl.configs import GRPOScriptArguments, MultiTurnGRPOConfig

@@ -33,6 +33,7 @@ import math
 import multiprocessing as mp
 import os
 import queue
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -40,6 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from airline_rl.run.omp_wait import VARIABLE, wait_policy_note
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +156,12 @@ def worker_main(spec: WorkerSpec, weights: dict, version: Any, lock: Any, reques
     from airline_rl.rollout import TokenPolicyAgent
 
     torch.set_num_threads(max(1, spec.threads))
+    # tqdm's first bar (run_episodes makes one, disabled) creates a multiprocessing lock, a named semaphore that only
+    # an orderly exit unlinks; a worker stopped mid-batch (terminate at a SIGTERM) left it behind, and the resource
+    # tracker warned of a leaked semaphore. The worker shows no bars: a thread lock does.
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
     model = worker_model(spec)
     params = dict(model.named_parameters())
     loaded = -1
@@ -325,8 +334,13 @@ class GenerationAhead:
         # The trainer keeps its own threads and the OS shares the cores: while the worker waits (on the user, or for
         # fresh weights) the trainer has them all. Giving it only the cores the worker leaves made its optimisation
         # 5.39 s against 3.39 s per step (recipe, scripted user, 2 cores), and was no faster with the LLM stub user.
-        logger.info("generation runs ahead of training by at most %d step(s) in rollout worker pid %d (%d thread(s))",
-                    self.k, self.process.pid, self.threads)  # fmt: skip
+        # That sharing works only if the trainer's idle OpenMP threads sleep instead of spinning (run/omp_wait.py).
+        logger.info("generation runs ahead of training by at most %d step(s) in rollout worker pid %d (%d thread(s)); "
+                    "OpenMP wait policy %s", self.k, self.process.pid, self.threads,
+                    os.environ.get(VARIABLE, "unset"))  # fmt: skip
+        note = wait_policy_note()
+        if note is not None:
+            logger.warning(note)
 
     def close(self) -> int:
         """Stops the worker; returns how many requested batches were discarded unplayed or unread."""
