@@ -24,6 +24,10 @@ model of step ``<step>``'s checkpoint is written and before its optimizer state 
 
 ``GRPO_PROBE_VLLM_UNCHUNKED=1`` (vLLM's CPU build, ``tests/vllm_cpu.py``): TRL's colocated engine gets
 ``max_num_batched_tokens`` = its max model length, as a seeded request must not be chunked on CPU.
+
+``GRPO_PROBE_NO_WEIGHT_TRANSFER=1`` (vLLM server mode on CPU): TRL's ``VLLMClient`` opens no NCCL communicator (CUDA
+only) and its weight pushes are recorded (``push``: the trainer's step, the tensor count) instead of sent; the
+server keeps its initial weights.
 """
 
 from __future__ import annotations
@@ -68,10 +72,24 @@ def unchunked_vllm_on_cpu() -> None:
     vllm_generation.LLM = unchunked
 
 
+def recorded_weight_transfer(trainer: ProbedTrainer) -> None:
+    """TRL's server-mode weight transfer without NCCL: the communicator is not opened, pushes are recorded."""
+    from trl.generation.vllm_client import VLLMClient
+
+    def update_named_params(client: Any, metadata: list, params: Any) -> None:
+        trainer._probe_write({"kind": "push", "tensors": sum(1 for _ in params)})
+
+    VLLMClient.init_communicator = lambda client, device=0: None
+    VLLMClient.update_named_params = update_named_params
+    VLLMClient.reset_prefix_cache = lambda client: None
+
+
 class ProbedTrainer(MultiTurnGRPOTrainer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if os.environ.get("GRPO_PROBE_VLLM_UNCHUNKED") == "1" and kwargs["args"].use_vllm:
             unchunked_vllm_on_cpu()
+        if os.environ.get("GRPO_PROBE_NO_WEIGHT_TRANSFER") == "1":
+            recorded_weight_transfer(self)
         if os.environ.get("GRPO_PROBE_REWARD") == "length":
             kwargs["reward_funcs"] = [length_reward]
             kwargs["args"].reward_weights = [1.0]

@@ -20,6 +20,11 @@ How it works (CPU; one process, or one worker per rank under DDP):
 5. The correction is TRL's own importance-sampling code (``vllm_importance_sampling_*``), fed with the behaviour
    log-probs: see ``MultiTurnGRPOTrainer._behaviour_correction`` and docs/variants.md.
 
+vLLM server mode (``--use_vllm true --vllm_mode server``, one training process): the worker has no model and samples
+on the server (``served_worker_main``, ``airline_rl.backends.vllm_server``), its behaviour log-probs the server's own;
+the trainer pushes its weights into the server with TRL's ``sync_weights`` between two of the worker's batches
+(``ServedWeights``), so that a batch still plays on one version and ``version`` is the server's.
+
 The worker is a ``spawn``ed process (fork would copy the trainer's threads and process group); a dead worker is
 noticed within ``POLL_S`` and ends the run with one line (``RolloutWorkerError``).
 """
@@ -75,6 +80,17 @@ class WorkerSpec:
     threads: int
     dtype: Any = None
     model_generation_config: Any = None
+    server: ServerSpec | None = None
+    """vLLM server mode: the worker samples on the server instead of its own copy of the policy."""
+
+
+@dataclass
+class ServerSpec:
+    """Where and how the worker samples in vLLM server mode (``VLLMServerBackend``)."""
+
+    base_url: str
+    sampling: dict[str, Any]
+    connection_timeout: float = 240.0
 
 
 @dataclass
@@ -110,6 +126,10 @@ class PlayedEpisode:
     record: Any
     agent_state: dict
     messages: list[dict] = field(default_factory=list)
+
+    @property
+    def seed(self) -> int:
+        return self.record.seed
 
 
 # -- the worker process ---------------------------------------------------------------------------------------------
@@ -147,13 +167,14 @@ def worker_model(spec: WorkerSpec) -> Any:
     return model.eval()
 
 
-def worker_main(spec: WorkerSpec, weights: dict, version: Any, lock: Any, requests: Any, results: Any) -> None:
+def worker_main(
+    spec: WorkerSpec, weights: dict, version: Any, lock: Any, requests: Any, results: Any, playing: Any = None
+) -> None:
     """The rollout worker: plays requested batches in order, each on weights of version ≥ its ``min_version``."""
+    if spec.server is not None:
+        served_worker_main(spec, version, playing, requests, results)
+        return
     from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend
-    from airline_rl.envs.runner import RunTimings, run_episodes
-    from airline_rl.rewards.outcome import outcome_reward
-    from airline_rl.rewards.prm import score_episode
-    from airline_rl.rollout import TokenPolicyAgent
 
     torch.set_num_threads(max(1, spec.threads))
     # tqdm's first bar (run_episodes makes one, disabled) creates a multiprocessing lock, a named semaphore that only
@@ -198,31 +219,12 @@ def worker_main(spec: WorkerSpec, weights: dict, version: Any, lock: Any, reques
                 generation_config=spec.generation_config,
                 turn_cache_tokens=spec.turn_cache_tokens,
             )
-            agent = TokenPolicyAgent(
-                backend, spec.tokenizer, spec.env.tools, spec.eos_token_ids, spec.max_completion_length,
-                spec.max_turn_tokens, spec.max_context, per_episode_seeds=True,
-            )  # fmt: skip
-            episodes = [spec.env.reset(task_id, seed) for task_id, seed in request.specs]
-            for episode in episodes:
-                agent.start(episode)
-            timings = RunTimings()
-            records = run_episodes(
-                spec.env, agent, spec.user, request.specs, timings=timings, episodes=episodes,
-                score=outcome_reward, schedule=spec.schedule,
-            )  # fmt: skip
+            records, prm, states, messages, timings = _play(spec, backend, request)
             backend.close()
-            prm_start = time.perf_counter()
-            clip = spec.prm_clip
-            prm = [score_episode(r, clip=(-clip, clip), rules=spec.prm_rules, env=spec.env) for r in records]
-            timings.reward += time.perf_counter() - prm_start
-            states = [
-                {k: list(v) if isinstance(v, list) else v for k, v in ep.agent_state.items() if k != "seen"}
-                for ep in episodes
-            ]
             behaviour = _behaviour_logprobs(model, states, spec.temperature)
             played = PlayedBatch(
-                request.train_step, loaded, records, prm, states, [ep.messages[2:] for ep in episodes], behaviour,
-                timings, time.perf_counter() - start, idle,
+                request.train_step, loaded, records, prm, states, messages, behaviour, timings,
+                time.perf_counter() - start, idle,
             )  # fmt: skip
         except Exception as err:  # reported to the trainer, which ends the run with it
             played = PlayedBatch(request.train_step, loaded, [], [], [], [], [], None, 0.0, idle,
@@ -230,6 +232,85 @@ def worker_main(spec: WorkerSpec, weights: dict, version: Any, lock: Any, reques
         results.put(played)
         idle_since = time.perf_counter()
         if played.error:
+            return
+
+
+def _play(spec: WorkerSpec, backend: Any, request: BatchRequest) -> tuple[list, list, list, list, Any]:
+    """One batch through the trainers' own episode loop and rewards: records, PRM results, token states, messages."""
+    from airline_rl.envs.runner import RunTimings, run_episodes
+    from airline_rl.rewards.outcome import outcome_reward
+    from airline_rl.rewards.prm import score_episode
+    from airline_rl.rollout import TokenPolicyAgent
+
+    agent = TokenPolicyAgent(
+        backend, spec.tokenizer, spec.env.tools, spec.eos_token_ids, spec.max_completion_length,
+        spec.max_turn_tokens, spec.max_context, per_episode_seeds=True,
+    )  # fmt: skip
+    episodes = [spec.env.reset(task_id, seed) for task_id, seed in request.specs]
+    for episode in episodes:
+        agent.start(episode)
+    timings = RunTimings()
+    records = run_episodes(
+        spec.env, agent, spec.user, request.specs, timings=timings, episodes=episodes,
+        score=outcome_reward, schedule=spec.schedule,
+    )  # fmt: skip
+    prm_start = time.perf_counter()
+    clip = spec.prm_clip
+    prm = [score_episode(r, clip=(-clip, clip), rules=spec.prm_rules, env=spec.env) for r in records]
+    timings.reward += time.perf_counter() - prm_start
+    states = [
+        {k: list(v) if isinstance(v, list) else v for k, v in ep.agent_state.items() if k != "seen"} for ep in episodes
+    ]
+    return records, prm, states, [ep.messages[2:] for ep in episodes], timings
+
+
+def served_worker_main(spec: WorkerSpec, version: Any, playing: Any, requests: Any, results: Any) -> None:
+    """The rollout worker in vLLM server mode. The trainer pushes its weights into the server (TRL's
+    ``sync_weights``, NCCL) only while it holds ``playing``; the worker holds it from a batch's first turn to its
+    last, so a batch plays on one version, and ``version`` (the server's) cannot change under it. Admission is
+    awaited without the lock, so that the push it waits for can happen. The behaviour log-probs are the server's
+    own (``VLLMServerBackend``): no forward pass here."""
+    from tqdm import tqdm
+
+    from airline_rl.backends.vllm_server import VLLMServerBackend
+
+    tqdm.set_lock(threading.RLock())  # as worker_main: no named semaphore left behind by a stop mid-batch
+    assert spec.server is not None and playing is not None
+    backend = VLLMServerBackend(
+        spec.server.base_url, spec.server.sampling, spec.eos_token_ids, spec.server.connection_timeout
+    )
+    parent = os.getppid()
+    idle_since = time.perf_counter()
+    while True:
+        request = requests.get()
+        if request is None:
+            backend.close()
+            return
+        while int(version.value) < request.min_version:  # admission control: wait for fresh enough weights
+            if os.getppid() != parent:
+                return
+            time.sleep(POLL_S / 4)
+        while not playing.acquire(timeout=POLL_S):  # the trainer is pushing weights into the server
+            if os.getppid() != parent:
+                return
+        try:
+            loaded = int(version.value)
+            idle = time.perf_counter() - idle_since
+            start = time.perf_counter()
+            try:
+                records, prm, states, messages, timings = _play(spec, backend, request)
+                behaviour = [list(state["logprobs"]) for state in states]
+                played = PlayedBatch(request.train_step, loaded, records, prm, states, messages, behaviour, timings,
+                                     time.perf_counter() - start, idle)  # fmt: skip
+            except Exception as err:  # reported to the trainer, which ends the run with it
+                played = PlayedBatch(request.train_step, loaded, [], [], [], [], [], None, 0.0, idle,
+                                     error=f"{type(err).__name__}: {err}")  # fmt: skip
+        finally:
+            playing.release()  # before the result: a trainer holding the result finds the lock free or re-taken
+        results.put(played)
+        idle_since = time.perf_counter()
+        if played.error:
+            backend.close()
             return
 
 
@@ -273,6 +354,9 @@ class Lookahead:
 class GenerationAhead:
     """The trainer's side of generation ahead: the worker process, the weight buffer, the queue of batches."""
 
+    server_weights: ServedWeights | None = None
+    """vLLM server mode: the weight pushes into the server; None on the CPU path (shared memory)."""
+
     def __init__(self, trainer: Any, max_staleness: int, threads: int) -> None:
         self.trainer = trainer
         self.k = max_staleness
@@ -289,6 +373,10 @@ class GenerationAhead:
         self._last_take: float | None = None
         self.discarded = 0
         self.stopped = False
+        self.served = (
+            bool(getattr(trainer, "use_vllm", False)) and getattr(trainer.args, "vllm_mode", None) == "server"
+        )
+        """vLLM server mode: the worker samples on the server; the weights go there (``ServedWeights``)."""
 
     # -- lifecycle
 
@@ -296,9 +384,16 @@ class GenerationAhead:
         trainer = self.trainer
         model = trainer.accelerator.unwrap_model(trainer.model)
         ctx = mp.get_context("spawn")
-        self.weights = {n: p.detach().to("cpu").clone().share_memory_() for n, p in model.named_parameters()}
         self.version = ctx.Value("q", int(trainer.state.global_step), lock=False)
         self.lock = ctx.Lock()
+        self.playing = None
+        if self.served:  # no copy of the weights here: they go to the server, the first time before any batch
+            self.weights = {}
+            self.playing = ctx.Lock()
+            self.server_weights = ServedWeights(trainer, self.playing, self.version, alive=self._worker_alive)
+            self.server_weights.push_now(int(trainer.state.global_step))
+        else:
+            self.weights = {n: p.detach().to("cpu").clone().share_memory_() for n, p in model.named_parameters()}
         self.requests = ctx.Queue()
         self.results = ctx.Queue()
         from airline_rl.backends.turn_cache import DEFAULT_MAX_TOKENS
@@ -310,7 +405,7 @@ class GenerationAhead:
             tokenizer=getattr(trainer.processing_class, "tokenizer", trainer.processing_class),
             env=trainer.env,
             user=trainer.user,
-            generation_config=trainer.generation_config,
+            generation_config=getattr(trainer, "generation_config", None),  # None with vLLM (the server samples)
             eos_token_ids=list(trainer.eos_token_ids),
             max_completion_length=args.max_completion_length,
             max_turn_tokens=args.max_turn_tokens,
@@ -323,10 +418,11 @@ class GenerationAhead:
             threads=self.threads,
             dtype=next(model.parameters()).dtype,
             model_generation_config=getattr(model, "generation_config", None),
+            server=served_spec(trainer) if self.served else None,
         )
         self.process = ctx.Process(
             target=worker_main,
-            args=(spec, self.weights, self.version, self.lock, self.requests, self.results),
+            args=(spec, self.weights, self.version, self.lock, self.requests, self.results, self.playing),
             name="airline-rollout-worker",
             daemon=True,
         )
@@ -335,8 +431,10 @@ class GenerationAhead:
         # fresh weights) the trainer has them all. Giving it only the cores the worker leaves made its optimisation
         # 5.39 s against 3.39 s per step (recipe, scripted user, 2 cores), and was no faster with the LLM stub user.
         # That sharing works only if the trainer's idle OpenMP threads sleep instead of spinning (run/omp_wait.py).
-        logger.info("generation runs ahead of training by at most %d step(s) in rollout worker pid %d (%d thread(s)); "
-                    "OpenMP wait policy %s", self.k, self.process.pid, self.threads,
+        where = (f"sampling on the vLLM server {spec.server.base_url}" if spec.server is not None
+                 else f"{self.threads} thread(s)")  # fmt: skip
+        logger.info("generation runs ahead of training by at most %d step(s) in rollout worker pid %d (%s); "
+                    "OpenMP wait policy %s", self.k, self.process.pid, where,
                     os.environ.get(VARIABLE, "unset"))  # fmt: skip
         note = wait_policy_note()
         if note is not None:
@@ -360,7 +458,12 @@ class GenerationAhead:
                 channel.cancel_join_thread()  # requests the dead worker never read must not block the exit
                 channel.close()
         self.requests = self.results = self.lock = None
+        if self.server_weights is not None:
+            self.server_weights.restore()  # later evaluations push into the server as TRL does
         return self.discarded
+
+    def _worker_alive(self) -> bool:
+        return self.process is None or self.process.is_alive()
 
     # -- data
 
@@ -395,6 +498,9 @@ class GenerationAhead:
     def push_weights(self, step: int) -> None:
         if self.stopped:
             return
+        if self.server_weights is not None:  # into the server at the worker's next batch boundary
+            self.server_weights.offer(step)
+            return
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
         with self.lock, torch.no_grad():
             for name, param in model.named_parameters():
@@ -416,6 +522,8 @@ class GenerationAhead:
             raise RolloutWorkerError(f"the rows of step {step} differ from those the rollout worker played")
         start = time.perf_counter()
         while True:
+            if self.server_weights is not None:  # a push the worker's batch held back goes in between batches
+                self.server_weights.try_push()
             try:
                 played = self.results.get(timeout=POLL_S)
                 break
@@ -434,6 +542,8 @@ class GenerationAhead:
             self.trainer_idle_share = 1.0  # the first batch: nothing to train on while it plays
         self._last_take = now
         self.pending.popleft()
+        if self.server_weights is not None:  # the worker released the lock before sending: free unless re-taken
+            self.server_weights.try_push()
         if played.error:
             raise RolloutWorkerError(f"the rollout worker failed at the batch of step {step}: {played.error}")
         if played.train_step != step:
@@ -441,6 +551,83 @@ class GenerationAhead:
         if step - played.version > self.k:
             raise RolloutWorkerError(f"staleness {step - played.version} exceeds --max_staleness {self.k} (a bug)")
         return played
+
+
+def served_spec(trainer: Any) -> ServerSpec:
+    """The server and the sampling settings of TRL's own server path (``VLLMGeneration.generate``)."""
+    generation = trainer.vllm_generation
+    base_url = generation.vllm_client.base_url if getattr(generation, "vllm_client", None) is not None else (
+        generation.server_base_url or f"http://{generation.server_host}:{generation.server_port}")  # fmt: skip
+    sampling = {
+        "temperature": float(trainer.temperature),
+        "top_p": float(trainer.top_p),
+        "top_k": int(trainer.top_k or 0),
+        "min_p": 0.0 if trainer.min_p is None else float(trainer.min_p),
+        "repetition_penalty": float(trainer.repetition_penalty),
+        "generation_kwargs": dict(getattr(generation, "generation_kwargs", None) or {}),
+    }
+    return ServerSpec(base_url, sampling, float(getattr(generation, "server_timeout", 240.0)))
+
+
+class ServedWeights:
+    """The trainer's weight pushes into the vLLM server, at the worker's batch boundaries.
+
+    TRL's ``sync_weights`` (NCCL into the server) may run only while the trainer holds ``playing``, which the
+    worker holds for a whole batch. ``offer(step)`` after an optimiser step pushes at once when the worker is
+    between batches and otherwise leaves the step pending; ``try_push`` (called while the trainer waits for a batch,
+    and once it has it) pushes the newest pending step when the lock is free. ``version`` is then the server's.
+    Evaluations in between (held-out pass^k samples through TRL's vLLM path) go through ``push_now``, wrapped around
+    TRL's ``sync_weights``: they wait for the batch boundary, since their samples must come from the current
+    weights."""
+
+    def __init__(self, trainer: Any, playing: Any, version: Any, alive: Any = lambda: True) -> None:
+        self.trainer = trainer
+        self.playing = playing
+        self.version = version
+        self.alive = alive
+        self.pending: int | None = None
+        self.pushes = 0
+        self.push_seconds = 0.0
+        self._sync = trainer.vllm_generation.sync_weights
+        trainer.vllm_generation.sync_weights = self._sync_for_trl
+
+    def _push(self, step: int) -> None:
+        start = time.perf_counter()
+        self._sync()
+        self.version.value = int(step)
+        self.trainer._last_loaded_step = int(step)  # TRL's own paths then see the server as current
+        self.pending = None
+        self.pushes += 1
+        self.push_seconds += time.perf_counter() - start
+
+    def offer(self, step: int) -> None:
+        self.pending = int(step)
+        self.try_push()
+
+    def try_push(self) -> bool:
+        if self.pending is None or not self.playing.acquire(block=False):
+            return False
+        try:
+            self._push(self.pending)
+        finally:
+            self.playing.release()
+        return True
+
+    def push_now(self, step: int) -> None:
+        """Pushes ``step``'s weights, waiting for the worker's batch boundary (never for a dead worker)."""
+        while not self.playing.acquire(timeout=POLL_S):
+            if not self.alive():
+                raise RolloutWorkerError("the rollout worker died holding the vLLM server between weight pushes")
+        try:
+            self._push(step)
+        finally:
+            self.playing.release()
+
+    def _sync_for_trl(self) -> None:
+        self.push_now(int(self.trainer.state.global_step))
+
+    def restore(self) -> None:
+        self.trainer.vllm_generation.sync_weights = self._sync
 
 
 def behaviour_stats(output: dict[str, torch.Tensor], cap: float | None) -> dict[str, float]:

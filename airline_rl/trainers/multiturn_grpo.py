@@ -261,11 +261,24 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
     def _check_generation_ahead(self) -> None:
         """Refuses, in one line, the setups where generation cannot run ahead (a rollout worker process) yet."""
         flag = f"--max_staleness {self.args.max_staleness}"
-        if self.use_vllm:
-            mode = self.args.vllm_mode
-            why = ("colocated vLLM generates in the training process, so nothing overlaps" if mode == "colocate"
-                   else "vLLM server mode is not built for it yet (docs/reproducing.md)")  # fmt: skip
-            raise LaunchError(f"{flag} needs a rollout worker: {why}; use --max_staleness 0 or --use_vllm false")
+        if self.args.async_correction == "none":
+            logger.warning("%s with --async_correction none: training naive off-policy (no behaviour weight)", flag)
+        if self.use_vllm and self.args.vllm_mode == "colocate":
+            raise LaunchError(
+                f"{flag} needs a rollout worker: colocated vLLM generates in the training process, so nothing "
+                "overlaps; use --vllm_mode server (a vLLM server on its own GPUs), --max_staleness 0 or "
+                "--use_vllm false"
+            )
+        if self.use_vllm:  # server mode: the worker samples on the server, the trainer pushes its weights there
+            if self.accelerator.num_processes > 1:
+                raise LaunchError(
+                    f"{flag} with --vllm_mode server trains in one process (one GPU beside the server's); "
+                    f"{self.accelerator.num_processes} processes are not built yet: launch with --num_processes 1"
+                )
+            if self.accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_GPU):
+                raise LaunchError(f"{flag} with --vllm_mode server: not under "
+                                  f"{self.accelerator.distributed_type.value} yet")  # fmt: skip
+            return
         if self.accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_CPU):
             raise LaunchError(
                 f"{flag} runs on one process or DDP on CPU; not under {self.accelerator.distributed_type.value} yet"
@@ -273,8 +286,6 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         reason = trl_prefix.unavailable(self)
         if reason is not None:
             raise LaunchError(f"{flag}: the rollout worker samples through the prefix path, but {reason}")
-        if self.args.async_correction == "none":
-            logger.warning("%s with --async_correction none: training naive off-policy (no behaviour weight)", flag)
 
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
         """With generation ahead, the epoch iterator is read ahead so the worker knows the next batches' rows."""
