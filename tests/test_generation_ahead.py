@@ -339,9 +339,9 @@ def _served_weights():
     log: list = []
     trainer = SimpleNamespace(vllm_generation=_FakeGeneration(log), state=SimpleNamespace(global_step=0),
                               _last_loaded_step=-1)  # fmt: skip
-    playing = mp.get_context("spawn").Lock()
-    version = mp.get_context("spawn").Value("q", 0, lock=False)
-    return ServedWeights(trainer, playing, version), trainer, playing, version, log
+    ctx = mp.get_context("spawn")
+    playing, wanted, version = ctx.Lock(), ctx.Value("b", 0, lock=False), ctx.Value("q", 0, lock=False)
+    return ServedWeights(trainer, playing, wanted, version), trainer, playing, version, log
 
 
 def test_served_weights_wait_for_the_workers_batch_boundary():
@@ -354,10 +354,11 @@ def test_served_weights_wait_for_the_workers_batch_boundary():
     served.offer(2)
     served.offer(3)
     assert log == ["sync"] and version.value == 1 and served.pending == 3
+    assert served.wanted.value == 1  # the worker lets it go first at its next batch boundary
     assert served.try_push() is False
     playing.release()  # the batch ends
     assert served.try_push() is True
-    assert log == ["sync", "sync"] and version.value == 3 and served.pending is None
+    assert log == ["sync", "sync"] and version.value == 3 and served.pending is None and served.wanted.value == 0
     assert served.try_push() is False  # nothing pending
     assert served.pushes == 2
 
@@ -381,6 +382,30 @@ def test_trls_own_pushes_wait_for_the_batch_boundary_and_are_restored():
     thread.join()
     served.restore()
     assert trainer.vllm_generation.sync_weights == original
+
+
+def test_a_worker_between_batches_lets_a_pending_push_go_first_but_not_for_long():
+    """The worker's next batch is admitted (k ≥ 2) while a push waits: it holds back up to YIELD_S for the trainer
+    (here a thread pushing after 0.1 s), and takes the lock at once when nothing is pending or after YIELD_S."""
+    import threading
+
+    from airline_rl.trainers.generation_ahead import YIELD_S, take_the_server
+
+    served, trainer, playing, version, log = _served_weights()
+    assert playing.acquire(block=False)  # the worker plays
+    served.offer(4)
+    playing.release()  # its batch ends; the trainer pushes 0.1 s later (it was waiting for the batch)
+    timer = threading.Timer(0.1, served.try_push)
+    timer.start()
+    assert take_the_server(playing, served.wanted, os.getppid())
+    assert log == ["sync"] and version.value == 4  # the push went in before the next batch
+    playing.release()
+    timer.join()
+    served.wanted.value = 1  # a push nobody makes (the trainer is busy training): the worker goes on after YIELD_S
+    assert YIELD_S < 1
+    assert take_the_server(playing, served.wanted, os.getppid())  # returns, holding the lock, with nothing pushed
+    assert served.wanted.value == 1 and log == ["sync"] and not playing.acquire(block=False)
+    playing.release()
 
 
 def test_a_dead_worker_holding_the_server_ends_the_push_with_one_line():

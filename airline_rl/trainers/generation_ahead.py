@@ -53,6 +53,9 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.2
 """How often a waiting side checks that the other is still alive."""
+YIELD_S = 2 * POLL_S
+"""vLLM server mode: how long a worker between batches lets a pending weight push go first (the trainer, waiting for
+the batch, retries every ``POLL_S``); a trainer busy training pushes at its step's end instead."""
 
 
 class RolloutWorkerError(RuntimeError):
@@ -168,11 +171,12 @@ def worker_model(spec: WorkerSpec) -> Any:
 
 
 def worker_main(
-    spec: WorkerSpec, weights: dict, version: Any, lock: Any, requests: Any, results: Any, playing: Any = None
+    spec: WorkerSpec, weights: dict, version: Any, lock: Any, requests: Any, results: Any, served: Any = None
 ) -> None:
-    """The rollout worker: plays requested batches in order, each on weights of version ≥ its ``min_version``."""
+    """The rollout worker: plays requested batches in order, each on weights of version ≥ its ``min_version``.
+    ``served``: vLLM server mode's (``playing`` lock, ``wanted`` flag), see ``served_worker_main``."""
     if spec.server is not None:
-        served_worker_main(spec, version, playing, requests, results)
+        served_worker_main(spec, version, *served, requests, results)
         return
     from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend
 
@@ -264,7 +268,20 @@ def _play(spec: WorkerSpec, backend: Any, request: BatchRequest) -> tuple[list, 
     return records, prm, states, [ep.messages[2:] for ep in episodes], timings
 
 
-def served_worker_main(spec: WorkerSpec, version: Any, playing: Any, requests: Any, results: Any) -> None:
+def take_the_server(playing: Any, wanted: Any, parent: int) -> bool:
+    """Acquires ``playing`` for the next batch, after letting a pending weight push (``wanted``) go first for up to
+    ``YIELD_S``: without it a worker whose next batch is already admitted (k ≥ 2) takes the lock back before the
+    trainer sees it free, and the server's weights would age to the bound at every batch. False: the trainer died."""
+    deadline = time.perf_counter() + YIELD_S
+    while wanted.value and time.perf_counter() < deadline:
+        time.sleep(POLL_S / 8)
+    while not playing.acquire(timeout=POLL_S):  # the trainer is pushing weights into the server
+        if os.getppid() != parent:
+            return False
+    return True
+
+
+def served_worker_main(spec: WorkerSpec, version: Any, playing: Any, wanted: Any, requests: Any, results: Any) -> None:
     """The rollout worker in vLLM server mode. The trainer pushes its weights into the server (TRL's
     ``sync_weights``, NCCL) only while it holds ``playing``; the worker holds it from a batch's first turn to its
     last, so a batch plays on one version, and ``version`` (the server's) cannot change under it. Admission is
@@ -290,9 +307,8 @@ def served_worker_main(spec: WorkerSpec, version: Any, playing: Any, requests: A
             if os.getppid() != parent:
                 return
             time.sleep(POLL_S / 4)
-        while not playing.acquire(timeout=POLL_S):  # the trainer is pushing weights into the server
-            if os.getppid() != parent:
-                return
+        if not take_the_server(playing, wanted, parent):
+            return
         try:
             loaded = int(version.value)
             idle = time.perf_counter() - idle_since
@@ -386,11 +402,11 @@ class GenerationAhead:
         ctx = mp.get_context("spawn")
         self.version = ctx.Value("q", int(trainer.state.global_step), lock=False)
         self.lock = ctx.Lock()
-        self.playing = None
+        served = None
         if self.served:  # no copy of the weights here: they go to the server, the first time before any batch
             self.weights = {}
-            self.playing = ctx.Lock()
-            self.server_weights = ServedWeights(trainer, self.playing, self.version, alive=self._worker_alive)
+            served = (ctx.Lock(), ctx.Value("b", 0, lock=False))
+            self.server_weights = ServedWeights(trainer, *served, self.version, alive=self._worker_alive)
             self.server_weights.push_now(int(trainer.state.global_step))
         else:
             self.weights = {n: p.detach().to("cpu").clone().share_memory_() for n, p in model.named_parameters()}
@@ -422,7 +438,7 @@ class GenerationAhead:
         )
         self.process = ctx.Process(
             target=worker_main,
-            args=(spec, self.weights, self.version, self.lock, self.requests, self.results, self.playing),
+            args=(spec, self.weights, self.version, self.lock, self.requests, self.results, served),
             name="airline-rollout-worker",
             daemon=True,
         )
@@ -574,15 +590,17 @@ class ServedWeights:
 
     TRL's ``sync_weights`` (NCCL into the server) may run only while the trainer holds ``playing``, which the
     worker holds for a whole batch. ``offer(step)`` after an optimiser step pushes at once when the worker is
-    between batches and otherwise leaves the step pending; ``try_push`` (called while the trainer waits for a batch,
-    and once it has it) pushes the newest pending step when the lock is free. ``version`` is then the server's.
+    between batches and otherwise leaves the step pending and raises ``wanted``, which the worker honours at its
+    next batch boundary (``take_the_server``); ``try_push`` (called while the trainer waits for a batch, and once it
+    has it) pushes the newest pending step when the lock is free. ``version`` is then the server's.
     Evaluations in between (held-out pass^k samples through TRL's vLLM path) go through ``push_now``, wrapped around
     TRL's ``sync_weights``: they wait for the batch boundary, since their samples must come from the current
     weights."""
 
-    def __init__(self, trainer: Any, playing: Any, version: Any, alive: Any = lambda: True) -> None:
+    def __init__(self, trainer: Any, playing: Any, wanted: Any, version: Any, alive: Any = lambda: True) -> None:
         self.trainer = trainer
         self.playing = playing
+        self.wanted = wanted
         self.version = version
         self.alive = alive
         self.pending: int | None = None
@@ -597,12 +615,14 @@ class ServedWeights:
         self.version.value = int(step)
         self.trainer._last_loaded_step = int(step)  # TRL's own paths then see the server as current
         self.pending = None
+        self.wanted.value = 0
         self.pushes += 1
         self.push_seconds += time.perf_counter() - start
 
     def offer(self, step: int) -> None:
         self.pending = int(step)
-        self.try_push()
+        if not self.try_push():
+            self.wanted.value = 1  # the worker lets it go first at its batch boundary
 
     def try_push(self) -> bool:
         if self.pending is None or not self.playing.acquire(block=False):
