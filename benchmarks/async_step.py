@@ -2,6 +2,7 @@
 
     python benchmarks/async_step.py                      # every setting and user, k = 0, 1, 2
     python benchmarks/async_step.py --settings balanced --users llm --ks 0,1 --steps 5
+    python benchmarks/async_step.py --settings balanced --users llm --ks 0,1 --repeats 3   # median of 3 ratios
 
 Each (setting, k) is one ``train_grpo.py`` run of ``--steps`` steps; the first step (the worker's start, the first
 batch nobody can overlap) is left out of the means. Per k it prints the step time, the generation seconds and the
@@ -26,7 +27,9 @@ CPU work on the same two cores and the sum of their work bounds the step: expect
 ``train_grpo.py`` sets ``OMP_WAIT_POLICY=PASSIVE`` (airline_rl/run/omp_wait.py): with libgomp's spinning default the
 trainer's idle threads held both cores and generation ahead ran at 0.72× on ``balanced`` with the scripted user. The
 last line starts with the k = 1 speed-up over k = 0 on ``balanced`` with the LLM user. Ratios are measured side by
-side; absolute seconds depend on the machine and its load.
+side; absolute seconds depend on the machine and its load. On a small VM the same setting's step time drifts by
+±20% between runs minutes apart: ``--repeats N`` plays the k values of a setting in turn N times (k = 0, 1, 2, then
+again) and reports the median of the N speed-ups, each from adjacent runs.
 """
 
 from __future__ import annotations
@@ -51,8 +54,10 @@ SETTINGS = {
 USERS = {"scripted": [], "llm": ["--user_simulator", "llm", "--user_model", "stub-model"]}
 
 
-def run(setting: str, user: str, k: int, steps: int, workdir: Path, user_url: str | None) -> dict[str, float]:
-    out = workdir / f"{setting}-{user}-k{k}"
+def run(
+    setting: str, user: str, k: int, steps: int, workdir: Path, user_url: str | None, repeat: int = 0
+) -> dict[str, float]:
+    out = workdir / f"{setting}-{user}-k{k}-r{repeat}"
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml",
         "train_grpo.py", "--config", "recipes/grpo/cpu_smoke.yaml", "--max_steps", str(steps),
@@ -90,6 +95,7 @@ def main() -> None:
     parser.add_argument("--users", default="scripted,llm", help=f"comma-separated: {', '.join(USERS)}")
     parser.add_argument("--ks", default="0,1,2", help="comma-separated --max_staleness values (0 is the baseline)")
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=1, help="play each setting's k values in turn this many times")
     parser.add_argument("--user_latency", default="0.3,0.5", metavar="MEDIAN,SIGMA",
                         help="llm user: the stub server's seeded log-normal reply delay, in seconds")  # fmt: skip
     args = parser.parse_args()
@@ -102,35 +108,49 @@ def main() -> None:
     try:
         ks = [int(k) for k in args.ks.split(",")]
         median, sigma = (float(x) for x in args.user_latency.split(","))
-        if median <= 0 or sigma < 0 or min(ks) < 0 or args.steps < 2:
+        if median <= 0 or sigma < 0 or min(ks) < 0 or args.steps < 2 or args.repeats < 1:
             raise ValueError
     except ValueError:
         raise SystemExit(
-            "error: --ks takes integers >= 0, --user_latency MEDIAN,SIGMA (median > 0, sigma >= 0), --steps >= 2"
+            "error: --ks takes integers >= 0, --user_latency MEDIAN,SIGMA (median > 0, sigma >= 0), --steps >= 2, "
+            "--repeats >= 1"
         ) from None
     from tests.openai_stub_server import StubServer  # noqa: PLC0415 - the test tree's stub, as rollout_bench
 
-    results: dict[tuple[str, str, int], dict[str, float]] = {}
+    runs: dict[tuple[str, str, int], list[dict[str, float]]] = {}
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         url = stack.enter_context(StubServer("echo", latency=(median, sigma))).base_url if "llm" in users else None
         for setting in settings:
             for user in users:
-                for k in ks:
-                    results[setting, user, k] = r = run(setting, user, k, args.steps, tmp, url)
-                    print(f"{setting:11s} {user:8s} k={k}: step {r['step']:6.2f} s | gen {r['gen']:6.2f} s | train "
-                          f"{r['train']:6.2f} s | idle gen {r['gen_idle']:.2f} train {r['train_idle']:.2f} | "
-                          f"overlap {r['overlap']:.2f} | staleness max {r['staleness_max']:.0f}",
-                          flush=True)  # fmt: skip
-    for (setting, user, k), r in results.items():
-        if k > 0 and (setting, user, 0) in results and (setting, user) != ("balanced", "llm"):
-            gain = results[setting, user, 0]["step"] / r["step"]
-            print(f"{setting} ({user} user): k={k} speed-up over k=0 {gain:.2f}x (overlap {r['overlap']:.2f})")
-    if ("balanced", "llm", 0) in results and ("balanced", "llm", 1) in results:
-        base, one = results["balanced", "llm", 0], results["balanced", "llm", 1]
-        two = results.get(("balanced", "llm", 2))
-        also = f"; k=2 {base['step'] / two['step']:.2f}x" if two else ""
-        print(f"{base['step'] / one['step']:.2f}x: the k=1 speed-up over k=0 on the balanced setting (LLM stub user, "
+                for repeat in range(args.repeats):
+                    for k in ks:
+                        r = run(setting, user, k, args.steps, tmp, url, repeat)
+                        runs.setdefault((setting, user, k), []).append(r)
+                        print(f"{setting:11s} {user:8s} k={k}: step {r['step']:6.2f} s | gen {r['gen']:6.2f} s | "
+                              f"train {r['train']:6.2f} s | idle gen {r['gen_idle']:.2f} train {r['train_idle']:.2f} "
+                              f"| overlap {r['overlap']:.2f} | staleness max {r['staleness_max']:.0f}",
+                              flush=True)  # fmt: skip
+
+    def gain(setting: str, user: str, k: int) -> tuple[float, list[float], dict[str, float]]:
+        """The median speed-up of k over k = 0 (each repeat's adjacent runs), the speed-ups, the median run."""
+        gains = [b["step"] / r["step"] for b, r in zip(runs[setting, user, 0], runs[setting, user, k], strict=True)]
+        middle = sorted(range(len(gains)), key=gains.__getitem__)[(len(gains) - 1) // 2]
+        return statistics.median(gains), gains, runs[setting, user, k][middle]
+
+    def spread(gains: list[float]) -> str:
+        return f" (median of {', '.join(f'{g:.2f}' for g in gains)})" if len(gains) > 1 else ""
+
+    for setting, user, k in runs:
+        if k > 0 and (setting, user, 0) in runs and (setting, user) != ("balanced", "llm"):
+            median_gain, gains, r = gain(setting, user, k)
+            print(f"{setting} ({user} user): k={k} speed-up over k=0 {median_gain:.2f}x{spread(gains)} "
+                  f"(overlap {r['overlap']:.2f})")  # fmt: skip
+    if ("balanced", "llm", 0) in runs and ("balanced", "llm", 1) in runs:
+        one_gain, gains, one = gain("balanced", "llm", 1)
+        base = runs["balanced", "llm", 0][gains.index(sorted(gains)[(len(gains) - 1) // 2])]
+        also = f"; k=2 {gain('balanced', 'llm', 2)[0]:.2f}x" if ("balanced", "llm", 2) in runs else ""
+        print(f"{one_gain:.2f}x: the k=1 speed-up over k=0 on the balanced setting{spread(gains)} (LLM stub user, "
               f"replies {median:g} s median; k=0 generation {base['gen']:.2f} s, training {base['train']:.2f} s per "
               f"step, {max(base['gen'], base['train']) / max(min(base['gen'], base['train']), 1e-9):.2f}x apart; "
               f"overlap efficiency {one['overlap']:.2f}{also})")  # fmt: skip
