@@ -207,10 +207,8 @@ def worker_main(
         request = requests.get()
         if request is None:
             return
-        while int(version.value) < request.min_version:  # admission control: wait for fresh enough weights
-            if os.getppid() != parent:
-                return
-            time.sleep(POLL_S / 4)
+        if not admitted(version, request, parent):
+            return
         load_newest()
         idle = time.perf_counter() - idle_since
         start = time.perf_counter()
@@ -237,6 +235,16 @@ def worker_main(
         idle_since = time.perf_counter()
         if played.error:
             return
+
+
+def admitted(version: Any, request: BatchRequest, parent: int) -> bool:
+    """Admission control: waits until the weights (``version``) are fresh enough for ``request``; False when the
+    trainer died meanwhile."""
+    while int(version.value) < request.min_version:
+        if os.getppid() != parent:
+            return False
+        time.sleep(POLL_S / 4)
+    return True
 
 
 def _play(spec: WorkerSpec, backend: Any, request: BatchRequest) -> tuple[list, list, list, list, Any]:
@@ -303,11 +311,7 @@ def served_worker_main(spec: WorkerSpec, version: Any, playing: Any, wanted: Any
         if request is None:
             backend.close()
             return
-        while int(version.value) < request.min_version:  # admission control: wait for fresh enough weights
-            if os.getppid() != parent:
-                return
-            time.sleep(POLL_S / 4)
-        if not take_the_server(playing, wanted, parent):
+        if not admitted(version, request, parent) or not take_the_server(playing, wanted, parent):
             return
         try:
             loaded = int(version.value)
@@ -389,9 +393,7 @@ class GenerationAhead:
         self._last_take: float | None = None
         self.discarded = 0
         self.stopped = False
-        self.served = (
-            bool(getattr(trainer, "use_vllm", False)) and getattr(trainer.args, "vllm_mode", None) == "server"
-        )
+        self.served = bool(getattr(trainer, "use_vllm", False)) and trainer.args.vllm_mode == "server"
         """vLLM server mode: the worker samples on the server; the weights go there (``ServedWeights``)."""
 
     # -- lifecycle
