@@ -451,26 +451,125 @@ def test_the_server_backend_sends_one_seeded_request_per_episode_and_keeps_the_s
 
 
 @pytest.mark.parametrize(
-    ("mode", "processes", "message"),
+    ("mode", "processes", "kind", "message"),
     [
-        ("colocate", 1, "colocated vLLM generates in the training process.*--vllm_mode server"),
-        ("server", 2, "--vllm_mode server trains in one process .* 2 processes are not built yet"),
-        ("server", 1, None),
+        ("colocate", 1, "NO", "colocated vLLM generates in the training process.*--vllm_mode server"),
+        ("server", 1, "NO", None),
+        ("server", 2, "MULTI_GPU", None),  # the ranks push together (ServedWeights in lockstep)
+        ("server", 2, "DEEPSPEED", None),
+        ("server", 2, "FSDP", None),
+        (None, 2, "DEEPSPEED", "on the transformers path runs on one process or DDP on CPU, not under DEEPSPEED"),
     ],
 )
-def test_generation_ahead_with_vllm_is_refused_or_taken_in_one_line(mode, processes, message):
+def test_generation_ahead_with_vllm_is_refused_or_taken_in_one_line(mode, processes, kind, message):
     from accelerate.utils import DistributedType
 
     from airline_rl.run.sharding import LaunchError
     from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
-    kind = DistributedType.NO if processes == 1 else DistributedType.MULTI_GPU
     trainer = SimpleNamespace(
-        use_vllm=True, args=SimpleNamespace(max_staleness=1, vllm_mode=mode, async_correction="truncate"),
-        accelerator=SimpleNamespace(num_processes=processes, distributed_type=kind),
+        use_vllm=mode is not None, args=SimpleNamespace(max_staleness=1, vllm_mode=mode, async_correction="truncate"),
+        accelerator=SimpleNamespace(num_processes=processes, distributed_type=DistributedType[kind]),
     )  # fmt: skip
     if message is None:
         MultiTurnGRPOTrainer._check_generation_ahead(trainer)  # accepted
     else:
         with pytest.raises(LaunchError, match=message):
             MultiTurnGRPOTrainer._check_generation_ahead(trainer)
+
+
+def _two_rank_pushes(rank: int, init_file: str, out: str) -> None:
+    """One rank of ``test_two_ranks_push_into_the_server_together``: its trainer side (``take`` and
+    ``ServedWeights``, gathering over gloo) and a fake worker thread holding the rank's lock while it plays."""
+    import queue
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    from airline_rl.trainers.generation_ahead import PlayedBatch, ServedWeights
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    log: list = []
+
+    def sync() -> None:  # TRL's push: a collective (the ZeRO-3 / FSDP gathers), then the main process sends
+        dist.barrier()
+        log.append(("sync", round(time.perf_counter() - start, 2)))
+
+    def gather(item):
+        items = [None, None]
+        dist.all_gather_object(items, item)
+        return items
+
+    trainer = SimpleNamespace(vllm_generation=SimpleNamespace(sync_weights=sync),
+                              state=SimpleNamespace(global_step=1), _last_loaded_step=0)  # fmt: skip
+    playing, wanted, version = threading.Lock(), SimpleNamespace(value=0), SimpleNamespace(value=0)
+    served = ServedWeights(trainer, playing, wanted, version, gather=gather)
+    ahead = GenerationAhead.__new__(GenerationAhead)
+    ahead.k, ahead._last_take, ahead.lockstep, ahead.gather = 1, None, True, gather
+    ahead.server_weights, ahead.results = served, queue.Queue()
+    ahead.process = SimpleNamespace(is_alive=lambda: True, exitcode=None, pid=0)
+    ahead.pending = deque([BatchRequest(1, [("3", 1)], min_version=0)])
+    batch_seconds = 0.3 + 1.2 * rank  # rank 1's worker ends its batch ~1.2 s after rank 0's
+
+    def worker() -> None:  # plays the batch of step 1 holding the lock, then tries to start the next one at once
+        with playing:
+            time.sleep(batch_seconds)
+        ahead.results.put(PlayedBatch(1, 0, [], [], [], [], [], None, batch_seconds, 0.0))
+        time.sleep(0.5)  # rank 0: 0.8 s in, while rank 1's worker still plays, its trainer holds the lock
+        got = playing.acquire(timeout=0.3)
+        log.append(("next batch", got))
+        if got:
+            playing.release()
+
+    start = time.perf_counter()
+    playing.acquire()  # the worker is mid-batch when the step ends
+    thread = threading.Thread(target=worker)
+    playing.release()
+    thread.start()
+    time.sleep(0.1)
+    served.offer(1)  # both workers mid-batch: pending on both ranks
+    pending_after_offer = served.pending
+    batch = ahead.take(1, [{"task_id": "3"}])
+    took = round(time.perf_counter() - start, 2)
+    thread.join()
+    # a worker dead with its lock: every rank's push_now ends in one line naming the rank
+    if rank == 1:
+        served.alive = lambda: False
+        assert playing.acquire(True, 10)
+    try:
+        served.push_now(2)
+        dead = None
+    except RolloutWorkerError as err:
+        dead = str(err)
+    Path(out, f"rank{rank}.json").write_text(json.dumps({
+        "log": log, "pending_after_offer": pending_after_offer, "took": took, "version": version.value,
+        "batch_step": batch.train_step, "dead": dead, "pushes": served.pushes,
+    }))  # fmt: skip
+    dist.destroy_process_group()
+
+
+def test_two_ranks_push_into_the_server_together(tmp_path):
+    """vLLM server mode with two training processes: TRL's push is a collective, so the ranks push only when both
+    workers are between batches, leave their wait for the batch together, and a rank that got its worker's lock
+    keeps it until the push (its worker's next batch waits, so the push is not starved by the workers taking turns).
+    A dead worker ends every rank's push in one line."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    ranks = [ctx.Process(target=_two_rank_pushes, args=(r, str(tmp_path / "init"), str(tmp_path))) for r in (0, 1)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(timeout=120)
+    assert [process.exitcode for process in ranks] == [0, 0]
+    result = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rank in result:
+        assert rank["pending_after_offer"] == 1  # held back on both ranks: rank 1's worker was mid-batch
+        assert rank["batch_step"] == 1 and rank["version"] == 1 and rank["pushes"] == 1
+        syncs = [t for kind, t in rank["log"] if kind == "sync"]
+        assert len(syncs) == 1 and syncs[0] >= 1.3  # after rank 1's batch ended (0.1 + 1.5 s in), on both ranks
+        assert rank["took"] >= 1.3  # the ranks left the wait together
+        assert "rank 1" in rank["dead"] and "died holding the vLLM server" in rank["dead"]
+    # rank 0's worker, done first, could not start its next batch while its trainer held the lock for the push
+    assert ("next batch", False) in [tuple(entry) for entry in result[0]["log"]]

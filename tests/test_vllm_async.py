@@ -128,3 +128,41 @@ def test_a_resumed_server_mode_run_pushes_the_checkpoints_weights_first(work: Pa
     assert [r["step"] for r in logs] == [STEPS + 1, STEPS + 2]
     assert logs[0]["logs"]["async/staleness_max"] == 0.0  # replayed on the checkpoint's weights
     assert all(r["logs"]["async/staleness_max"] <= 1 for r in logs)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed")
+def test_two_zero3_ranks_play_ahead_on_one_server_and_push_together(work: Path, served_ahead_run) -> None:
+    """The reference layout's sharding: two training processes under ZeRO-3 (the CPU twin of zero3.yaml), each with
+    its own worker sampling its rows on the one server. TRL's push gathers every ZeRO-3 shard (a collective on both
+    ranks, only the main process sends), so the ranks push together, at batch boundaries: the main process records
+    the pushes, both ranks log the same bounded staleness, and the server's log-probs are the trainer's own before
+    any update."""
+    from tests.test_deepspeed_cpu import DEEPSPEED_CPU_FLAGS
+
+    out, probe = work / "grpo-served-zero3", work / "probe-served-zero3"
+    command = list(served_ahead_run["command"])
+    at = command.index("--config_file")
+    command[at + 1] = "accelerate_configs/cpu_zero3.yaml"  # 2 processes
+    command[command.index("--output_dir") + 1] = str(out)
+    command[command.index("--use_cpu") + 1] = DEEPSPEED_CPU_FLAGS[1]
+    command += [DEEPSPEED_CPU_FLAGS[2], DEEPSPEED_CPU_FLAGS[3]]
+    command += ["--per_device_train_batch_size", "2",  # one task's two episodes per rank: three steps an epoch
+                "--run_name", "served-zero3"]  # fmt: skip
+    log = work / "grpo-served-zero3.log"
+    run(command, served_ahead_run["env"] | {"GRPO_PROBE_DIR": str(probe)}, log)
+    text = log.read_text(encoding="utf-8")
+    assert "sampling on the vLLM server http://" in text
+    ranks = [read_jsonl(probe / f"rank{rank}.jsonl") for rank in (0, 1)]
+    pushes = [r for r in ranks[0] if r["kind"] == "push"]
+    assert [p["step"] for p in pushes][:1] == [0] and len(pushes) >= STEPS and all(p["tensors"] > 0 for p in pushes)
+    assert not [r for r in ranks[1] if r["kind"] == "push"]  # only the main process sends
+    for records in ranks:
+        logs = [r["logs"] for r in records if r["kind"] == "log" and "loss" in r["logs"]]
+        assert len(logs) == STEPS
+        assert [log["async/staleness_max"] for log in logs] == [0.0, 1.0, 1.0]
+        assert abs(logs[0]["async/behaviour_weight"] - 1.0) < 0.05 and logs[0]["async/kl_behaviour"] < 0.01
+        assert all(log["loss"] != 0.0 for log in logs)
+        rollouts = [r for r in records if r["kind"] == "rollout"]
+        assert len(rollouts) == STEPS and all(len(r["completions"]) == 2 for r in rollouts)
+    state = json.loads((out / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
+    assert state["global_step"] == STEPS

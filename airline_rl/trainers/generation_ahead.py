@@ -20,10 +20,12 @@ How it works (CPU; one process, or one worker per rank under DDP):
 5. The correction is TRL's own importance-sampling code (``vllm_importance_sampling_*``), fed with the behaviour
    log-probs: see ``MultiTurnGRPOTrainer._behaviour_correction`` and docs/variants.md.
 
-vLLM server mode (``--use_vllm true --vllm_mode server``, one training process): the worker has no model and samples
-on the server (``served_worker_main``, ``airline_rl.backends.vllm_server``), its behaviour log-probs the server's own;
-the trainer pushes its weights into the server with TRL's ``sync_weights`` between two of the worker's batches
-(``ServedWeights``), so that a batch still plays on one version and ``version`` is the server's.
+vLLM server mode (``--use_vllm true --vllm_mode server``): the worker has no model and samples on the server
+(``served_worker_main``, ``airline_rl.backends.vllm_server``), its behaviour log-probs the server's own; the trainer
+pushes its weights into the server with TRL's ``sync_weights`` between two of the worker's batches (``ServedWeights``),
+so that a batch still plays on one version and ``version`` is the server's. With several training processes (DDP,
+ZeRO, FSDP) every rank has its own worker on the one server, and the ranks wait for their batches and push in
+lockstep, when every worker is between batches (TRL's push gathers the shards on every rank).
 
 The worker is a ``spawn``ed process (fork would copy the trainer's threads and process group); a dead worker is
 noticed within ``POLL_S`` and ends the run with one line (``RolloutWorkerError``).
@@ -376,6 +378,8 @@ class GenerationAhead:
 
     server_weights: ServedWeights | None = None
     """vLLM server mode: the weight pushes into the server; None on the CPU path (shared memory)."""
+    lockstep = False
+    """Several ranks pushing into one server: they wait for their batches, and push, at the same points."""
 
     def __init__(self, trainer: Any, max_staleness: int, threads: int) -> None:
         self.trainer = trainer
@@ -395,6 +399,15 @@ class GenerationAhead:
         self.stopped = False
         self.served = bool(getattr(trainer, "use_vllm", False)) and trainer.args.vllm_mode == "server"
         """vLLM server mode: the worker samples on the server; the weights go there (``ServedWeights``)."""
+        self.lockstep = self.served and trainer.accelerator.num_processes > 1
+
+    def gather(self, item: Any) -> list[Any]:
+        """``item`` from every rank, in rank order (a collective when the ranks work in lockstep)."""
+        if not self.lockstep:
+            return [item]
+        from accelerate.utils import gather_object
+
+        return gather_object([item])
 
     # -- lifecycle
 
@@ -408,7 +421,8 @@ class GenerationAhead:
         if self.served:  # no copy of the weights here: they go to the server, the first time before any batch
             self.weights = {}
             served = (ctx.Lock(), ctx.Value("b", 0, lock=False))
-            self.server_weights = ServedWeights(trainer, *served, self.version, alive=self._worker_alive)
+            self.server_weights = ServedWeights(trainer, *served, self.version, alive=self._worker_alive,
+                                                gather=self.gather)  # fmt: skip
             self.server_weights.push_now(int(trainer.state.global_step))
         else:
             self.weights = {n: p.detach().to("cpu").clone().share_memory_() for n, p in model.named_parameters()}
@@ -539,19 +553,26 @@ class GenerationAhead:
         if [str(r["task_id"]) for r in rows] != expected:
             raise RolloutWorkerError(f"the rows of step {step} differ from those the rollout worker played")
         start = time.perf_counter()
+        played = None
         while True:
             if self.server_weights is not None:  # a push the worker's batch held back goes in between batches
-                self.server_weights.try_push()
-            try:
-                played = self.results.get(timeout=POLL_S)
+                self.server_weights.try_push(keep=True)
+            if played is None:
+                with contextlib.suppress(queue.Empty):
+                    played = self.results.get(timeout=POLL_S)
+            else:
+                time.sleep(POLL_S)  # several ranks in server mode: waiting for the others' batches
+            dead = played is None and not self.process.is_alive()
+            if not self.lockstep:
+                if played is not None or dead:
+                    break
+            elif all(self.gather(played is not None or dead)):  # the ranks leave the loop (and push) together
                 break
-            except queue.Empty:
-                if not self.process.is_alive():
-                    code = self.process.exitcode
-                    raise RolloutWorkerError(
-                        f"the rollout worker (pid {self.process.pid}) died with exit code {code} while playing the "
-                        f"batch of step {step}"
-                    ) from None
+        if played is None:
+            raise RolloutWorkerError(
+                f"the rollout worker (pid {self.process.pid}) died with exit code {self.process.exitcode} while "
+                f"playing the batch of step {step}"
+            )
         now = time.perf_counter()
         self.wait_seconds = now - start
         if self._last_take is not None:  # the share of the time since the last batch the trainer spent waiting
@@ -597,14 +618,26 @@ class ServedWeights:
     has it) pushes the newest pending step when the lock is free. ``version`` is then the server's.
     Evaluations in between (held-out pass^k samples through TRL's vLLM path) go through ``push_now``, wrapped around
     TRL's ``sync_weights``: they wait for the batch boundary, since their samples must come from the current
-    weights."""
+    weights.
 
-    def __init__(self, trainer: Any, playing: Any, wanted: Any, version: Any, alive: Any = lambda: True) -> None:
+    Several training processes (DDP, ZeRO, FSDP): every rank has its own worker and lock, and TRL's push is a
+    collective (the ZeRO-3 and FSDP gathers; only the main process sends). So every method here is called by all
+    ranks at the same point (``gather`` is then accelerate's ``gather_object``: one item per rank), and a push goes
+    in only when every rank holds its own worker's lock. A rank that got its lock keeps it until that push (its
+    worker waits, as it would for a push at a batch boundary), so the pushes cannot starve while the workers take
+    turns between batches. ``pending`` is set and cleared at those same points, so it is the same on every rank."""
+
+    def __init__(
+        self, trainer: Any, playing: Any, wanted: Any, version: Any, alive: Any = lambda: True,
+        gather: Any = lambda item: [item],
+    ) -> None:  # fmt: skip
         self.trainer = trainer
         self.playing = playing
         self.wanted = wanted
         self.version = version
         self.alive = alive
+        self.gather = gather
+        self.held = False
         self.pending: int | None = None
         self.pushes = 0
         self.push_seconds = 0.0
@@ -612,43 +645,68 @@ class ServedWeights:
         trainer.vllm_generation.sync_weights = self._sync_for_trl
 
     def _push(self, step: int) -> None:
+        """TRL's push, with this rank's lock held (released after it, also when the push fails)."""
         start = time.perf_counter()
-        self._sync()
-        self.version.value = int(step)
-        self.trainer._last_loaded_step = int(step)  # TRL's own paths then see the server as current
-        self.pending = None
-        self.wanted.value = 0
+        try:
+            self._sync()
+            self.version.value = int(step)  # before the worker can take the lock again and read it
+            self.trainer._last_loaded_step = int(step)  # TRL's own paths then see the server as current
+            self.pending = None
+            self.wanted.value = 0
+        finally:
+            self._release()
         self.pushes += 1
         self.push_seconds += time.perf_counter() - start
+
+    def _hold(self, timeout: float | None) -> bool:
+        """Acquires this rank's ``playing`` (at once, or within ``timeout``) unless it holds it already."""
+        if not self.held:
+            self.held = self.playing.acquire(False) if timeout is None else self.playing.acquire(True, timeout)
+        return self.held
+
+    def _release(self) -> None:
+        if self.held:
+            self.held = False
+            self.playing.release()
 
     def offer(self, step: int) -> None:
         self.pending = int(step)
         if not self.try_push():
             self.wanted.value = 1  # the worker lets it go first at its batch boundary
 
-    def try_push(self) -> bool:
-        if self.pending is None or not self.playing.acquire(block=False):
+    def try_push(self, keep: bool = False) -> bool:
+        """Pushes the pending step if every rank's worker is between batches. ``keep``: a rank that got its lock
+        keeps it for the next try (the trainer's wait for its batch), else lets it go (training comes next)."""
+        if self.pending is None:
             return False
-        try:
-            self._push(self.pending)
-        finally:
-            self.playing.release()
+        if not all(self.gather(self._hold(None))):
+            if not keep:
+                self._release()
+            return False
+        self._push(self.pending)
         return True
 
     def push_now(self, step: int) -> None:
-        """Pushes ``step``'s weights, waiting for the worker's batch boundary (never for a dead worker)."""
-        while not self.playing.acquire(timeout=POLL_S):
-            if not self.alive():
-                raise RolloutWorkerError("the rollout worker died holding the vLLM server between weight pushes")
-        try:
-            self._push(step)
-        finally:
-            self.playing.release()
+        """Pushes ``step``'s weights, waiting for the workers' batch boundaries (never for a dead worker)."""
+        self.wanted.value = 1
+        while True:
+            held = self._hold(POLL_S)
+            flags = self.gather((held, held or self.alive()))
+            if not all(alive for _, alive in flags):
+                self._release()
+                ranks = [rank for rank, (_, alive) in enumerate(flags) if not alive]
+                where = f" (rank {', '.join(map(str, ranks))})" if len(flags) > 1 else ""
+                raise RolloutWorkerError(f"the rollout worker{where} died holding the vLLM server between weight "
+                                         "pushes")  # fmt: skip
+            if all(held for held, _ in flags):
+                break
+        self._push(step)
 
     def _sync_for_trl(self) -> None:
         self.push_now(int(self.trainer.state.global_step))
 
     def restore(self) -> None:
+        self._release()
         self.trainer.vllm_generation.sync_weights = self._sync
 
 

@@ -269,19 +269,12 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
                 "overlaps; use --vllm_mode server (a vLLM server on its own GPUs), --max_staleness 0 or "
                 "--use_vllm false"
             )
-        if self.use_vllm:  # server mode: the worker samples on the server, the trainer pushes its weights there
-            if self.accelerator.num_processes > 1:
-                raise LaunchError(
-                    f"{flag} with --vllm_mode server trains in one process (one GPU beside the server's); "
-                    f"{self.accelerator.num_processes} processes are not built yet: launch with --num_processes 1"
-                )
-            if self.accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_GPU):
-                raise LaunchError(f"{flag} with --vllm_mode server: not under "
-                                  f"{self.accelerator.distributed_type.value} yet")  # fmt: skip
-            return
+        if self.use_vllm:  # server mode: the workers sample on the server, the trainer pushes its weights there
+            return  # any process count and sharding: the ranks push together (ServedWeights)
         if self.accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_CPU):
             raise LaunchError(
-                f"{flag} runs on one process or DDP on CPU; not under {self.accelerator.distributed_type.value} yet"
+                f"{flag} on the transformers path runs on one process or DDP on CPU, not under "
+                f"{self.accelerator.distributed_type.value}; on GPUs use --use_vllm true --vllm_mode server"
             )
         reason = trl_prefix.unavailable(self)
         if reason is not None:
