@@ -573,3 +573,61 @@ def test_two_ranks_push_into_the_server_together(tmp_path):
         assert "rank 1" in rank["dead"] and "died holding the vLLM server" in rank["dead"]
     # rank 0's worker, done first, could not start its next batch while its trainer held the lock for the push
     assert ("next batch", False) in [tuple(entry) for entry in result[0]["log"]]
+
+
+@pytest.mark.parametrize("correction", ["truncate", "mask", "none"])
+def test_the_behaviour_weight_comes_from_the_losss_own_forward_when_one_step_trains_a_batch(correction):
+    """One optimiser step per generation batch: the proximal policy is the loss forward's, so TRL's extra
+    ``old_per_token_logps`` forward at scoring is skipped and the weight exp(proximal − behaviour), truncated or
+    masked at the cap as TRL's token modes, is made from the loss's first forward (the policy's, not a reference
+    model's after it). With two iterations per batch TRL's own scoring-time forward stays."""
+    from collections import defaultdict
+
+    from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+
+    proximal = torch.tensor([[-1.0, -1.0, -1.0, -1.0]])
+
+    class Probe(MultiTurnGRPOTrainer):
+        def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+            self.forwards += 1
+            return proximal.clone().requires_grad_(), None, None
+
+    trainer = Probe.__new__(Probe)
+    trainer.__dict__.update(
+        _ahead=object(), model=SimpleNamespace(training=True), num_iterations=1, forwards=0, use_vllm=False,
+        vllm_importance_sampling_correction=False, vllm_importance_sampling_mode="sequence_mask",
+        vllm_importance_sampling_clip_max=3.0, vllm_importance_sampling_clip_min=0.5, _metrics=defaultdict(
+            lambda: defaultdict(list)),
+        args=SimpleNamespace(async_correction=correction, async_behaviour_cap=5.0, steps_per_generation=1,
+                             gradient_accumulation_steps=1),
+    )  # fmt: skip
+    with trainer._behaviour_correction():  # scoring: no old_per_token_logps forward asked of TRL
+        assert trainer.use_vllm and not trainer.vllm_importance_sampling_correction
+    # behaviour log-probs: equal, 1 nat below (weight e), 2 nats below (e² > 5: truncated or masked), an env token
+    inputs = {"sampling_per_token_logps": torch.tensor([[-1.0, -2.0, -3.0, -9.0]]),
+              "completion_mask": torch.ones(1, 4), "tool_mask": torch.tensor([[1.0, 1.0, 1.0, 0.0]])}  # fmt: skip
+    with trainer._behaviour_correction(inputs):
+        assert trainer.vllm_importance_sampling_correction == (correction != "none")
+        assert trainer.vllm_importance_sampling_mode == ("token_mask" if correction == "mask" else "token_truncate")
+        trainer._get_per_token_logps_and_entropies()
+        trainer._get_per_token_logps_and_entropies()  # a second forward (a reference model's) is not weighed
+    assert trainer.forwards == 2 and "_get_per_token_logps_and_entropies" not in trainer.__dict__
+    assert (trainer.use_vllm, trainer.vllm_importance_sampling_correction) == (False, False)  # restored
+    assert (
+        trainer.vllm_importance_sampling_mode == "sequence_mask" and trainer.vllm_importance_sampling_clip_min == 0.5
+    )
+    expected = {"truncate": [1.0, math.e, 5.0, 1.0], "mask": [1.0, math.e, 0.0, 1.0]}
+    if correction == "none":
+        assert "importance_sampling_ratio" not in inputs
+    else:
+        assert inputs["importance_sampling_ratio"][0].tolist() == pytest.approx(expected[correction])
+        assert not inputs["importance_sampling_ratio"].requires_grad
+    metrics = trainer._metrics["train"]
+    assert len(metrics["async/behaviour_weight"]) == 1
+    assert metrics["async/behaviour_weight_truncated"] == [pytest.approx(1 / 3 if correction != "none" else 0.0)]
+    assert metrics["async/kl_behaviour"][0] > 0
+    trainer.num_iterations = 2  # the batch trains twice: TRL's scoring-time forward is the proximal policy
+    with trainer._behaviour_correction():
+        assert trainer.vllm_importance_sampling_correction == (correction != "none")
+    with trainer._behaviour_correction(inputs):
+        assert "_get_per_token_logps_and_entropies" not in trainer.__dict__

@@ -477,30 +477,71 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         return played
 
     @contextlib.contextmanager
-    def _behaviour_correction(self) -> Iterator[None]:
+    def _behaviour_correction(self, loss_inputs: dict[str, Any] | None = None) -> Iterator[None]:
         """With generation ahead: TRL's vLLM importance-sampling code, fed with the worker's behaviour log-probs.
 
         TRL computes it only ``if self.use_vllm and self.vllm_importance_sampling_correction``: the proximal
         log-probs (``old_per_token_logps``, at the step the batch first trains), the per-token weight
         exp(old − behaviour) truncated (``token_truncate``) or masked (``token_mask``) at the cap, and the loss
         multiplied by it. Those are the only places TRL reads ``use_vllm`` once ``_generate`` has returned, so the
-        flag is raised around them; generation itself (the worker's) never sees it."""
+        flag is raised around them; generation itself (the worker's) never sees it.
+
+        When a generation batch is trained by exactly one optimiser step (``_proximal_is_current``), the proximal
+        policy is the one the loss's own forward runs, so TRL's extra forward pass for ``old_per_token_logps`` at
+        scoring time (``loss_inputs`` None) is skipped, and the weight is made from that forward's log-probs in the
+        loss (``loss_inputs``: the micro-batch, ``_weigh_by_behaviour``)."""
         if self._ahead is None or not self.model.training:
             yield
             return
         saved = (self.use_vllm, self.vllm_importance_sampling_correction, self.vllm_importance_sampling_mode,
                  self.vllm_importance_sampling_clip_max, self.vllm_importance_sampling_clip_min)  # fmt: skip
         correction = self.args.async_correction
+        in_loss = self._proximal_is_current()
         self.use_vllm = True
-        self.vllm_importance_sampling_correction = correction != "none"
+        self.vllm_importance_sampling_correction = correction != "none" and (loss_inputs is not None or not in_loss)
         self.vllm_importance_sampling_mode = "token_mask" if correction == "mask" else "token_truncate"
         self.vllm_importance_sampling_clip_max = self.args.async_behaviour_cap
         self.vllm_importance_sampling_clip_min = None
+        forward = self._get_per_token_logps_and_entropies
+        if in_loss and loss_inputs is not None:
+
+            def policy_forward(*args: Any, **kwargs: Any) -> Any:
+                self._get_per_token_logps_and_entropies = forward  # the policy's forward is the loss's first
+                logps, *rest = forward(*args, **kwargs)
+                self._weigh_by_behaviour(loss_inputs, logps.detach())
+                return (logps, *rest)
+
+            self._get_per_token_logps_and_entropies = policy_forward
         try:
             yield
         finally:
+            self.__dict__.pop("_get_per_token_logps_and_entropies", None)
             (self.use_vllm, self.vllm_importance_sampling_correction, self.vllm_importance_sampling_mode,
              self.vllm_importance_sampling_clip_max, self.vllm_importance_sampling_clip_min) = saved  # fmt: skip
+
+    def _proximal_is_current(self) -> bool:
+        """True when every generation batch is trained by one optimiser step (``num_iterations`` 1, generation
+        aligned with gradient accumulation: TRL's own condition for needing no ``old_per_token_logps``): the
+        proximal policy, the weights at the start of that step, is then the policy of the loss's forward pass."""
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        return self.args.gradient_accumulation_steps % generate_every == 0
+
+    def _weigh_by_behaviour(self, inputs: dict[str, Any], proximal: torch.Tensor) -> None:
+        """TRL's token-level weight from the loss forward's own log-probs (``proximal``, detached): exp(proximal −
+        behaviour) over the policy tokens (1 where the behaviour log-prob is missing), truncated or masked at the
+        cap as TRL's ``token_truncate`` / ``token_mask``; into ``inputs`` for TRL's loss, and the metrics."""
+        behaviour = inputs["sampling_per_token_logps"]
+        mask = inputs["completion_mask"] * inputs["tool_mask"]
+        ratio = torch.exp(torch.nan_to_num((proximal - behaviour) * mask, nan=0.0))
+        cap = self.args.async_behaviour_cap
+        correction = self.args.async_correction
+        if correction == "truncate":
+            inputs["importance_sampling_ratio"] = torch.clamp(ratio, max=cap)
+        elif correction == "mask":
+            inputs["importance_sampling_ratio"] = ratio.masked_fill(ratio > cap, 0.0)
+        stats = behaviour_stats({**inputs, "old_per_token_logps": proximal}, cap if correction != "none" else None)
+        for key, value in stats.items():
+            self._metrics["train"][f"async/{key}"].append(value)
 
     # -- scoring and loss shaping --------------------------------------------------------------------------------
 
@@ -553,7 +594,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
     def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None):
         """TRL's loss; on a batch of nothing but user errors it is multiplied by 0 (the backward still runs, so every
         rank joins the same collectives) and the step's gradients are dropped in ``_get_grad_norm``."""
-        with self._behaviour_correction():
+        with self._behaviour_correction(inputs):
             loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         if not self.model.training:
             return loss
