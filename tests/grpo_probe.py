@@ -77,7 +77,13 @@ def recorded_weight_transfer(trainer: ProbedTrainer) -> None:
     from trl.generation.vllm_client import VLLMClient
 
     def update_named_params(client: Any, metadata: list, params: Any) -> None:
-        trainer._probe_write({"kind": "push", "tensors": sum(1 for _ in params)})
+        sent = [(name, tensor) for name, tensor in params]  # the gathers (ZeRO-3, FSDP) run as the push runs them
+        # what NCCL would send: whole plain tensors, each with the shape announced to the server (not a shard)
+        full = len(sent) == len(metadata) and all(
+            type(tensor) is torch.Tensor and [name, list(tensor.shape)] == [meta[0], meta[2]]
+            for (name, tensor), meta in zip(sent, metadata, strict=True)
+        )
+        trainer._probe_write({"kind": "push", "tensors": len(sent), "full": full})
 
     VLLMClient.init_communicator = lambda client, device=0: None
     VLLMClient.update_named_params = update_named_params

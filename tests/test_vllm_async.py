@@ -100,6 +100,7 @@ def test_generation_ahead_samples_on_the_vllm_server_and_pushes_between_batches(
     # step but the last (the worker has nothing left to play after it: announced batches stop at max_steps)
     assert [p["step"] for p in pushes][:1] == [0] and len(pushes) >= STEPS
     assert all(p["tensors"] > 0 for p in pushes)
+    assert all(p["full"] for p in pushes)
     logs = [r["logs"] for r in records if r["kind"] == "log" and "loss" in r["logs"]]
     assert len(logs) == STEPS
     assert [log["async/staleness_max"] for log in logs] == [0.0, 1.0, 1.0]
@@ -130,31 +131,42 @@ def test_a_resumed_server_mode_run_pushes_the_checkpoints_weights_first(work: Pa
     assert all(r["logs"]["async/staleness_max"] <= 1 for r in logs)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed")
-def test_two_zero3_ranks_play_ahead_on_one_server_and_push_together(work: Path, served_ahead_run) -> None:
-    """The reference layout's sharding: two training processes under ZeRO-3 (the CPU twin of zero3.yaml), each with
-    its own worker sampling its rows on the one server. TRL's push gathers every ZeRO-3 shard (a collective on both
-    ranks, only the main process sends), so the ranks push together, at batch boundaries: the main process records
-    the pushes, both ranks log the same bounded staleness, and the server's log-probs are the trainer's own before
-    any update."""
+NO_DEEPSPEED = importlib.util.find_spec("deepspeed") is None
+
+
+@pytest.mark.parametrize(
+    "sharding",
+    [pytest.param("zero3", marks=pytest.mark.skipif(NO_DEEPSPEED, reason="DeepSpeed is not installed")), "fsdp2"],
+)
+def test_two_sharded_ranks_play_ahead_on_one_server_and_push_together(
+    work: Path, served_ahead_run, sharding: str
+) -> None:
+    """The reference layout's sharding: two training processes under ZeRO-3 or FSDP2 (the CPU twins of zero3.yaml
+    and fsdp2.yaml), each with its own worker sampling its rows on the one server. TRL's push gathers the shards (a
+    collective on both ranks, only the main process sends), so the ranks push together, at batch boundaries: the
+    main process records the pushes, both ranks log the same bounded staleness, and the server's log-probs are the
+    trainer's own before any update."""
     from tests.test_deepspeed_cpu import DEEPSPEED_CPU_FLAGS
 
-    out, probe = work / "grpo-served-zero3", work / "probe-served-zero3"
+    out, probe = work / f"grpo-served-{sharding}", work / f"probe-served-{sharding}"
     command = list(served_ahead_run["command"])
     at = command.index("--config_file")
-    command[at + 1] = "accelerate_configs/cpu_zero3.yaml"  # 2 processes
+    command[at + 1] = f"accelerate_configs/cpu_{sharding}.yaml"  # 2 processes
     command[command.index("--output_dir") + 1] = str(out)
-    command[command.index("--use_cpu") + 1] = DEEPSPEED_CPU_FLAGS[1]
-    command += [DEEPSPEED_CPU_FLAGS[2], DEEPSPEED_CPU_FLAGS[3]]
+    if sharding == "zero3":
+        command[command.index("--use_cpu") + 1] = DEEPSPEED_CPU_FLAGS[1]
+        command += [DEEPSPEED_CPU_FLAGS[2], DEEPSPEED_CPU_FLAGS[3]]
     command += ["--per_device_train_batch_size", "2",  # one task's two episodes per rank: three steps an epoch
-                "--run_name", "served-zero3"]  # fmt: skip
-    log = work / "grpo-served-zero3.log"
+                "--run_name", f"served-{sharding}"]  # fmt: skip
+    log = work / f"grpo-served-{sharding}.log"
     run(command, served_ahead_run["env"] | {"GRPO_PROBE_DIR": str(probe)}, log)
     text = log.read_text(encoding="utf-8")
     assert "sampling on the vLLM server http://" in text
+    assert ("sharding: DeepSpeed ZeRO-3" if sharding == "zero3" else "sharding: FSDP2") in text
     ranks = [read_jsonl(probe / f"rank{rank}.jsonl") for rank in (0, 1)]
     pushes = [r for r in ranks[0] if r["kind"] == "push"]
     assert [p["step"] for p in pushes][:1] == [0] and len(pushes) >= STEPS and all(p["tensors"] > 0 for p in pushes)
+    assert all(p["full"] for p in pushes)  # gathered whole tensors, as the server was told, not this rank's shards
     assert not [r for r in ranks[1] if r["kind"] == "push"]  # only the main process sends
     for records in ranks:
         logs = [r["logs"] for r in records if r["kind"] == "log" and "loss" in r["logs"]]
