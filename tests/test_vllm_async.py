@@ -92,15 +92,18 @@ def served_ahead_run(work: Path, plugin: Path, smoke: dict[str, list[str]], poli
             "command": command, "env": env}  # fmt: skip
 
 
-def test_generation_ahead_samples_on_the_vllm_server_and_pushes_between_batches(served_ahead_run) -> None:
-    records, text = served_ahead_run["records"], served_ahead_run["log"]
-    assert "sampling on the vLLM server http://" in text
+def assert_pushed_whole_weights(records: list[dict]) -> None:
+    """The start's push (the server must hold the trainer's weights, a resumed run's too), then one per optimiser
+    step but the last (the worker has nothing left to play after it: announced batches stop at max_steps); each
+    with whole tensors of the shapes announced to the server (``tests/grpo_probe.py``)."""
     pushes = [r for r in records if r["kind"] == "push"]
-    # the start's push (the server must hold the trainer's weights, a resumed run's too), then one per optimiser
-    # step but the last (the worker has nothing left to play after it: announced batches stop at max_steps)
     assert [p["step"] for p in pushes][:1] == [0] and len(pushes) >= STEPS
     assert all(p["tensors"] > 0 for p in pushes)
     assert all(p["full"] for p in pushes)
+
+
+def assert_played_ahead(records: list[dict]) -> None:
+    """A rank's ``STEPS`` steps played one step ahead: staleness 0 then 1, a non-zero loss, a rollout per step."""
     logs = [r["logs"] for r in records if r["kind"] == "log" and "loss" in r["logs"]]
     assert len(logs) == STEPS
     assert [log["async/staleness_max"] for log in logs] == [0.0, 1.0, 1.0]
@@ -108,10 +111,22 @@ def test_generation_ahead_samples_on_the_vllm_server_and_pushes_between_batches(
     # kernels against transformers': close, not equal), so the behaviour weight is ~1 and the KL ~0
     assert abs(logs[0]["async/behaviour_weight"] - 1.0) < 0.05 and logs[0]["async/kl_behaviour"] < 0.01
     assert all(log["loss"] != 0.0 for log in logs)
-    rollouts = [r for r in records if r["kind"] == "rollout"]
-    assert len(rollouts) == STEPS and all(any(len(c) for c in r["completions"]) for r in rollouts)
-    state = json.loads((served_ahead_run["out"] / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
+    assert len([r for r in records if r["kind"] == "rollout"]) == STEPS
+
+
+def assert_finished(out: Path) -> None:
+    state = json.loads((out / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
     assert state["global_step"] == STEPS
+
+
+def test_generation_ahead_samples_on_the_vllm_server_and_pushes_between_batches(served_ahead_run) -> None:
+    records, text = served_ahead_run["records"], served_ahead_run["log"]
+    assert "sampling on the vLLM server http://" in text
+    assert_pushed_whole_weights(records)
+    assert_played_ahead(records)
+    rollouts = [r for r in records if r["kind"] == "rollout"]
+    assert all(any(len(c) for c in r["completions"]) for r in rollouts)
+    assert_finished(served_ahead_run["out"])
 
 
 def test_a_resumed_server_mode_run_pushes_the_checkpoints_weights_first(work: Path, served_ahead_run) -> None:
@@ -164,17 +179,9 @@ def test_two_sharded_ranks_play_ahead_on_one_server_and_push_together(
     assert "sampling on the vLLM server http://" in text
     assert ("sharding: DeepSpeed ZeRO-3" if sharding == "zero3" else "sharding: FSDP2") in text
     ranks = [read_jsonl(probe / f"rank{rank}.jsonl") for rank in (0, 1)]
-    pushes = [r for r in ranks[0] if r["kind"] == "push"]
-    assert [p["step"] for p in pushes][:1] == [0] and len(pushes) >= STEPS and all(p["tensors"] > 0 for p in pushes)
-    assert all(p["full"] for p in pushes)  # gathered whole tensors, as the server was told, not this rank's shards
+    assert_pushed_whole_weights(ranks[0])  # gathered whole tensors, as the server was told, not rank 0's shards
     assert not [r for r in ranks[1] if r["kind"] == "push"]  # only the main process sends
     for records in ranks:
-        logs = [r["logs"] for r in records if r["kind"] == "log" and "loss" in r["logs"]]
-        assert len(logs) == STEPS
-        assert [log["async/staleness_max"] for log in logs] == [0.0, 1.0, 1.0]
-        assert abs(logs[0]["async/behaviour_weight"] - 1.0) < 0.05 and logs[0]["async/kl_behaviour"] < 0.01
-        assert all(log["loss"] != 0.0 for log in logs)
-        rollouts = [r for r in records if r["kind"] == "rollout"]
-        assert len(rollouts) == STEPS and all(len(r["completions"]) == 2 for r in rollouts)
-    state = json.loads((out / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
-    assert state["global_step"] == STEPS
+        assert_played_ahead(records)
+        assert all(len(r["completions"]) == 2 for r in records if r["kind"] == "rollout")
+    assert_finished(out)
