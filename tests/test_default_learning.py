@@ -2,7 +2,7 @@
 
 Setting (the embedded default, shrunk): the tiny Qwen2 warmed up by SFT on a mixed-quality teacher
 (``airline_rl.data.default_policy``: for train tasks 3 and 40 the oracle's dialogue once and a declining agent's
-twice; built once per session in a temporary directory), compact system prompt, the real tools, scripted user and τ²
+twice; built once per session in outputs/: tests/conftest.py), compact system prompt, the real tools, scripted user
 reward. Training: task 3 (the oracle needs 4 turns and 2 tool calls, ``get_reservation_details`` then
 ``get_user_details``, then says "4"; declining scores 0), two groups of 8 episodes per step sampled at temperature 1,
 ``STEPS`` steps, lr 1e-4 as the recipe, fixed seed.
@@ -36,7 +36,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from airline_rl.backends import TransformersBackend
 from airline_rl.configs import VARIANTS, MultiTurnGRPOConfig
-from airline_rl.data.default_policy import build_default_policy, compact_env
+from airline_rl.data.default_policy import build_default_policy, compact_env, default_policy_dir
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.runner import run_episodes
 from airline_rl.envs.users import get_user_simulator
@@ -97,8 +97,10 @@ def mean_reward(model, tokenizer, episodes: int) -> float:
 
 
 @pytest.fixture(scope="module")
-def default_policy(tmp_path_factory) -> str:
-    return str(build_default_policy(tmp_path_factory.mktemp("default") / "policy", WARMUP_TASKS, epochs=WARMUP_EPOCHS))
+def default_policy(default_policy_cache) -> str:
+    """The recipe's default policy, from the session's cache (tests/conftest.py; this reuses, never rebuilds)."""
+    directory = default_policy_dir(default_policy_cache, WARMUP_TASKS, WARMUP_EPOCHS)
+    return str(build_default_policy(directory, WARMUP_TASKS, epochs=WARMUP_EPOCHS))
 
 
 @pytest.fixture(scope="module")

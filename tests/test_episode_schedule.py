@@ -228,7 +228,17 @@ def test_ctrl_c_with_requests_in_flight_leaves_no_thread_socket_or_loop(env, stu
     server = stub_server("hang", hang_s=60.0)
     user = LLMUser(base_url=server.base_url, model=server.model, timeout=60.0, max_retries=0)
     main = threading.main_thread().ident
-    interrupt = threading.Timer(1.0, signal.pthread_kill, args=(main, signal.SIGINT))  # a Ctrl-C
+
+    def ctrl_c_once_the_request_hangs() -> None:
+        # Timed from the request's arrival, not from the test's start: on a loaded machine a fixed 1 s could land
+        # before the loop is waiting on the user at all (CI saw the episode end as a user error after 3 minutes).
+        deadline = time.monotonic() + 30.0
+        while server.requests == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        signal.pthread_kill(main, signal.SIGINT)  # a Ctrl-C
+
+    interrupt = threading.Thread(target=ctrl_c_once_the_request_hangs, daemon=True)
     interrupt.start()
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):

@@ -156,6 +156,7 @@ def test_fuzz_the_whole_loop(tiny_tokenizer) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # the 2,000-output version above runs in the default suite
 def test_fuzz_the_whole_loop_10k(tiny_tokenizer) -> None:
     """The issue's bar: ≥ 10,000 random model outputs through the loop, 0 exceptions."""
     fuzz_loop(tiny_tokenizer, examples=500, minimum_outputs=10_000)

@@ -114,26 +114,34 @@ def check_two_ranks(tmp_path: Path, ranks: dict[int, list[dict[str, Any]]]) -> N
     assert (tmp_path / "run" / "checkpoint-2").is_dir()
 
 
+def launch_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": str(ROOT)}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def default_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """train_grpo.py's default tiny model (4k vocabulary: the real prompt fits), built once for the module."""
+    model = tmp_path_factory.mktemp("model") / "tiny-qwen2"
+    subprocess.run([sys.executable, "-m", "scripts.build_tiny_model", "--output_dir", str(model)], cwd=ROOT,
+                   env=launch_env(), check=True, capture_output=True, timeout=600)  # fmt: skip
+    return model
+
+
 @pytest.mark.slow
-def test_two_process_grpo_with_ranks_on_different_turn_counts(tmp_path: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": str(ROOT)}  # fmt: skip
-    model = tmp_path / "tiny-qwen2"  # train_grpo.py's default tiny model (4k vocabulary: the real prompt fits)
-    subprocess.run([sys.executable, "-m", "scripts.build_tiny_model", "--output_dir", str(model)], cwd=ROOT, env=env,
-                   check=True, capture_output=True, timeout=600)  # fmt: skip
+def test_two_process_grpo_with_ranks_on_different_turn_counts(tmp_path: Path, default_tiny_model: Path) -> None:
+    env, model = launch_env(), default_tiny_model
     bias = json.dumps({"sequence_bias": [[[end_of_turn_id(model)], 10.0]]})
     check_two_ranks(tmp_path, run_two_ranks(tmp_path, model, env, ["--generation_kwargs", bias]))
 
 
 @pytest.mark.slow
-def test_two_process_user_errors_skip_the_update_on_every_rank_or_on_none(tmp_path: Path) -> None:
+def test_two_process_user_errors_skip_the_update_on_every_rank_or_on_none(
+    tmp_path: Path, default_tiny_model: Path
+) -> None:
     """Task 0's user endpoint answers HTTP 500 (rank 0's episodes), task 1's answers (rank 1's): the global batch is
     not all user errors, so neither rank skips; with both failing, both ranks skip and stop together (exit 1)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": str(ROOT)}  # fmt: skip
-    model = tmp_path / "tiny-qwen2"
-    subprocess.run([sys.executable, "-m", "scripts.build_tiny_model", "--output_dir", str(model)], cwd=ROOT, env=env,
-                   check=True, capture_output=True, timeout=600)  # fmt: skip
+    env, model = launch_env(), default_tiny_model
     extra = ["--generation_kwargs", json.dumps({"sequence_bias": [[[end_of_turn_id(model)], 10.0]]}),
              "--max_user_error_steps", "2", "--save_steps", "100"]  # fmt: skip
     mixed = run_two_ranks(tmp_path / "mixed", model, env, extra, errors=("emma_kim_9957",))

@@ -85,7 +85,8 @@ def _play(env, tokenizer, backend, batched: bool, turn_tokens: int = 8) -> list[
     return [ep.agent_state["completion_ids"] for ep in episodes]
 
 
-HORIZONS = [3, pytest.param(16, marks=pytest.mark.slow)]  # shrunk from 30 turns; 16-turn episodes run 14 turns
+# shrunk from 30 turns; 16-turn episodes run 14 turns and repeat the 3-turn check at length (-m exhaustive)
+HORIZONS = [3, pytest.param(16, marks=[pytest.mark.slow, pytest.mark.exhaustive])]
 
 
 @pytest.mark.parametrize("max_turns", HORIZONS)

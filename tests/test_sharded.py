@@ -131,10 +131,12 @@ def export_layout(out: Path, name: str, step: int = 2) -> tuple[list[str], list[
     return sorted(p.name for p in revision.iterdir()), sorted(tensors)
 
 
-def check_same_run(reference: dict, out: Path, name: str) -> float:
+def check_same_run(reference: dict, out: Path, name: str, probe: Path | None = None) -> float:
+    """``name``'s step-1 transcripts (recorded in ``probe``, by default ``probe-<name>``) and step-2 hub revision
+    equal the 1-process run's."""
     # the same export whatever the launch: no second copy of the tied lm_head under FSDP2 or ZeRO-3 (issue 36.1)
     assert export_layout(out, name) == export_layout(out, "one")
-    transcripts = step_one(out / f"probe-{name}")
+    transcripts = step_one(probe or out / f"probe-{name}")
     assert len(transcripts) == 16 and transcripts == reference["transcripts"]  # every episode, token for token
     difference = max_difference(hub_weights(out, name), reference["weights"])
     print(f"{name} vs 1 process: max abs weight difference {difference:.3g}")  # pytest -s shows the measured value
@@ -150,12 +152,34 @@ def test_ddp_two_processes_train_what_one_process_trains(reference: dict) -> Non
     check_same_run(reference, out, "ddp")
 
 
-@pytest.mark.slow
-def test_fsdp2_shards_for_real_and_trains_what_one_process_trains(reference: dict) -> None:
+def killed_mid_save_then_resumed(reference: dict, name: str, launch: list[str], *extra: str) -> tuple[str, str]:
+    """A 2-process run (save every step, 3 steps) whose rank 1 is SIGKILLed while step 2's checkpoint is written
+    (its model written, its optimizer state not): the launch fails; the rerun skips the half-written checkpoint-2
+    with one line, resumes the sealed checkpoint-1 and ends with the uninterrupted run's step-3 weights. The two
+    launches' logs."""
     out = reference["out"]
-    text = run(grpo_argv(FSDP2, out, "fsdp2", 8, *HELDOUT), out / "fsdp2.log", out / "probe-fsdp2")
-    assert "sharding: FSDP2 (2 processes, cpu)" in text
-    checkpoint = out / "fsdp2" / "checkpoint-2"
+    argv = grpo_argv(launch, out, name, 8, "--save_steps", "1", "--max_steps", "3", *extra)
+    first = launch_fails(argv, out / f"{name}-1.log", out / f"probe-{name}", GRPO_PROBE_CRASH="mid_save:1:2")
+    run_dir = out / name
+    assert (run_dir / "checkpoint-1" / "checkpoint_complete.json").is_file()
+    why = broken(run_dir / "checkpoint-2")
+    second = run(argv, out / f"{name}-2.log", out / f"probe-{name}-2")
+    assert_resumed(second, run_dir / "checkpoint-2", why, run_dir / "checkpoint-1")
+    assert max_difference(hub_weights(out, name, 3), reference["weights-3"]) <= TOLERANCE
+    return first, second
+
+
+@pytest.mark.slow
+def test_fsdp2_shards_for_real_trains_what_one_process_trains_and_resumes_a_rank_killed_mid_save(
+    reference: dict,
+) -> None:
+    """One FSDP2 lineage checks sharding, equivalence and the crash recovery (it was two runs and a rerun): the
+    first launch plays step 1 (its transcripts), saves a sharded checkpoint-1 and dies mid-save at step 2; the rerun
+    trains steps 2 and 3, evaluates the held-out tasks at step 2, and exports what the 1-process run exports."""
+    out = reference["out"]
+    first, _ = killed_mid_save_then_resumed(reference, "fsdp2", FSDP2, *HELDOUT)
+    assert "sharding: FSDP2 (2 processes, cpu)" in first
+    checkpoint = out / "fsdp2" / "checkpoint-1"
     assert (checkpoint / "pytorch_model_fsdp_0").is_dir(), sorted(p.name for p in checkpoint.iterdir())
     check_same_run(reference, out, "fsdp2")
     assert heldout_metrics(out / "fsdp2") == pytest.approx(reference["heldout"], abs=1e-9)
@@ -178,11 +202,15 @@ DEEPSPEED = {"zero2": "accelerate_configs/cpu_zero2.yaml", "zero3": "accelerate_
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed (GPU extra)")
 @pytest.mark.parametrize("stage", sorted(DEEPSPEED))
 def test_deepspeed_zero_trains_what_one_process_trains(reference: dict, stage: str) -> None:
-    """ZeRO-2, and ZeRO-3 with its parameters gathered once per rollout round (the prefix path, per-row seeds)."""
+    """ZeRO-2, and ZeRO-3 with its parameters gathered once per rollout round (the prefix path, per-row seeds).
+    ZeRO-3's run is the crash-recovery lineage too (rank 1 killed mid-save, the rerun resumes DeepSpeed's
+    partitioned checkpoint-1 to the uninterrupted weights): one lineage instead of a run and a killed pair."""
     out = reference["out"]
-    launch = ["--config_file", DEEPSPEED[stage]]
-    text = run(grpo_argv(launch, out, stage, 8, "--use_cpu", "false", "--ddp_backend", "gloo"), out / f"{stage}.log",
-               out / f"probe-{stage}")  # fmt: skip
+    launch, flags = ["--config_file", DEEPSPEED[stage]], ("--use_cpu", "false", "--ddp_backend", "gloo")
+    if stage == "zero3":
+        text, _ = killed_mid_save_then_resumed(reference, stage, launch, *flags)
+    else:
+        text = run(grpo_argv(launch, out, stage, 8, *flags), out / f"{stage}.log", out / f"probe-{stage}")
     assert f"sharding: DeepSpeed ZeRO-{stage[-1]} (2 processes, cpu)" in text
     assert "without prefix reuse" not in text
     check_same_run(reference, out, stage)
@@ -205,15 +233,19 @@ def untied_model(path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_an_untied_model_exports_the_same_tensors_under_fsdp2(tmp_path: Path) -> None:
-    """Issue 36.1, the untied case: FSDP2 keeps ``lm_head.weight`` (the model's own) and exports the 1-process
-    run's files and tensor names; the tied default's case is checked by every run above."""
+def test_an_untied_model_exports_the_same_tensors_under_fsdp2(reference: dict, tmp_path: Path) -> None:
+    """Issue 36.1, the untied case: FSDP2 keeps ``lm_head.weight`` (the model's own) and exports the files of a
+    1-process run and the tensors a plain ``save_pretrained`` of the model writes (those of the model it started
+    from: no 1-process run of its own needed); the tied default's case is checked by every run above."""
+    from safetensors import safe_open
+
     model = untied_model(tmp_path / "untied")
     flags = ("--model_name_or_path", str(model), "--max_steps", "1", "--save_steps", "1", "--max_turns", "2")
-    run(grpo_argv(ONE, tmp_path, "one", 16, *flags), tmp_path / "one.log", tmp_path / "probe-one")
     run(grpo_argv(FSDP2, tmp_path, "fsdp2", 8, *flags), tmp_path / "fsdp2.log", tmp_path / "probe-fsdp2")
-    one, sharded = export_layout(tmp_path, "one", 1), export_layout(tmp_path, "fsdp2", 1)
-    assert sharded == one and "lm_head.weight" in one[1]
+    files, tensors = export_layout(tmp_path, "fsdp2", 1)
+    assert files == export_layout(reference["out"], "one")[0]
+    with safe_open(str(model / "model.safetensors"), "pt") as f:
+        assert tensors == sorted(f.keys()) and "lm_head.weight" in tensors
 
 
 @pytest.mark.slow
@@ -304,30 +336,6 @@ def assert_resumed(text: str, skipped: Path, why: str, resumed: Path) -> None:
     assert skipped.is_dir()  # never deleted (the rerun writes the step again over it)
     assert f"resuming from {resumed}" in text, text[-4000:]
     assert "Traceback" not in text, text[-4000:]
-
-
-CRASH_LAUNCHES = {"fsdp2": FSDP2, "zero3": ["--config_file", "accelerate_configs/cpu_zero3.yaml"]}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("launch", sorted(CRASH_LAUNCHES))
-def test_a_rank_killed_mid_save_resumes_from_the_last_whole_checkpoint(reference: dict, launch: str) -> None:
-    """Rank 1 is SIGKILLed while step 2's checkpoint is written (its model written, its optimizer state not): the
-    run fails; the rerun skips the half-written checkpoint-2 with one line, resumes the sealed checkpoint-1 and ends
-    with the uninterrupted run's step-3 weights."""
-    if launch == "zero3" and importlib.util.find_spec("deepspeed") is None:
-        pytest.skip("DeepSpeed is not installed (GPU extra)")
-    out = reference["out"]
-    name = f"killed-{launch}"
-    extra = ["--use_cpu", "false", "--ddp_backend", "gloo"] if launch == "zero3" else []
-    argv = grpo_argv(CRASH_LAUNCHES[launch], out, name, 8, "--save_steps", "1", "--max_steps", "3", *extra)
-    launch_fails(argv, out / f"{name}-1.log", out / f"probe-{name}-1", GRPO_PROBE_CRASH="mid_save:1:2")
-    run_dir = out / name
-    assert (run_dir / "checkpoint-1" / "checkpoint_complete.json").is_file()
-    why = broken(run_dir / "checkpoint-2")
-    text = run(argv, out / f"{name}-2.log", out / f"probe-{name}-2")
-    assert_resumed(text, run_dir / "checkpoint-2", why, run_dir / "checkpoint-1")
-    assert max_difference(hub_weights(out, name, 3), reference["weights-3"]) <= TOLERANCE
 
 
 @pytest.mark.slow
@@ -445,12 +453,23 @@ def test_sigterm_to_launch_py_returns_once_the_checkpoint_is_written(reference: 
     assert text.strip().splitlines()[-1].startswith("stopped by SIGTERM at step "), text[-2000:]
 
 
-def sft_argv(launch: list[str], out: Path, name: str, rows: int) -> list[str]:
+@pytest.fixture(scope="module")
+def sft_inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 oracle dialogues (train tasks 3 and 40, 2 attempts each), collected once for both SFT checks; the tiny model
+    beside them is built by the first SFT run and reused by the rest (``--tiny_model_dir``)."""
+    inputs = tmp_path_factory.mktemp("sft-inputs")
+    collect = [sys.executable, "collect_trajectories.py", "--teacher", "oracle", "--tasks", "3,40", "--attempts", "2",
+               "--output_dir", str(inputs / "trajectories"), "--hub_dir", str(inputs / "hub-data")]  # fmt: skip
+    subprocess.run(collect, cwd=ROOT, env=env(), check=True, capture_output=True, timeout=300)
+    return inputs
+
+
+def sft_argv(launch: list[str], inputs: Path, out: Path, name: str, rows: int) -> list[str]:
     return [*LAUNCH, *launch, "train_sft.py", "--config", "recipes/sft/cpu_smoke.yaml",
-            "--dataset_path", str(out / "trajectories" / "dataset"), "--per_device_train_batch_size", str(rows),
+            "--dataset_path", str(inputs / "trajectories" / "dataset"), "--per_device_train_batch_size", str(rows),
             "--gradient_accumulation_steps", "1", "--max_steps", "4", "--save_steps", "4",
             "--output_dir", str(out / name), "--run_name", name, "--hub_dir", str(out / f"hub-{name}"),
-            "--report_to", "none", "--tiny_model_dir", str(out / "tiny")]  # fmt: skip
+            "--report_to", "none", "--tiny_model_dir", str(inputs / "tiny")]  # fmt: skip
 
 
 def losses(output_dir: Path) -> list[float]:
@@ -459,13 +478,10 @@ def losses(output_dir: Path) -> list[float]:
 
 
 @pytest.mark.slow
-def test_sft_under_fsdp2_follows_the_one_process_loss_curve(tmp_path: Path) -> None:
-    """4 oracle dialogues (train tasks 3 and 40, 2 attempts each), 4 steps of a global batch of 2."""
-    collect = [sys.executable, "collect_trajectories.py", "--teacher", "oracle", "--tasks", "3,40", "--attempts", "2",
-               "--output_dir", str(tmp_path / "trajectories"), "--hub_dir", str(tmp_path / "hub-data")]  # fmt: skip
-    subprocess.run(collect, cwd=ROOT, env=env(), check=True, capture_output=True, timeout=300)
-    run(sft_argv(ONE, tmp_path, "one", 2), tmp_path / "one.log", tmp_path / "probe")
-    text = run(sft_argv(FSDP2, tmp_path, "fsdp2", 1), tmp_path / "fsdp2.log", tmp_path / "probe")
+def test_sft_under_fsdp2_follows_the_one_process_loss_curve(tmp_path: Path, sft_inputs: Path) -> None:
+    """The 4 oracle dialogues, 4 steps of a global batch of 2."""
+    run(sft_argv(ONE, sft_inputs, tmp_path, "one", 2), tmp_path / "one.log", tmp_path / "probe")
+    text = run(sft_argv(FSDP2, sft_inputs, tmp_path, "fsdp2", 1), tmp_path / "fsdp2.log", tmp_path / "probe")
     assert "sharding: FSDP2 (2 processes, cpu)" in text
     one, sharded = losses(tmp_path / "one"), losses(tmp_path / "fsdp2")
     assert len(one) == len(sharded) == 4
@@ -481,16 +497,13 @@ def final_weights(output_dir: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_sft_with_accumulation_trains_what_one_process_trains(tmp_path: Path) -> None:
+def test_sft_with_accumulation_trains_what_one_process_trains(tmp_path: Path, sft_inputs: Path) -> None:
     """Issue 36.4: 2 processes × 2 accumulation steps against 1 process × 4 (one dialogue a micro-batch, 3 steps):
     the loss is normalised by the tokens of the whole global batch (transformers' ``num_items_in_batch``, counted over
     the accumulation steps and, with ``average_tokens_across_devices``, over the processes), so the weights agree."""
-    collect = [sys.executable, "collect_trajectories.py", "--teacher", "oracle", "--tasks", "3,40", "--attempts", "2",
-               "--output_dir", str(tmp_path / "trajectories"), "--hub_dir", str(tmp_path / "hub-data")]  # fmt: skip
-    subprocess.run(collect, cwd=ROOT, env=env(), check=True, capture_output=True, timeout=300)
     steps = ["--max_steps", "3", "--save_steps", "3"]
-    one = [*sft_argv(ONE, tmp_path, "one", 1), "--gradient_accumulation_steps", "4", *steps]
-    ddp = [*sft_argv(DDP, tmp_path, "ddp", 1), "--gradient_accumulation_steps", "2", *steps]
+    one = [*sft_argv(ONE, sft_inputs, tmp_path, "one", 1), "--gradient_accumulation_steps", "4", *steps]
+    ddp = [*sft_argv(DDP, sft_inputs, tmp_path, "ddp", 1), "--gradient_accumulation_steps", "2", *steps]
     run(one, tmp_path / "one.log", tmp_path / "probe")
     run(ddp, tmp_path / "ddp.log", tmp_path / "probe")
     difference = max_difference(final_weights(tmp_path / "ddp"), final_weights(tmp_path / "one"))
@@ -698,6 +711,7 @@ def test_the_internals_the_sharding_code_relies_on_still_exist() -> None:
     assert "if not self._reshard_after_forward:" in inspect.getsource(FSDPParamGroup.reshard)
 
 
+@pytest.mark.two_processes
 def test_a_node_whose_rank_dies_ends_the_other_node_at_once_with_one_line(tmp_path: Path) -> None:
     """Two one-process "nodes" (two torchrun agents on 127.0.0.1); node 1's rank dies after the first collective.
     (Within one node torchrun's agent ends the other ranks itself.)"""

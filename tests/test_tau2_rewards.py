@@ -99,6 +99,7 @@ def test_reward_equals_tau2_evaluator_on_loop_fuzz(tiny_tokenizer, protocol: str
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # 150 examples; the 12-example version above runs in the default suite
 @pytest.mark.parametrize("protocol", sorted(ENVS))
 def test_reward_equals_tau2_evaluator_on_loop_fuzz_long(tiny_tokenizer, protocol: str, monkeypatch) -> None:
     seen = fuzz_rewards(tiny_tokenizer, protocol, 150, monkeypatch)
