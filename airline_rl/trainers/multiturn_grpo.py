@@ -783,9 +783,9 @@ class _AheadCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         discarded = self.ahead.close()
-        if discarded:
-            logger.info("generation ahead: %d batch(es) played or in flight ahead of step %d discarded (a resumed run "
-                        "replays them with its weights)", discarded, state.global_step)  # fmt: skip
+        if discarded.total:
+            logger.info("generation ahead: the %d batch(es) requested ahead of step %d are discarded: %s; a resumed "
+                        "run plays them with its weights", discarded.total, state.global_step, discarded)  # fmt: skip
 
 
 class UserErrorStop(TrainerCallback):
