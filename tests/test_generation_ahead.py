@@ -62,6 +62,19 @@ def test_behaviour_stats_match_hand_computed_values():
     assert stats["kl_behaviour"] == pytest.approx((2.0 - log_ratio - 1) / 2)
 
 
+def test_kl_behaviour_is_never_negative_at_staleness_0():
+    """Issue 51.4: two forward passes over the same weights differ by float noise (log-ratios ~1e-8 on likely
+    tokens), and the k3 estimator in float32 logged −5e-9 there (exp(4e-8) rounds to 1, so the term is −x). It is 0
+    for equal log-probs and tiny, never negative, for noise."""
+    behav = torch.full((4, 64), math.log(0.99)) - torch.rand(4, 64) * 1e-3  # likely tokens: log-probs near 0
+    noise = torch.tensor([4e-8, 2e-8, 5e-8, 1e-8]).unsqueeze(1).expand(4, 64)
+    mask = torch.ones(4, 64, dtype=torch.long)
+    output = {"sampling_per_token_logps": behav, "completion_mask": mask, "tool_mask": mask}
+    assert behaviour_stats({**output, "old_per_token_logps": behav.clone()}, cap=5.0)["kl_behaviour"] == 0.0
+    kl = behaviour_stats({**output, "old_per_token_logps": behav + noise}, cap=5.0)["kl_behaviour"]
+    assert 0.0 <= kl < 1e-12
+
+
 def test_take_names_a_dead_worker_in_one_line_instead_of_waiting():
     ahead = GenerationAhead.__new__(GenerationAhead)
     ahead.k = 1

@@ -766,7 +766,9 @@ class ServedWeights:
 
 def behaviour_stats(output: dict[str, torch.Tensor], cap: float | None) -> dict[str, float]:
     """Behaviour-weight metrics over the policy tokens: mean truncated weight, the share truncated (or masked),
-    and KL(behaviour ‖ proximal) by the k3 estimator (non-negative, unbiased under the behaviour policy)."""
+    and KL(behaviour ‖ proximal) by the k3 estimator (non-negative, unbiased under the behaviour policy). k3 is
+    computed in float64 as expm1(x) − x, x the log-ratio: in float32, exp(x) − x − 1 rounds to about −x for the
+    ~1e-8 log-ratios of two forward passes over the same weights, and logged −5e-9 at staleness 0."""
     old, behav = output.get("old_per_token_logps"), output.get("sampling_per_token_logps")
     if old is None or behav is None:
         return {}
@@ -778,5 +780,6 @@ def behaviour_stats(output: dict[str, torch.Tensor], cap: float | None) -> dict[
     weight = output.get("importance_sampling_ratio")
     mean_weight = float(weight[mask].mean()) if weight is not None and weight.dim() == 2 else float(ratio.mean())
     over = float((ratio > cap).float().mean()) if cap is not None and math.isfinite(cap) else 0.0
-    kl = float((ratio - log_ratio - 1).mean())
+    log_ratio64 = log_ratio.double()
+    kl = float((torch.expm1(log_ratio64) - log_ratio64).clamp_min(0.0).mean())
     return {"behaviour_weight": mean_weight, "behaviour_weight_truncated": over, "kl_behaviour": kl}
