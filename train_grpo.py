@@ -141,12 +141,12 @@ def make_parser() -> TrlParser:
 
 def parse_args(argv: list[str] | None = None) -> tuple[GRPOScriptArguments, MultiTurnGRPOConfig, ModelConfig]:
     """Parses the recipe and flags; a configuration error exits with its one-line message, not a traceback."""
-    return parse_or_exit(make_parser(), argv)
+    return parse_or_exit(make_parser(), argv, prog="train_grpo.py")
 
 
 def cli(argv: list[str] | None = None) -> None:
     """The command line: bad input exits with status 2 and one line (airline_rl/run/cli.py)."""
-    run_main(lambda: main(*parse_args(argv)))
+    run_main(lambda: main(*parse_args(argv)), prog="train_grpo.py")
 
 
 if __name__ == "__main__":
