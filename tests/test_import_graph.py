@@ -2,8 +2,9 @@
 
 A circle between two modules means neither is one concept on its own (the held-out evaluation and the trainer were
 one: the trainer runs the evaluation, the evaluation named the trainer's class; it now names the ``EvaluatingTrainer``
-protocol instead). Imports inside functions are not counted: they are the deliberate way to load an optional or heavy
-dependency late.
+protocol instead). Imports inside functions are the deliberate way to load an optional or heavy dependency late; they
+count too, in a test of their own, so that a late import cannot hide a circle (the rollout worker's took the trainer's
+``_max_context``, issue 51.6).
 """
 
 from __future__ import annotations
@@ -30,13 +31,19 @@ def _top_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     return [node for node in nodes if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Project module -> the project modules it imports at module level."""
+def _every_import(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Every import of the module, those inside functions included."""
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+
+
+def import_graph(late: bool = False) -> dict[str, set[str]]:
+    """Project module -> the project modules it imports at module level (``late``: anywhere, inside functions too)."""
     paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {name: set() for name in paths}
+    imports = _every_import if late else _top_level_imports
     for name, path in paths.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in _top_level_imports(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in imports(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -101,6 +108,15 @@ def test_no_module_imports_itself_through_others() -> None:
     graph = import_graph()
     assert "airline_rl.evaluation.heldout" in graph and "airline_rl.trainers.multiturn_grpo" in graph
     assert "airline_rl.evaluation.heldout" in graph["airline_rl.trainers.multiturn_grpo"]  # the edge that stays
+    assert circles(graph) == []
+
+
+def test_late_imports_close_no_circle_either() -> None:
+    """The worker (``generation_ahead``) and the trainer (``multiturn_grpo``) imported each other, the worker late:
+    what both need (``policy_max_context``) now lives below both, in ``airline_rl.rollout``."""
+    graph = import_graph(late=True)
+    assert "airline_rl.trainers.generation_ahead" in graph["airline_rl.trainers.multiturn_grpo"]
+    assert "airline_rl.rollout" in graph["airline_rl.trainers.generation_ahead"]
     assert circles(graph) == []
 
 

@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from airline_rl.rollout import policy_max_context
 from airline_rl.run.omp_wait import VARIABLE, wait_policy_note
 
 logger = logging.getLogger(__name__)
@@ -473,7 +474,6 @@ class GenerationAhead:
         self.results = ctx.Queue()
         self.progress = Progress(ctx.Value("q", 0, lock=False), ctx.Value("q", 0, lock=False))
         from airline_rl.backends.turn_cache import DEFAULT_MAX_TOKENS
-        from airline_rl.trainers.multiturn_grpo import _max_context
 
         args = trainer.args
         spec = WorkerSpec(
@@ -485,7 +485,7 @@ class GenerationAhead:
             eos_token_ids=list(trainer.eos_token_ids),
             max_completion_length=args.max_completion_length,
             max_turn_tokens=args.max_turn_tokens,
-            max_context=_max_context(trainer),
+            max_context=policy_max_context(trainer),
             temperature=trainer.temperature,
             turn_cache_tokens=getattr(args, "rollout_turn_cache_tokens", DEFAULT_MAX_TOKENS),
             schedule=trainer.schedule,

@@ -64,7 +64,7 @@ from airline_rl.envs.runner import RunTimings, Schedule, run_episodes
 from airline_rl.envs.users.base import UserSimulator
 from airline_rl.rewards.outcome import outcome_reward
 from airline_rl.rewards.prm import PRMResult, episode_rule_stats, score_episode, within_group_signal
-from airline_rl.rollout import TokenPolicyAgent
+from airline_rl.rollout import TokenPolicyAgent, policy_max_context
 from airline_rl.run.sharding import LaunchError, ShardedLaunch
 from airline_rl.trainers.generation_ahead import (
     GenerationAhead,
@@ -186,13 +186,6 @@ class TrainerBackend:
         if self.prefix_generation is not None:
             self.prefix_generation.close()
             self.trainer._turn_cache_stats = self.prefix_generation.stats  # logged with the rollout's metrics
-
-
-def _max_context(trainer: GRPOTrainer) -> int:
-    if trainer.use_vllm and getattr(trainer.args, "vllm_max_model_length", None):
-        return int(trainer.args.vllm_max_model_length)
-    config = getattr(trainer.model, "config", None)
-    return int(getattr(config, "max_position_embeddings", None) or 10**9)
 
 
 class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
@@ -350,7 +343,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
             self.eos_token_ids,
             self.args.max_completion_length,
             self.args.max_turn_tokens,
-            _max_context(self),
+            policy_max_context(self),
             per_episode_seeds=backend.prefix_generation is not None or backend.seeded_llm is not None,
         )
         return backend, agent
