@@ -2,9 +2,11 @@
 
 How it departs from textbook GRPO (single-turn, one completion per prompt):
 1. A rollout is a whole episode played by ``airline_rl.envs.runner.run_episodes`` (the same loop the evaluator and
-   the trajectory collector use). All active episodes advance together: one batched call of TRL's own
-   ``_generate_single_turn`` per wave of turns, so transformers ``generate`` (CPU/GPU) and vLLM (colocate or server)
-   both work unchanged; on the transformers path the waves reuse the shared system-prompt prefix instead
+   the trajectory collector use). The loop calls the policy with the episodes that are ready, each moving on when its
+   own user reply lands (``--schedule events``, the default; ``waves`` advances all active episodes together, and
+   with the scripted user, which answers at once, the two are the same lock-step waves): one batched call of TRL's
+   own ``_generate_single_turn`` per policy call, so transformers ``generate`` (CPU/GPU) and vLLM (colocate or
+   server) both work unchanged; on the transformers path the calls reuse the shared system-prompt prefix instead
    (``rollout_prefix_reuse``, TRL's decoding rule through ``airline_rl.backends.trl_prefix``).
 2. Token-in, token-out: a completion is the sampled ids of every policy turn, interleaved with the tokens of the
    user and tool messages obtained by rendering the chat template with and without the new messages
