@@ -113,7 +113,7 @@ def test_a_stop_says_which_discarded_batches_were_played_in_flight_or_only_queue
     caplog.set_level("INFO", logger="airline_rl.trainers.multiturn_grpo")
     _AheadCallback(ahead).on_train_end(None, SimpleNamespace(global_step=10), None)
     assert ahead.discarded == Discarded(played=1, in_flight=1, queued=1)
-    assert [r.getMessage() for r in caplog.records] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "airline_rl.trainers.multiturn_grpo"] == [
         "generation ahead: the 3 batch(es) requested ahead of step 10 are discarded: 1 played, 1 in flight, 1 only "
         "queued (never started); a resumed run plays them with its weights"
     ]

@@ -421,6 +421,8 @@ class GenerationAhead:
     """vLLM server mode: the weight pushes into the server; None on the CPU path (shared memory)."""
     lockstep = False
     """Several ranks pushing into one server: they wait for their batches, and push, at the same points."""
+    taken = 0
+    """Batches ``take`` handed to the trainer (the worker's ``progress`` counts from the same start)."""
 
     def __init__(self, trainer: Any, max_staleness: int, threads: int) -> None:
         self.trainer = trainer
@@ -437,8 +439,6 @@ class GenerationAhead:
         self.trainer_idle_share = 0.0
         self._last_take: float | None = None
         self.discarded = Discarded()
-        self.taken = 0
-        """Batches ``take`` handed to the trainer (the worker's ``progress`` counts from the same start)."""
         self.progress: Progress | None = None
         self.stopped = False
         self.served = bool(getattr(trainer, "use_vllm", False)) and trainer.args.vllm_mode == "server"
