@@ -37,12 +37,13 @@ def main(args: CollectArguments) -> None:
     print(json.dumps(result.to_dict(), indent=2))
 
 
+PROG = "collect_trajectories.py"
 INPUT_ERRORS = (CollectError, HubError, SplitError, EndpointUnreachableError, ValueError)
 
 
 def cli(argv: list[str] | None = None) -> None:
     """The command line: bad input exits with status 2 and one line naming the flag, file or field."""
-    run_main(lambda: main(*parse_or_exit(TrlParser((CollectArguments,)), argv)), INPUT_ERRORS)
+    run_main(lambda: main(*parse_or_exit(TrlParser((CollectArguments,)), argv, PROG)), INPUT_ERRORS, PROG)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Plays the tasks; bad input (unknown agent, user or task id) exits with status 2 and a message naming it."""
-    parser = one_line_argparse_errors(build_parser())
+    parser = one_line_argparse_errors(build_parser(), "play.py")
     args = parser.parse_args(argv)
     if args.agent not in AGENTS:
         parser.error(f"unknown agent {args.agent!r}; valid agents: {', '.join(sorted(AGENTS))}")

@@ -26,7 +26,7 @@ from airline_rl.run.cli import exit_with_error, one_line_argparse_errors
 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    one_line_argparse_errors(parser)
+    one_line_argparse_errors(parser, "plot_run.py")
     parser.add_argument("run_dir", help="a run's output_dir (its TensorBoard events are under <run_dir>/runs/)")
     parser.add_argument("--output", default=None, help=f"PNG path (default: <run_dir>/{CURVE_FILE})")
     args = parser.parse_args(argv)
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> Path:
         scalars = read_run_scalars(args.run_dir)
         output = plot_learning_curve(scalars, args.output or Path(args.run_dir) / CURVE_FILE, Path(args.run_dir).name)
     except (FileNotFoundError, ValueError) as err:
-        exit_with_error(str(err))  # exit 2, as every other tool on bad input
+        exit_with_error(str(err), prog="plot_run.py")  # exit 2, as every other tool on bad input
     print(f"learning curve: {output}")
     files = event_files(args.run_dir)
     if len(files) > 1:  # a resumed (or stopped and rerun) run: one event file per start

@@ -36,6 +36,7 @@ from airline_rl.trainers.generation_ahead import RolloutWorkerError
 from airline_rl.trainers.grpo_run import (
     compact_prompt,
     hub_card_config,
+    resolve_model_path,
     run_fingerprint,
     stop_for_user_errors,
     stop_for_worker_failure,
@@ -44,19 +45,6 @@ from airline_rl.trainers.grpo_run import (
 from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
 logger = logging.getLogger(__name__)
-
-
-def resolve_model_path(
-    model_args: ModelConfig, script_args: GRPOScriptArguments, output_dir: str, env: AirlineEnv
-) -> str:
-    """The model to train: the given path, the default policy (``--warmup_tasks``), or the tiny model; cached."""
-    if model_args.model_name_or_path:
-        return base_model.check_local_model(model_args.model_name_or_path)
-    if script_args.warmup_tasks:  # one cache wherever --output_dir is
-        return base_model.default_policy(
-            script_args.warmup_tasks, script_args.warmup_cache_dir, script_args.warmup_epochs, script_args.data_dir
-        )
-    return base_model.tiny_default(env, output_dir, script_args.tiny_model_dir)
 
 
 def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, model_args: ModelConfig) -> None:
@@ -141,12 +129,12 @@ def make_parser() -> TrlParser:
 
 def parse_args(argv: list[str] | None = None) -> tuple[GRPOScriptArguments, MultiTurnGRPOConfig, ModelConfig]:
     """Parses the recipe and flags; a configuration error exits with its one-line message, not a traceback."""
-    return parse_or_exit(make_parser(), argv)
+    return parse_or_exit(make_parser(), argv, prog="train_grpo.py")
 
 
 def cli(argv: list[str] | None = None) -> None:
     """The command line: bad input exits with status 2 and one line (airline_rl/run/cli.py)."""
-    run_main(lambda: main(*parse_args(argv)))
+    run_main(lambda: main(*parse_args(argv)), prog="train_grpo.py")
 
 
 if __name__ == "__main__":

@@ -119,12 +119,13 @@ def make_parser() -> TrlParser:
     return TrlParser((SFTScriptArguments, SFTConfig, ModelConfig))
 
 
+PROG = "train_sft.py"
 INPUT_ERRORS = (SFTDataError, CollectError, HubError, SplitError, RunGuardError, DomainDataError)
 
 
 def cli(argv: list[str] | None = None) -> dict:
     """The command line: bad input (``INPUT_ERRORS``) exits with status 2 and one line naming the row, file or flag."""
-    return run_main(lambda: main(*parse_or_exit(make_parser(), argv)), INPUT_ERRORS)
+    return run_main(lambda: main(*parse_or_exit(make_parser(), argv, PROG)), INPUT_ERRORS, PROG)
 
 
 if __name__ == "__main__":

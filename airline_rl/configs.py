@@ -250,7 +250,8 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
     max_staleness: int = field(
         default=0,
         metadata={"help": "Generation runs ahead of training by at most this many optimiser steps, in a rollout "
-                  "worker process (CPU); 0: synchronous (TRL's loop, unchanged)."},
+                  "worker process beside each training process: on CPU (transformers) or sampling on a vLLM server "
+                  "(--use_vllm true --vllm_mode server); 0: synchronous (TRL's loop, unchanged)."},
     )  # fmt: skip
     async_correction: Literal["truncate", "mask", "none"] = field(
         default="truncate",

@@ -168,6 +168,16 @@ class TokenPolicyAgent:
         return self.backend.generate(prompts, max(budgets, default=1))
 
 
+def policy_max_context(trainer: Any) -> int:
+    """The ``max_context`` of a GRPO trainer's policy agent, in the trainer and in its rollout worker alike (both
+    read it here): vLLM's ``vllm_max_model_length`` when vLLM generates, else the model's
+    ``max_position_embeddings``."""
+    if trainer.use_vllm and getattr(trainer.args, "vllm_max_model_length", None):
+        return int(trainer.args.vllm_max_model_length)
+    config = getattr(trainer.model, "config", None)
+    return int(getattr(config, "max_position_embeddings", None) or 10**9)
+
+
 def episode_tensors(episode: Episode) -> dict[str, list]:
     """The token view of a finished episode: prompt ids, completion ids, mask, log-probs, turn spans."""
     state = episode.agent_state

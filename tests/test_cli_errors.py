@@ -31,7 +31,7 @@ def one_line_exit(capsys: pytest.CaptureFixture[str], run, *args) -> str:
 
 def test_train_sft_missing_data_dir(tmp_path: Path, capsys) -> None:
     err = one_line_exit(capsys, train_sft.cli, ["--data_dir", "/nope", "--output_dir", str(tmp_path / "o"), *CPU])
-    assert err.startswith("error: Domain file /nope/db.json is missing")
+    assert err.startswith("train_sft.py: error: Domain file /nope/db.json is missing")
 
 
 def test_train_sft_corrupt_arrow_dataset(tmp_path: Path, capsys) -> None:
@@ -44,7 +44,7 @@ def test_train_sft_corrupt_arrow_dataset(tmp_path: Path, capsys) -> None:
     argv = ["--dataset_path", str(tmp_path / "d"), "--output_dir", str(tmp_path / "o"), "--hub_dir",
             str(tmp_path / "hub"), *CPU]  # fmt: skip
     err = one_line_exit(capsys, train_sft.cli, argv)
-    assert err.startswith(f"error: --dataset_path {tmp_path / 'd'}: the dataset files are corrupt or unreadable")
+    assert err.startswith(f"train_sft.py: error: --dataset_path {tmp_path / 'd'}: the dataset files are corrupt")
 
 
 def test_train_sft_on_an_empty_or_foreign_dataset_is_one_line(tmp_path: Path, capsys) -> None:
@@ -55,28 +55,31 @@ def test_train_sft_on_an_empty_or_foreign_dataset_is_one_line(tmp_path: Path, ca
     capsys.readouterr()
     common = ["--output_dir", str(tmp_path / "o"), "--hub_dir", str(tmp_path / "hub"), *CPU]
     err = one_line_exit(capsys, train_sft.cli, ["--dataset_path", str(tmp_path / "empty"), *common])
-    assert err == f"error: --dataset_path {tmp_path / 'empty'}: the dataset is empty (0 rows): nothing to train on"
+    assert err == (f"train_sft.py: error: --dataset_path {tmp_path / 'empty'}: the dataset is empty (0 rows): nothing "
+                   "to train on")  # fmt: skip
     err = one_line_exit(capsys, train_sft.cli, ["--dataset_path", str(tmp_path / "foreign"), *common])
-    assert err.startswith(f"error: --dataset_path {tmp_path / 'foreign'}: the trajectory dataset lacks the required "
-                          "column(s) ['task_id', 'messages', 'tools'] (it has ['text', 'label'])"), err  # fmt: skip
+    assert err.startswith(f"train_sft.py: error: --dataset_path {tmp_path / 'foreign'}: the trajectory dataset lacks "
+                          "the required column(s) ['task_id', 'messages', 'tools'] (it has ['text', "
+                          "'label'])"), err  # fmt: skip
     assert not (tmp_path / "o").exists()  # refused before any model was built or any directory claimed
 
 
 def test_train_sft_unknown_task_id_is_named(tmp_path: Path, capsys) -> None:
     argv = ["--tasks", "999", "--output_dir", str(tmp_path / "o"), "--hub_dir", str(tmp_path / "hub"), *CPU]
     err = one_line_exit(capsys, train_sft.cli, argv)
-    assert err == "error: --tasks names unknown task ids ['999']; valid ids: 0..49 (50 tasks)"
+    assert err == "train_sft.py: error: --tasks names unknown task ids ['999']; valid ids: 0..49 (50 tasks)"
 
 
 def test_train_grpo_llm_user_without_url(tmp_path: Path, capsys) -> None:
     argv = ["--user_simulator", "llm", "--output_dir", str(tmp_path / "o"), "--hub_dir", str(tmp_path / "h"), *CPU]
     err = one_line_exit(capsys, train_grpo.cli, argv)
-    assert err.startswith("error: The LLM user simulator needs an endpoint: set --user_base_url")
+    assert err.startswith("train_grpo.py: error: The LLM user simulator needs an endpoint: set --user_base_url")
 
 
-@pytest.mark.parametrize("script", [train_grpo.cli, train_sft.cli])
-def test_missing_config_file(script, capsys) -> None:
-    assert one_line_exit(capsys, script, ["--config", "missing.yaml"]) == "error: --config missing.yaml: no such file"
+@pytest.mark.parametrize(("script", "prog"), [(train_grpo.cli, "train_grpo.py"), (train_sft.cli, "train_sft.py")])
+def test_missing_config_file(script, prog, capsys) -> None:
+    err = one_line_exit(capsys, script, ["--config", "missing.yaml"])
+    assert err == f"{prog}: error: --config missing.yaml: no such file"
 
 
 def test_collect_run_ablation_and_play_bad_input_is_one_line(tmp_path: Path, capsys) -> None:
@@ -85,13 +88,13 @@ def test_collect_run_ablation_and_play_bad_input_is_one_line(tmp_path: Path, cap
     from airline_rl.experiment import main as run_ablation_main
 
     assert one_line_exit(capsys, collect_trajectories.cli, ["--config", "missing.yaml"]) == (
-        "error: --config missing.yaml: no such file"
+        "collect_trajectories.py: error: --config missing.yaml: no such file"
     )
     err = one_line_exit(capsys, collect_trajectories.cli, ["--tasks", "999", "--output_dir", str(tmp_path / "c")])
-    assert err == "error: --tasks names unknown task ids ['999']; valid ids: 0..49 (50 tasks)"
+    assert err == "collect_trajectories.py: error: --tasks names unknown task ids ['999']; valid ids: 0..49 (50 tasks)"
     assert "invalid choice: 'foo'" in one_line_exit(capsys, collect_trajectories.cli, ["--teacher", "foo"])
     assert one_line_exit(capsys, run_ablation_main, ["--config", "missing.yaml"]) == (
-        "error: --config missing.yaml: no such file"
+        "run_ablation.py: error: --config missing.yaml: no such file"
     )
     assert "invalid choice: 'nope'" in one_line_exit(capsys, run_ablation_main, ["--profile", "nope"])
     assert "unknown task id(s) ['999']" in one_line_exit(capsys, play.main, ["--tasks", "999"])
@@ -125,7 +128,33 @@ def test_evaluate_parse_errors_carry_its_prefix_and_unknown_keys_are_named(tmp_p
 
 def test_unknown_variant_is_one_line_without_the_usage_block(capsys) -> None:
     err = one_line_exit(capsys, train_grpo.cli, ["--variant", "foo"])
-    assert ": error: argument --variant: invalid choice: 'foo'" in err  # "<prog>: error: ..." (prog: argv[0])
+    assert err.startswith("train_grpo.py: error: argument --variant: invalid choice: 'foo'")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max_staleness", "-1"], "--max_staleness must be >= 0, got -1"),  # a config's __post_init__
+        (["--rollout_worker_threads", "0"], "--rollout_worker_threads must be >= 1, got 0"),
+        (["--variant", "foo"], "argument --variant: invalid choice: 'foo'"),  # argparse
+        (["--bogus", "1"], "unrecognized argument(s): --bogus (see --help)"),
+        (["--config", "missing.yaml"], "--config missing.yaml: no such file"),
+    ],
+)
+def test_every_train_grpo_flag_error_has_the_same_shape(flags, message, capsys) -> None:
+    """Issue 51.5: ``--max_staleness -1`` printed ``error: ...`` where argparse's errors read ``train_grpo.py: error:
+    ...``. Every check now prints argparse's shape."""
+    err = one_line_exit(capsys, train_grpo.cli, [*flags, *CPU])
+    assert err.startswith(f"train_grpo.py: error: {message}"), err
+
+
+def test_a_prefixed_line_keeps_its_prefix_and_a_bare_one_gets_the_scripts() -> None:
+    from airline_rl.run.cli import error_line
+
+    assert error_line("error: --tasks: bad", "train_grpo.py") == "train_grpo.py: error: --tasks: bad"
+    assert error_line("--tasks:\n bad", "train_sft.py") == "train_sft.py: error: --tasks: bad"
+    assert error_line("evaluate.py: error: x", "train_grpo.py") == "evaluate.py: error: x"
+    assert error_line("the user simulator failed") == "error: the user simulator failed"  # a run's failure, exit 1
 
 
 def test_results_file_with_wrong_types_is_one_line(tmp_path: Path, capsys) -> None:
@@ -265,9 +294,9 @@ def test_an_incomplete_model_directory_names_the_missing_files(contents, tmp_pat
         (model / name).write_text("{}")
     argv = ["--model_name_or_path", str(model), "--output_dir", str(tmp_path / "o"), "--hub_dir",
             str(tmp_path / "hub"), *CPU]  # fmt: skip
-    for script in (train_grpo.cli, train_sft.cli):
+    for script, prog in ((train_grpo.cli, "train_grpo.py"), (train_sft.cli, "train_sft.py")):
         err = one_line_exit(capsys, script, argv)
-        assert err.startswith(f"error: --model_name_or_path {model} is not a complete model directory"), err
+        assert err.startswith(f"{prog}: error: --model_name_or_path {model} is not a complete model directory"), err
         lacks = err.split("it lacks ")[1]
         assert "a tokenizer (tokenizer.json or tokenizer_config.json)" in lacks
         assert ("weights (model.safetensors" in lacks) == ("model.safetensors" not in contents)
@@ -286,7 +315,7 @@ def test_num_generations_is_checked_against_the_training_batch_first(tmp_path: P
     argv = ["--config", "recipes/grpo/cpu_smoke.yaml", "--output_dir", str(tmp_path / "o"), *CPU]
     err = one_line_exit(capsys, train_grpo.cli, [*argv, "--num_generations", "3"])
     assert err.startswith(
-        "error: --num_generations 3 must divide the generation batch of 16 episodes "
+        "train_grpo.py: error: --num_generations 3 must divide the generation batch of 16 episodes "
         "(--per_device_train_batch_size 16 × 1 process(es) × --gradient_accumulation_steps 1)"
     ), err
     argv += ["--per_device_train_batch_size", "12"]

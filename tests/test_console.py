@@ -56,7 +56,8 @@ def test_only_the_luspo_advice_is_silenced(caplog: pytest.LogCaptureFixture) -> 
 
 def test_a_step_line_says_when_its_time_includes_an_evaluation_and_a_save(monkeypatch, capsys) -> None:
     """Issue 23.6: step 17's 184 s (an evaluation and a save after step 16) read as a slow step. The Trainer logs a
-    step, then evaluates, then saves, so their time lands in the next step's line; it now says how much."""
+    step, then evaluates, then saves, so their time lands in the next step's line; it now says how much, and (issue
+    51.3) names the step they belong to."""
     from types import SimpleNamespace
 
     from airline_rl.run import console
@@ -77,8 +78,11 @@ def test_a_step_line_says_when_its_time_includes_an_evaluation_and_a_save(monkey
     lines.on_log(args, state, None, logs={"loss": 0.3})  # 190.0: step 18
     out = capsys.readouterr().out.splitlines()
     assert out[0].endswith("| 5.0 s")
-    assert out[1].endswith("| 179.0 s incl. eval 150.0 s + save 3.0 s")
+    assert out[1].endswith("| 179.0 s incl. step 16's eval 150.0 s + save 3.0 s")
     assert out[2].endswith("| 6.0 s")
+    # with --logging_steps > 1 a line's interval can hold the evaluations and saves of several steps
+    extras = [("eval", 16, 1.0), ("save", 16, 2.0), ("save", 18, 3.0)]
+    assert console.named_steps(extras) == [("step 16's eval", 1.0), ("save", 2.0), ("step 18's save", 3.0)]
 
 
 def test_the_run_ends_with_one_summary_line(tmp_path: Path) -> None:

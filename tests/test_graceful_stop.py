@@ -126,6 +126,7 @@ def test_sigterm_checkpoints_and_stops_the_trainer(
             launcher.kill()
     text = (tmp_path / "log.txt").read_text()
     assert "SIGTERM received: saving a checkpoint at the end of this step" in text
+    assert "SIGTERM again" not in text, text[-3000:]  # the launcher's relays of the one signal say nothing
     assert "rerun the same command to resume" in text, text[-3000:]
     checkpoints = sorted(out.glob("checkpoint-*"))
     assert checkpoints, text[-3000:]
@@ -159,6 +160,7 @@ def test_sigterm_with_user_requests_in_flight_checkpoints_and_stops(tmp_path: Pa
         sigterm_after_a_step(launcher, log_path, pause=1.0)  # into the next step's rollout, replies on their way
     text = log_path.read_text()
     assert "SIGTERM received: saving a checkpoint at the end of this step" in text
+    assert "SIGTERM again" not in text, text[-3000:]
     assert "rerun the same command to resume" in text, text[-3000:]
     checkpoints = sorted(out.glob("checkpoint-*"))
     assert checkpoints and (checkpoints[-1] / "trainer_state.json").is_file(), text[-3000:]
@@ -187,6 +189,73 @@ def test_a_stop_signal_saves_and_stops_at_the_end_of_the_step() -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def test_one_signal_delivered_twice_reads_as_one_and_a_later_one_as_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 51.1: one ``kill -TERM <accelerate pid>`` printed "SIGTERM received" and, 4 ms later, "SIGTERM again".
+    The trainer got the one stop twice (the launcher's parent-death signal, once per launcher thread: see the next
+    test); whatever relays it, a copy within ``RELAY_WINDOW_S`` says nothing, and the user's own second signal, later,
+    one line."""
+    from airline_rl.run import stop as graceful_stop
+    from airline_rl.run.stop import STOP_SIGNALS, GracefulStop
+
+    clock = [100.0]
+    monkeypatch.setattr(graceful_stop.time, "monotonic", lambda: clock[0])
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    caplog.set_level("WARNING", logger="airline_rl.run.stop")
+    try:
+        stop = GracefulStop().install()
+        os.kill(os.getpid(), signal.SIGTERM)
+        clock[0] += 0.004  # the relayed copy, 4 ms later
+        os.kill(os.getpid(), signal.SIGTERM)
+        clock[0] += 0.05  # and one more by another path (a group signal and its relay, a SIGUSR1 whose launcher died)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        lines = [record.getMessage() for record in caplog.records if record.name == "airline_rl.run.stop"]
+        assert len(lines) == 1 and lines[0].startswith("SIGTERM received: saving a checkpoint"), lines
+        assert stop.signal_name == "SIGTERM"
+        clock[0] += graceful_stop.RELAY_WINDOW_S  # the user's second signal
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        lines = [record.getMessage() for record in caplog.records if record.name == "airline_rl.run.stop"]
+        assert len(lines) == 2 and lines[1].startswith("SIGTERM again: already stopping"), lines
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+PARENT_DEATH_PER_THREAD = """
+import ctypes, os, signal, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+ready_r, ready_w = os.pipe()
+if os.fork() == 0:  # the trainer: counts its SIGTERMs, prints the count (the test reads stdout to its end)
+    got = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG, as die_with_launcher
+    os.write(ready_w, b"x")
+    deadline = time.monotonic() + 5
+    while len(got) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    print(len(got), flush=True)
+    os._exit(0)
+os.read(ready_r, 1)
+def other_thread():  # the launcher's second thread ends a moment after the one that started the trainer
+    time.sleep(0.3)
+    os._exit(0)
+threading.Thread(target=other_thread).start()
+libc.pthread_exit(None)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_launchers_death_relays_the_parent_death_signal_once_per_launcher_thread() -> None:
+    """Why one ``kill <accelerate pid>`` reached the trainer twice: the kernel sends the parent-death signal when the
+    thread that forked the trainer ends, and again when the launcher's last thread ends (accelerate's launcher has
+    two). A two-thread "launcher" in plain Python (no torch: a fraction of a second) whose threads end 0.3 s apart."""
+    done = subprocess.run([sys.executable, "-c", PARENT_DEATH_PER_THREAD], capture_output=True, text=True, timeout=30)
+    assert done.stdout.strip() == "2", (done.stdout, done.stderr)
 
 
 def test_a_step_longer_than_half_of_torchruns_grace_warns_once_naming_the_setting(
@@ -236,6 +305,8 @@ def test_a_first_ctrl_c_stops_like_sigterm_and_a_second_stops_at_once(monkeypatc
         raise StoppedNow(code)
 
     monkeypatch.setattr(graceful_stop.os, "_exit", fake_exit)
+    clock = [100.0]
+    monkeypatch.setattr(graceful_stop.time, "monotonic", lambda: clock[0])
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
         stop = GracefulStop().install()
@@ -244,6 +315,7 @@ def test_a_first_ctrl_c_stops_like_sigterm_and_a_second_stops_at_once(monkeypatc
         stop.on_step_end(None, state, control)
         assert control.should_save and control.should_training_stop and stop.signal_name == "SIGINT"
         os.kill(os.getpid(), signal.SIGTERM)  # the launcher's relayed stop: absorbed
+        clock[0] += graceful_stop.RELAY_WINDOW_S  # a person's second press
         with pytest.raises(StoppedNow) as stopped:
             os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C
         assert stopped.value.args == (EXIT_INTERRUPTED,)

@@ -2,8 +2,9 @@
 
 A circle between two modules means neither is one concept on its own (the held-out evaluation and the trainer were
 one: the trainer runs the evaluation, the evaluation named the trainer's class; it now names the ``EvaluatingTrainer``
-protocol instead). Imports inside functions are not counted: they are the deliberate way to load an optional or heavy
-dependency late.
+protocol instead). Imports inside functions are the deliberate way to load an optional or heavy dependency late; they
+count too, in a test of their own, so that a late import cannot hide a circle (the rollout worker's took the trainer's
+``_max_context``, issue 51.6).
 """
 
 from __future__ import annotations
@@ -30,13 +31,19 @@ def _top_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     return [node for node in nodes if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Project module -> the project modules it imports at module level."""
+def _every_import(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Every import of the module, those inside functions included."""
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+
+
+def import_graph(late: bool = False) -> dict[str, set[str]]:
+    """Project module -> the project modules it imports at module level (``late``: anywhere, inside functions too)."""
     paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {name: set() for name in paths}
+    imports = _every_import if late else _top_level_imports
     for name, path in paths.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in _top_level_imports(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in imports(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -101,6 +108,15 @@ def test_no_module_imports_itself_through_others() -> None:
     graph = import_graph()
     assert "airline_rl.evaluation.heldout" in graph and "airline_rl.trainers.multiturn_grpo" in graph
     assert "airline_rl.evaluation.heldout" in graph["airline_rl.trainers.multiturn_grpo"]  # the edge that stays
+    assert circles(graph) == []
+
+
+def test_late_imports_close_no_circle_either() -> None:
+    """The worker (``generation_ahead``) and the trainer (``multiturn_grpo``) imported each other, the worker late:
+    what both need (``policy_max_context``) now lives below both, in ``airline_rl.rollout``."""
+    graph = import_graph(late=True)
+    assert "airline_rl.trainers.generation_ahead" in graph["airline_rl.trainers.multiturn_grpo"]
+    assert "airline_rl.rollout" in graph["airline_rl.trainers.generation_ahead"]
     assert circles(graph) == []
 
 
@@ -172,3 +188,11 @@ def test_the_driver_and_the_configs_share_one_variant_table() -> None:
     assert configs.VARIANTS is variants.VARIANTS
     assert experiment.ALL_VARIANTS == tuple(variants.VARIANTS) == ("vanilla", "turn_discount", "prm_lite", "lata",
                                                                    "joint")  # fmt: skip
+
+
+def test_the_entry_scripts_that_only_wire_stay_within_150_lines() -> None:
+    """House style: an entry script parses, wires and calls; what it builds lives in the package
+    (``trainers/grpo_run``, ``trainers/sft_run``). train_grpo.py had grown to 153 lines (issue 51.6)."""
+    lengths = {name: len((PACKAGE.parent / name).read_text(encoding="utf-8").splitlines())
+               for name in ("train_grpo.py", "train_sft.py", "evaluate.py")}  # fmt: skip
+    assert all(length <= 150 for length in lengths.values()), lengths

@@ -36,8 +36,8 @@ def test_a_deepspeed_config_without_deepspeed_is_one_line_naming_the_pin(monkeyp
         launch.main(["--config_file", "accelerate_configs/zero3.yaml", "train_grpo.py"])
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err == ("error: --config_file accelerate_configs/zero3.yaml needs DeepSpeed, which is not installed: "
-                   "pip install -r requirements-gpu.txt (deepspeed==0.19.8)")  # fmt: skip
+    assert err == ("launch.py: error: --config_file accelerate_configs/zero3.yaml needs DeepSpeed, which is not "
+                   "installed: pip install -r requirements-gpu.txt (deepspeed==0.19.8)")  # fmt: skip
 
 
 def test_a_rendezvous_timeout_is_one_line_saying_what_to_do() -> None:
@@ -46,8 +46,8 @@ def test_a_rendezvous_timeout_is_one_line_saying_what_to_do() -> None:
     args = SimpleNamespace(num_machines=2, main_process_ip="10.0.0.1", main_process_port=29500)
     line = launch.rendezvous_line("Timed out after 20 seconds waiting for clients. 1/2 clients joined.", args)
     assert line == (
-        "error: the launch expected 2 nodes (2 rendezvous clients) at 10.0.0.1:29500, but 1 joined within the "
-        "rendezvous timeout (20 s); start the same command on every node with its own --machine_rank, check that "
+        "launch.py: error: the launch expected 2 nodes (2 rendezvous clients) at 10.0.0.1:29500, but 1 joined within "
+        "the rendezvous timeout (20 s); start the same command on every node with its own --machine_rank, check that "
         "each can reach --main_process_ip:--main_process_port, or raise the timeout with --rdzv_conf "
         "timeout=<seconds>"
     )

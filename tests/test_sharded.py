@@ -405,7 +405,7 @@ def test_a_launch_that_would_silently_not_shard_is_refused_in_one_line(tmp_path:
     done = subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
     assert done.returncode != 0
     lines = [line for line in done.stderr.splitlines() if expected in line]
-    assert lines and lines[-1].startswith("error: "), done.stderr[-3000:]
+    assert lines and lines[-1].startswith("train_grpo.py: error: "), done.stderr[-3000:]
     assert not (tmp_path / "refused" / "checkpoint-1").exists() and "step 1/2" not in done.stdout
 
 
@@ -428,8 +428,8 @@ def test_a_node_that_never_joins_ends_the_launch_within_the_rendezvous_timeout(t
         return
     assert done.returncode == 2
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"error: the launch expected 2 nodes (2 rendezvous clients) at 127.0.0.1:{port}, but 1 "
-                           "joined within the rendezvous timeout ("), done.stderr[-3000:]  # fmt: skip
+    assert last.startswith(f"launch.py: error: the launch expected 2 nodes (2 rendezvous clients) at 127.0.0.1:"
+                           f"{port}, but 1 joined within the rendezvous timeout ("), done.stderr[-3000:]  # fmt: skip
     assert "--rdzv_conf timeout=<seconds>" in last
 
 

@@ -458,17 +458,20 @@ def test_use_vllm_without_vllm_is_one_line_and_status_2(tmp_path, tiny_model_dir
         timeout=300,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert lines == ["error: --use_vllm needs vLLM, which is not installed: pip install -r requirements-gpu.txt "
-                     "(vllm==0.31.0)"], proc.stderr[-2000:]  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if ": error:" in line]
+    assert lines == ["train_grpo.py: error: --use_vllm needs vLLM, which is not installed: pip install -r "
+                     "requirements-gpu.txt (vllm==0.31.0)"], proc.stderr[-2000:]  # fmt: skip
     assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--variant", "vanilla", "--prm_coef", "0.3"], "error: --prm_coef belongs to variant(s)"),
-        (["--hub_dir", "{tmp}/a-file/hub"], "error: hub directory {tmp}/a-file/hub (--hub_dir) is not writable"),
+        (["--variant", "vanilla", "--prm_coef", "0.3"], "train_grpo.py: error: --prm_coef belongs to variant(s)"),
+        (
+            ["--hub_dir", "{tmp}/a-file/hub"],
+            "train_grpo.py: error: hub directory {tmp}/a-file/hub (--hub_dir) is not writable",
+        ),
     ],
 )
 def test_train_grpo_cli_prints_one_line_errors(tmp_path, flags, message):

@@ -131,11 +131,9 @@ def test_an_unreachable_user_endpoint_fails_before_training(tmp_path, tiny_model
     command = grpo_command(tmp_path, tiny_model_dir, "http://127.0.0.1:9/v1")
     done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-3000:]
-    assert (
-        done.stderr.strip()
-        .splitlines()[-1]
-        .startswith("error: The LLM user simulator endpoint http://127.0.0.1:9/v1/models is unreachable")
-    ), done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    expected = "train_grpo.py: error: The LLM user simulator endpoint http://127.0.0.1:9/v1/models is unreachable"
+    assert last.startswith(expected), done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "run").exists()  # no model loaded, nothing claimed
 

@@ -240,7 +240,7 @@ def make_parser() -> Any:
 def main(argv: list[str] | None = None) -> int:
     from airline_rl.run.cli import parse_or_exit
 
-    (args,) = parse_or_exit(make_parser(), argv)
+    (args,) = parse_or_exit(make_parser(), argv, prog="run_ablation.py")
     try:
         return run(args)
     except ExperimentError as err:

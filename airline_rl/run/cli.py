@@ -4,6 +4,10 @@
 - ``--config missing.yaml`` and an unparsable recipe are one line, not a ``FileNotFoundError`` traceback;
 - ``run_main`` turns the scripts' own ``SystemExit("error: ...")`` and their input-error classes into that line.
 
+Every such line has argparse's shape, ``<script>.py: error: ...``, whichever check found the problem (argparse, a
+config's ``__post_init__``, the script's own checks): the script passes its name as ``prog``. Failures of a run that
+started (a dead user endpoint, a lost peer: exit 1) read ``error: ...``.
+
 Under ``accelerate launch`` the launcher answers a child's non-zero exit with its own traceback
 (``subprocess.CalledProcessError`` from the simple launcher, a ``ChildFailedError`` summary from torchrun), printed
 *after* our line. So, when the parent process is an ``accelerate`` launcher, the main process also leaves a tiny
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -37,9 +42,17 @@ QUIET_LAUNCHER_ENV = "AIRLINE_RL_QUIET_LAUNCHER"
 """Set by ``launch.py`` for its children: no launcher traceback follows their line, so it is not repeated."""
 
 
-def error_line(message: str) -> str:
+_PREFIXED = re.compile(r"^\S+: error: ")
+
+
+def error_line(message: str, prog: str | None = None) -> str:
+    """``message`` on one line as ``error: ...``, or ``<prog>: error: ...`` with ``prog``; a line that already has
+    a ``<prog>: error:`` prefix keeps it."""
     text = " ".join(str(message).split())  # one line, whatever the message held
-    return text if text.startswith("error:") or ": error:" in text else f"error: {text}"
+    if _PREFIXED.match(text):
+        return text
+    text = text.removeprefix("error:").strip()
+    return f"{prog}: error: {text}" if prog else f"error: {text}"
 
 
 def _parent_is_accelerate_launcher() -> bool:
@@ -91,9 +104,9 @@ def _repeat_after_launcher(line: str) -> None:
         os._exit(0)
 
 
-def exit_with_error(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    """Prints the one-line error and exits with ``code`` (2: bad input)."""
-    exit_with_line(error_line(message), code)
+def exit_with_error(message: str, code: int = EXIT_USAGE, prog: str | None = None) -> NoReturn:
+    """Prints the one-line error (``<prog>: error: ...`` with ``prog``) and exits with ``code`` (2: bad input)."""
+    exit_with_line(error_line(message, prog), code)
 
 
 def exit_with_line(line: str, code: int) -> NoReturn:
@@ -107,8 +120,11 @@ def exit_with_line(line: str, code: int) -> NoReturn:
     sys.exit(code)
 
 
-def one_line_argparse_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """argparse errors without the usage block (hundreds of lines for TRL's configs); ``--help`` still shows it."""
+def one_line_argparse_errors(parser: argparse.ArgumentParser, prog: str | None = None) -> argparse.ArgumentParser:
+    """argparse errors without the usage block (hundreds of lines for TRL's configs); ``--help`` still shows it.
+    ``prog``: the script's name, instead of argparse's guess from ``sys.argv[0]``."""
+    if prog:
+        parser.prog = prog
 
     def error(message: str) -> NoReturn:
         exit_with_error(f"{parser.prog}: error: {message} (see --help)")
@@ -161,13 +177,13 @@ def _parse_error(message: str, argv: list[str] | None) -> str:
 def parse_or_exit(parser: Any, argv: list[str] | None = None, prog: str | None = None) -> Any:
     """``parser.parse_args_and_config(argv)`` (TrlParser); a bad ``--config`` or field value is one line, and an
     abbreviated flag is unknown (argparse took ``--learning_rat`` for ``--learning_rate`` without a word). With
-    ``prog`` every such line reads ``<prog>: error: ...`` (evaluate.py documents that prefix)."""
+    ``prog`` every such line reads ``<prog>: error: ...``, as argparse's own do."""
     import yaml
 
     def fail(message: str) -> NoReturn:
-        exit_with_error(f"{prog}: error: {message}" if prog else message)
+        exit_with_error(message, prog=prog)
 
-    one_line_argparse_errors(parser)
+    one_line_argparse_errors(parser, prog)
     parser.allow_abbrev = False  # read at parse time; TrlParser builds its argparse parser without the option
     try:
         return parser.parse_args_and_config(args=argv)
@@ -181,18 +197,19 @@ def parse_or_exit(parser: Any, argv: list[str] | None = None, prog: str | None =
         fail(_parse_error(str(err), argv))
 
 
-def run_main(main: Callable[[], T], input_errors: tuple[type[BaseException], ...] = ()) -> T:
-    """Runs an entry point; its ``SystemExit("error: ...")`` and ``input_errors`` become the one line, status 2."""
+def run_main(main: Callable[[], T], input_errors: tuple[type[BaseException], ...] = (), prog: str | None = None) -> T:
+    """Runs an entry point; its ``SystemExit("error: ...")`` and ``input_errors`` become the one line
+    (``<prog>: error: ...``), status 2."""
     try:
         result = main()
     except SystemExit as exc:
         if isinstance(exc.code, str):
-            exit_with_error(exc.code)
+            exit_with_error(exc.code, prog=prog)
         raise
     except KeyboardInterrupt:  # Ctrl-C outside training (which stops gracefully): one line, not a traceback
         exit_with_line(INTERRUPTED_LINE, EXIT_INTERRUPTED)
     except input_errors as err:
-        exit_with_error(str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err))
+        exit_with_error(str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err), prog=prog)
     except RuntimeError as err:
         message = lost_peer_message(err)
         if message is None:

@@ -145,7 +145,8 @@ def format_step_line(
     step: int, max_steps: int, logs: dict[str, Any], seconds: float | None, extras: list[tuple[str, float]] = ()
 ) -> str:
     """``step 3/20 | reward 0.250 | std 0.433 | ... | loss 0.0123 | 21.4 s`` from one log dict; ``extras`` are
-    (what, seconds) that the time includes besides the step itself (``184.0 s incl. eval 150.2 s + save 3.1 s``)."""
+    (what, seconds) that the time includes besides the step itself (``184.0 s incl. step 16's eval 150.2 s + save
+    3.1 s``)."""
     parts = [f"step {step}/{max_steps}" if max_steps > 0 else f"step {step}"]
     for label, key, fmt in STEP_FIELDS:
         value = logs.get(key)
@@ -161,6 +162,17 @@ def format_step_line(
         included = " + ".join(f"{what} {took:.1f} s" for what, took in extras)
         parts.append(f"{seconds:.1f} s" + (f" incl. {included}" if included else ""))
     return " | ".join(parts)
+
+
+def named_steps(extras: list[tuple[str, int, float]]) -> list[tuple[str, float]]:
+    """(what, step, seconds) → (label, seconds), the step named once before its first item: ``step 16's eval``,
+    ``save``."""
+    labelled: list[tuple[str, float]] = []
+    previous = None
+    for what, step, seconds in extras:
+        labelled.append((what if step == previous else f"step {step}'s {what}", seconds))
+        previous = step
+    return labelled
 
 
 def _duration(seconds: float) -> str:
@@ -233,7 +245,7 @@ class StepLineCallback(TrainerCallback):
         self.callback_handler = callback_handler  # to find the TensorBoard callback's event directory
         self._last: float | None = None
         self._mark: float | None = None  # the end of the last thing timed (a step line, an evaluation, a save)
-        self._extras: list[tuple[str, float]] = []  # evaluations and saves since the last step line
+        self._extras: list[tuple[str, int, float]] = []  # (what, after step, seconds) since the last step line
         self.started: float | None = None
         self.first_step = 0  # the step training began at in this process (a resumed checkpoint's)
         self.tensorboard_dir: str | None = None
@@ -256,22 +268,23 @@ class StepLineCallback(TrainerCallback):
         now = time.perf_counter()
         seconds = None if self._last is None else now - self._last
         self._last = self._mark = now
-        extras, self._extras = self._extras, []
+        extras, self._extras = named_steps(self._extras), []
         print(format_step_line(state.global_step, state.max_steps, logs, seconds, extras), flush=True)
 
-    def _timed(self, what: str) -> None:
-        """An evaluation or a save just ended: the next step line's time includes it, and says so. (The Trainer
-        evaluates and saves after logging a step, so their time lands in the next step's interval.)"""
+    def _timed(self, what: str, step: int) -> None:
+        """An evaluation or a save of ``step`` just ended: the next step line's time includes it, and names it with
+        its step. (The Trainer evaluates and saves after logging a step, so their time lands in the next step's
+        interval: step 17's line read ``incl. eval 5.4 s`` for the evaluation at step 16.)"""
         now = time.perf_counter()
         if self._mark is not None:
-            self._extras.append((what, now - self._mark))
+            self._extras.append((what, step, now - self._mark))
         self._mark = now
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._timed("eval")
+        self._timed("eval", state.global_step)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._timed("save")
+        self._timed("save", state.global_step)
 
     def summary(
         self, state: Any, output_dir: str, hub_revision: str | None, user_errors: tuple[int, int] | None = None

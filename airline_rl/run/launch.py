@@ -63,10 +63,10 @@ def rendezvous_line(message: str, args: Any) -> str | None:
     where = f"{getattr(args, 'main_process_ip', None) or '?'}:{getattr(args, 'main_process_port', None) or '?'}"
     nodes = getattr(args, "num_machines", None) or expected
     return (
-        f"error: the launch expected {nodes} nodes ({expected} rendezvous clients) at {where}, but {joined} joined "
-        f"within the rendezvous timeout ({seconds} s); start the same command on every node with its own "
-        "--machine_rank, check that each can reach --main_process_ip:--main_process_port, or raise the timeout "
-        "with --rdzv_conf timeout=<seconds>"
+        f"launch.py: error: the launch expected {nodes} nodes ({expected} rendezvous clients) at {where}, but "
+        f"{joined} joined within the rendezvous timeout ({seconds} s); start the same command on every node with "
+        "its own --machine_rank, check that each can reach --main_process_ip:--main_process_port, or raise the "
+        "timeout with --rdzv_conf timeout=<seconds>"
     )
 
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             require("deepspeed", config)  # the project's one wording for a missing optional package
         except MissingDependencyError as missing:
-            exit_with_error(str(missing))
+            exit_with_error(str(missing), prog="launch.py")
         raise
     except Exception as err:  # torch's DistStoreError and the elastic errors that wrap it
         line = rendezvous_line(f"{err} {err.__cause__ or ''}", args)

@@ -4,10 +4,14 @@
 child is orphaned. So the training process asks the kernel for SIGTERM when its launcher dies
 (``PR_SET_PDEATHSIG``, Linux), and on SIGTERM (or SIGUSR1) this callback makes the Trainer save and stop at
 the end of the step. Processes agree on the stop (a max-reduce each step) so no rank waits in a collective alone.
-The same stop often arrives twice: a signal to the whole process group (a terminal's ``kill %1``, the ablation driver,
-SLURM's ``scancel``, systemd) reaches the trainer and its launcher, and the launcher's death (or torchrun's
-forwarding) relays a second SIGTERM a moment later. So a repeated SIGTERM is not "stop now" (it used to be, and
-killed the trainer mid-step in 3 of 4 group signals under load).
+One stop often arrives more than once: a signal to the whole process group (a terminal's ``kill %1``, the ablation
+driver, SLURM's ``scancel``, systemd) reaches the trainer and its launcher, and the launcher relays it (torchrun's and
+``launch.py``'s forwarding, or its death). Its death alone can relay it twice: the kernel sends the parent-death
+signal when the *thread* that started the trainer ends, and again at each re-parenting while the launcher's other
+threads end (accelerate's launcher has two), so a single ``kill <accelerate pid>`` reached the trainer as two
+SIGTERMs 4 ms apart on two busy cores. So every stop signal within ``RELAY_WINDOW_S`` of the first is that same stop
+and says nothing; a later one is the user's second signal: one line, and not "stop now" for a SIGTERM (a repeated
+SIGTERM used to be, and killed the trainer mid-step in 3 of 4 group signals under load).
 
 Ctrl-C (SIGINT) is the same graceful stop the first time (it used to print two KeyboardInterrupt tracebacks, ~150
 lines, and lose every step since the last checkpoint); a second Ctrl-C while stopping stops at once (one line, exit
@@ -49,6 +53,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 PR_SET_PDEATHSIG = 1
 EXIT_STOPPED = 128 + signal.SIGTERM  # the shell's convention for "terminated by SIGTERM"
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # "terminated by SIGINT": a second Ctrl-C
+RELAY_WINDOW_S = 1.0
+"""A stop signal this soon after the first is the same stop by another path (group, relay, parent death); a person's
+second signal comes later."""
 _terminal_taken = False
 
 
@@ -126,6 +133,7 @@ class GracefulStop(TrainerCallback):
     def __init__(self, accelerator: Any = None) -> None:
         self.accelerator = accelerator
         self.signal_name: str | None = None
+        self._first_signal_at = -math.inf  # time.monotonic() of the first stop signal this process received
         self.stopped_at: int | None = None
         self._repeat_noted = False
         self.grace_s = torchrun_shutdown_timeout_s()  # None: no launcher kills us after a deadline
@@ -150,15 +158,19 @@ class GracefulStop(TrainerCallback):
 
     def _handle(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
-        if self.signal_name is not None and signum == signal.SIGINT:  # a second Ctrl-C: the user means now
-            self.stop_now(name)
-        if self.signal_name is not None:  # the same stop relayed by the launcher, or an impatient repeat
-            if not self._repeat_noted:
+        now = time.monotonic()
+        if self.signal_name is not None:
+            if now - self._first_signal_at < RELAY_WINDOW_S:  # the first stop again, by another path: one stop
+                return
+            if signum == signal.SIGINT:  # a second Ctrl-C: the user means now
+                self.stop_now(name)
+            if not self._repeat_noted:  # an impatient repeat
                 self._repeat_noted = True
                 logger.warning("%s again: already stopping at the end of this step (Ctrl-C again stops at once)",
                                name)  # fmt: skip
             return
         self.signal_name = name
+        self._first_signal_at = now
         logger.warning("%s received: saving a checkpoint at the end of this step, then stopping %s", name,
                        self._orphan_note() or "(Ctrl-C again stops at once, without it)")  # fmt: skip
 
@@ -217,7 +229,8 @@ class GracefulStop(TrainerCallback):
         if warning is not None and getattr(state, "is_world_process_zero", True):
             logger.warning("%s", warning)
         if self._agreed():
-            self.signal_name = self.signal_name or "a stop signal on another process"
+            if self.signal_name is None:  # its own copy of that signal, if it comes, is the same stop
+                self.signal_name, self._first_signal_at = "a stop signal on another process", time.monotonic()
             self.stopped_at = state.global_step
             control.should_save = True
             control.should_training_stop = True

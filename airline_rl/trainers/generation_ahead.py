@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from airline_rl.rollout import policy_max_context
 from airline_rl.run.omp_wait import VARIABLE, wait_policy_note
 
 logger = logging.getLogger(__name__)
@@ -125,6 +126,24 @@ class PlayedBatch:
 
 
 @dataclass
+class Discarded:
+    """The requested batches a stop throws away (a resumed run plays them again with its own weights)."""
+
+    played: int = 0
+    """Played, the result not yet read by the trainer."""
+    in_flight: int = 0
+    queued: int = 0
+    """Requested but never started (behind the batch in flight, or waiting for fresher weights)."""
+
+    @property
+    def total(self) -> int:
+        return self.played + self.in_flight + self.queued
+
+    def __str__(self) -> str:
+        return f"{self.played} played, {self.in_flight} in flight, {self.queued} only queued (never started)"
+
+
+@dataclass
 class PlayedEpisode:
     """The trainer-side view of an episode the worker played: what the loss shaping and the metrics read."""
 
@@ -172,13 +191,29 @@ def worker_model(spec: WorkerSpec) -> Any:
     return model.eval()
 
 
+@dataclass
+class Progress:
+    """How many requested batches the worker has started playing and finished (shared counters, written by the worker
+    only), so that a stop can say which of the batches it discards were played, in flight or only queued."""
+
+    started: Any
+    finished: Any
+
+    def begin(self) -> None:
+        self.started.value += 1
+
+    def end(self) -> None:
+        self.finished.value += 1
+
+
 def worker_main(
-    spec: WorkerSpec, weights: dict, version: Any, lock: Any, requests: Any, results: Any, served: Any = None
-) -> None:
+    spec: WorkerSpec, weights: dict, version: Any, lock: Any, requests: Any, results: Any, progress: Progress,
+    served: Any = None,
+) -> None:  # fmt: skip
     """The rollout worker: plays requested batches in order, each on weights of version ≥ its ``min_version``.
     ``served``: vLLM server mode's (``playing`` lock, ``wanted`` flag), see ``served_worker_main``."""
     if spec.server is not None:
-        served_worker_main(spec, version, *served, requests, results)
+        served_worker_main(spec, version, *served, requests, results, progress)
         return
     from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend
 
@@ -212,6 +247,7 @@ def worker_main(
         if not admitted(version, request, parent):
             return
         load_newest()
+        progress.begin()
         idle = time.perf_counter() - idle_since
         start = time.perf_counter()
         try:
@@ -233,6 +269,7 @@ def worker_main(
         except Exception as err:  # reported to the trainer, which ends the run with it
             played = PlayedBatch(request.train_step, loaded, [], [], [], [], [], None, 0.0, idle,
                                  error=f"{type(err).__name__}: {err}")  # fmt: skip
+        progress.end()
         results.put(played)
         idle_since = time.perf_counter()
         if played.error:
@@ -291,7 +328,9 @@ def take_the_server(playing: Any, wanted: Any, parent: int) -> bool:
     return True
 
 
-def served_worker_main(spec: WorkerSpec, version: Any, playing: Any, wanted: Any, requests: Any, results: Any) -> None:
+def served_worker_main(
+    spec: WorkerSpec, version: Any, playing: Any, wanted: Any, requests: Any, results: Any, progress: Progress
+) -> None:
     """The rollout worker in vLLM server mode. The trainer pushes its weights into the server (TRL's
     ``sync_weights``, NCCL) only while it holds ``playing``; the worker holds it from a batch's first turn to its
     last, so a batch plays on one version, and ``version`` (the server's) cannot change under it. Admission is
@@ -317,6 +356,7 @@ def served_worker_main(spec: WorkerSpec, version: Any, playing: Any, wanted: Any
             return
         try:
             loaded = int(version.value)
+            progress.begin()
             idle = time.perf_counter() - idle_since
             start = time.perf_counter()
             try:
@@ -329,6 +369,7 @@ def served_worker_main(spec: WorkerSpec, version: Any, playing: Any, wanted: Any
                                      error=f"{type(err).__name__}: {err}")  # fmt: skip
         finally:
             playing.release()  # before the result: a trainer holding the result finds the lock free or re-taken
+        progress.end()
         results.put(played)
         idle_since = time.perf_counter()
         if played.error:
@@ -380,6 +421,8 @@ class GenerationAhead:
     """vLLM server mode: the weight pushes into the server; None on the CPU path (shared memory)."""
     lockstep = False
     """Several ranks pushing into one server: they wait for their batches, and push, at the same points."""
+    taken = 0
+    """Batches ``take`` handed to the trainer (the worker's ``progress`` counts from the same start)."""
 
     def __init__(self, trainer: Any, max_staleness: int, threads: int) -> None:
         self.trainer = trainer
@@ -395,7 +438,8 @@ class GenerationAhead:
         self.wait_seconds = 0.0
         self.trainer_idle_share = 0.0
         self._last_take: float | None = None
-        self.discarded = 0
+        self.discarded = Discarded()
+        self.progress: Progress | None = None
         self.stopped = False
         self.served = bool(getattr(trainer, "use_vllm", False)) and trainer.args.vllm_mode == "server"
         """vLLM server mode: the worker samples on the server; the weights go there (``ServedWeights``)."""
@@ -428,8 +472,8 @@ class GenerationAhead:
             self.weights = {n: p.detach().to("cpu").clone().share_memory_() for n, p in model.named_parameters()}
         self.requests = ctx.Queue()
         self.results = ctx.Queue()
+        self.progress = Progress(ctx.Value("q", 0, lock=False), ctx.Value("q", 0, lock=False))
         from airline_rl.backends.turn_cache import DEFAULT_MAX_TOKENS
-        from airline_rl.trainers.multiturn_grpo import _max_context
 
         args = trainer.args
         spec = WorkerSpec(
@@ -441,7 +485,7 @@ class GenerationAhead:
             eos_token_ids=list(trainer.eos_token_ids),
             max_completion_length=args.max_completion_length,
             max_turn_tokens=args.max_turn_tokens,
-            max_context=_max_context(trainer),
+            max_context=policy_max_context(trainer),
             temperature=trainer.temperature,
             turn_cache_tokens=getattr(args, "rollout_turn_cache_tokens", DEFAULT_MAX_TOKENS),
             schedule=trainer.schedule,
@@ -454,7 +498,7 @@ class GenerationAhead:
         )
         self.process = ctx.Process(
             target=worker_main,
-            args=(spec, self.weights, self.version, self.lock, self.requests, self.results, served),
+            args=(spec, self.weights, self.version, self.lock, self.requests, self.results, self.progress, served),
             name="airline-rollout-worker",
             daemon=True,
         )
@@ -472,18 +516,18 @@ class GenerationAhead:
         if note is not None:
             logger.warning(note)
 
-    def close(self) -> int:
-        """Stops the worker; returns how many requested batches were discarded unplayed or unread."""
+    def close(self) -> Discarded:
+        """Stops the worker; returns the requested batches it discards: played but unread, in flight, only queued."""
         if self.process is None or self.stopped:
-            return 0
+            return Discarded()
         self.stopped = True
-        self.discarded = len(self.pending)
         with contextlib.suppress(Exception):  # the worker may be gone already
             self.requests.put(None)
         self.process.join(timeout=2.0)
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(timeout=5.0)
+        self.discarded = self._discarded()
         # The queues and the lock are released with the worker: nothing is sent or read after a stop.
         for channel in (self.requests, self.results):
             with contextlib.suppress(Exception):
@@ -493,6 +537,15 @@ class GenerationAhead:
         if self.server_weights is not None:
             self.server_weights.restore()  # later evaluations push into the server as TRL does
         return self.discarded
+
+    def _discarded(self) -> Discarded:
+        """What became of the requests never taken, read once the worker is stopped (a batch it was playing when
+        terminated is in flight; the ones behind it, or waiting for fresher weights, were only queued)."""
+        assert self.progress is not None
+        started, finished = int(self.progress.started.value), int(self.progress.finished.value)
+        played = max(0, min(finished - self.taken, len(self.pending)))
+        in_flight = max(0, min(started - finished, len(self.pending) - played))
+        return Discarded(played, in_flight, len(self.pending) - played - in_flight)
 
     def _worker_alive(self) -> bool:
         return self.process is None or self.process.is_alive()
@@ -581,6 +634,7 @@ class GenerationAhead:
             self.trainer_idle_share = 1.0  # the first batch: nothing to train on while it plays
         self._last_take = now
         self.pending.popleft()
+        self.taken += 1
         if self.server_weights is not None:  # the worker released the lock before sending: free unless re-taken
             self.server_weights.try_push()
         if played.error:
@@ -712,7 +766,9 @@ class ServedWeights:
 
 def behaviour_stats(output: dict[str, torch.Tensor], cap: float | None) -> dict[str, float]:
     """Behaviour-weight metrics over the policy tokens: mean truncated weight, the share truncated (or masked),
-    and KL(behaviour ‖ proximal) by the k3 estimator (non-negative, unbiased under the behaviour policy)."""
+    and KL(behaviour ‖ proximal) by the k3 estimator (non-negative, unbiased under the behaviour policy). k3 is
+    computed in float64 as expm1(x) − x, x the log-ratio: in float32, exp(x) − x − 1 rounds to about −x for the
+    ~1e-8 log-ratios of two forward passes over the same weights, and logged −5e-9 at staleness 0."""
     old, behav = output.get("old_per_token_logps"), output.get("sampling_per_token_logps")
     if old is None or behav is None:
         return {}
@@ -724,5 +780,6 @@ def behaviour_stats(output: dict[str, torch.Tensor], cap: float | None) -> dict[
     weight = output.get("importance_sampling_ratio")
     mean_weight = float(weight[mask].mean()) if weight is not None and weight.dim() == 2 else float(ratio.mean())
     over = float((ratio > cap).float().mean()) if cap is not None and math.isfinite(cap) else 0.0
-    kl = float((ratio - log_ratio - 1).mean())
+    log_ratio64 = log_ratio.double()
+    kl = float((torch.expm1(log_ratio64) - log_ratio64).clamp_min(0.0).mean())
     return {"behaviour_weight": mean_weight, "behaviour_weight_truncated": over, "kl_behaviour": kl}

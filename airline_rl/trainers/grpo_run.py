@@ -1,5 +1,6 @@
-"""What ``train_grpo.py`` builds around ``MultiTurnGRPOTrainer``: the task rows it trains on, the prompt style, the
-run's fingerprint (which checkpoint may be resumed) and model-card fields, and the stop on a dead user simulator.
+"""What ``train_grpo.py`` builds around ``MultiTurnGRPOTrainer``: the model it trains, the task rows it trains on, the
+prompt style, the run's fingerprint (which checkpoint may be resumed) and model-card fields, and the stops on a dead
+user simulator or rollout worker.
 
 Kept out of the entry script so that its ``main()`` reads as parse → build → train → export, and beside the trainer
 because each piece is the GRPO run's own (SFT's counterparts are in ``trainers/sft.py``).
@@ -14,6 +15,7 @@ import datasets
 from trl import ModelConfig
 
 from airline_rl.configs import GRPOScriptArguments, MultiTurnGRPOConfig
+from airline_rl.data import base_model
 from airline_rl.envs.episode import AirlineEnv
 from airline_rl.envs.prompt_style import style_name, use_compact_prompt
 from airline_rl.envs.splits import get_split
@@ -21,6 +23,19 @@ from airline_rl.run.cli import error_line, exit_with_line
 from airline_rl.run.guard import model_identity
 
 VARIANT_COEFFICIENTS = ("turn_discount_alpha", "prm_coef", "prm_clip", "turn_credit_coef")
+
+
+def resolve_model_path(
+    model_args: ModelConfig, script_args: GRPOScriptArguments, output_dir: str, env: AirlineEnv
+) -> str:
+    """The model to train: the given path, the default policy (``--warmup_tasks``), or the tiny model; cached."""
+    if model_args.model_name_or_path:
+        return base_model.check_local_model(model_args.model_name_or_path)
+    if script_args.warmup_tasks:  # one cache wherever --output_dir is
+        return base_model.default_policy(
+            script_args.warmup_tasks, script_args.warmup_cache_dir, script_args.warmup_epochs, script_args.data_dir
+        )
+    return base_model.tiny_default(env, output_dir, script_args.tiny_model_dir)
 
 
 def compact_prompt(script_args: GRPOScriptArguments, model_args: ModelConfig) -> bool:

@@ -2,9 +2,11 @@
 
 How it departs from textbook GRPO (single-turn, one completion per prompt):
 1. A rollout is a whole episode played by ``airline_rl.envs.runner.run_episodes`` (the same loop the evaluator and
-   the trajectory collector use). All active episodes advance together: one batched call of TRL's own
-   ``_generate_single_turn`` per wave of turns, so transformers ``generate`` (CPU/GPU) and vLLM (colocate or server)
-   both work unchanged; on the transformers path the waves reuse the shared system-prompt prefix instead
+   the trajectory collector use). The loop calls the policy with the episodes that are ready, each moving on when its
+   own user reply lands (``--schedule events``, the default; ``waves`` advances all active episodes together, and
+   with the scripted user, which answers at once, the two are the same lock-step waves): one batched call of TRL's
+   own ``_generate_single_turn`` per policy call, so transformers ``generate`` (CPU/GPU) and vLLM (colocate or
+   server) both work unchanged; on the transformers path the calls reuse the shared system-prompt prefix instead
    (``rollout_prefix_reuse``, TRL's decoding rule through ``airline_rl.backends.trl_prefix``).
 2. Token-in, token-out: a completion is the sampled ids of every policy turn, interleaved with the tokens of the
    user and tool messages obtained by rendering the chat template with and without the new messages
@@ -64,7 +66,7 @@ from airline_rl.envs.runner import RunTimings, Schedule, run_episodes
 from airline_rl.envs.users.base import UserSimulator
 from airline_rl.rewards.outcome import outcome_reward
 from airline_rl.rewards.prm import PRMResult, episode_rule_stats, score_episode, within_group_signal
-from airline_rl.rollout import TokenPolicyAgent
+from airline_rl.rollout import TokenPolicyAgent, policy_max_context
 from airline_rl.run.sharding import LaunchError, ShardedLaunch
 from airline_rl.trainers.generation_ahead import (
     GenerationAhead,
@@ -186,13 +188,6 @@ class TrainerBackend:
         if self.prefix_generation is not None:
             self.prefix_generation.close()
             self.trainer._turn_cache_stats = self.prefix_generation.stats  # logged with the rollout's metrics
-
-
-def _max_context(trainer: GRPOTrainer) -> int:
-    if trainer.use_vllm and getattr(trainer.args, "vllm_max_model_length", None):
-        return int(trainer.args.vllm_max_model_length)
-    config = getattr(trainer.model, "config", None)
-    return int(getattr(config, "max_position_embeddings", None) or 10**9)
 
 
 class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
@@ -350,7 +345,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
             self.eos_token_ids,
             self.args.max_completion_length,
             self.args.max_turn_tokens,
-            _max_context(self),
+            policy_max_context(self),
             per_episode_seeds=backend.prefix_generation is not None or backend.seeded_llm is not None,
         )
         return backend, agent
@@ -783,9 +778,9 @@ class _AheadCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         discarded = self.ahead.close()
-        if discarded:
-            logger.info("generation ahead: %d batch(es) played or in flight ahead of step %d discarded (a resumed run "
-                        "replays them with its weights)", discarded, state.global_step)  # fmt: skip
+        if discarded.total:
+            logger.info("generation ahead: the %d batch(es) requested ahead of step %d are discarded: %s; a resumed "
+                        "run plays them with its weights", discarded.total, state.global_step, discarded)  # fmt: skip
 
 
 class UserErrorStop(TrainerCallback):
