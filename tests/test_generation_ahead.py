@@ -222,6 +222,7 @@ def test_left_semaphores_counts_what_the_tracker_unlinked_but_not_names_already_
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.parametrize("launch", [pytest.param("one", marks=pytest.mark.exhaustive), "two"])  # CI: two processes
 def test_sigterm_ahead_of_training_discards_the_batches_in_flight_and_the_rerun_resumes(tmp_path, launch):
     """SIGTERM during a --max_staleness 1 run: the step ends, a checkpoint is saved, the worker stops and the batch
@@ -280,6 +281,7 @@ def _rollout_workers(root: int) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.parametrize("launch", [pytest.param("python", marks=pytest.mark.exhaustive), "two"])  # CI: two
 def test_a_rollout_worker_killed_mid_run_stops_the_run_in_one_line_with_a_checkpoint(tmp_path, launch):
     """kill -9 of the rollout worker: the trainer notices within its poll, saves the last finished step, exits 1
@@ -581,7 +583,7 @@ def _two_rank_pushes(rank: int, init_file: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-@pytest.mark.two_processes
+@pytest.mark.serial
 def test_two_ranks_push_into_the_server_together(tmp_path):
     """vLLM server mode with two training processes: TRL's push is a collective, so the ranks push only when both
     workers are between batches, leave their wait for the batch together, and a rank that got its worker's lock

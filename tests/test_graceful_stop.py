@@ -85,6 +85,7 @@ DELIVERIES = [
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.parametrize(("launch", "target"), DELIVERIES)
 def test_sigterm_checkpoints_and_stops_the_trainer(
     tmp_path: Path,
@@ -137,6 +138,7 @@ def test_sigterm_checkpoints_and_stops_the_trainer(
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_sigterm_with_user_requests_in_flight_checkpoints_and_stops(tmp_path: Path, model_dir: Path) -> None:  # noqa: F811
     """The event-driven loop against the LLM user with reply delays (median 0.3 s, σ 1: requests are in flight at any
     moment of a rollout): SIGTERM to the launcher still ends the step, saves and exits 143 with the usual lines."""
@@ -325,6 +327,7 @@ def test_a_first_ctrl_c_stops_like_sigterm_and_a_second_stops_at_once(monkeypatc
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_ctrl_c_in_a_terminal_checkpoints_prints_one_line_and_a_second_stops_at_once(
     tmp_path: Path,
     model_dir: Path,  # noqa: F811

@@ -129,6 +129,7 @@ def default_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_two_process_grpo_with_ranks_on_different_turn_counts(tmp_path: Path, default_tiny_model: Path) -> None:
     env, model = launch_env(), default_tiny_model
     bias = json.dumps({"sequence_bias": [[[end_of_turn_id(model)], 10.0]]})
@@ -136,6 +137,7 @@ def test_two_process_grpo_with_ranks_on_different_turn_counts(tmp_path: Path, de
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_two_process_user_errors_skip_the_update_on_every_rank_or_on_none(
     tmp_path: Path, default_tiny_model: Path
 ) -> None:

@@ -28,7 +28,7 @@ dist.all_reduce(__import__("torch").ones(1))
 """
 
 
-@pytest.mark.two_processes
+@pytest.mark.serial
 def test_the_process_group_is_destroyed_before_the_interpreter_finalizes(tmp_path) -> None:
     import socket
 
@@ -59,7 +59,7 @@ leave_distributed_run()
 """
 
 
-@pytest.mark.two_processes
+@pytest.mark.serial
 def test_a_finished_rank_of_a_multi_process_run_runs_its_exit_handlers_and_leaves(tmp_path) -> None:
     script = tmp_path / "two_ranks.py"
     script.write_text(TWO_RANKS)

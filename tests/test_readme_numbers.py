@@ -118,6 +118,7 @@ def test_the_quick_start_learns_on_this_machine(tmp_path: Path, default_policy_c
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the trainer and its rollout worker: two processes
 @pytest.mark.parametrize("k", [1, pytest.param(2, marks=pytest.mark.exhaustive)])  # k = 2 repeats k = 1 (CI's time)
 def test_the_quick_start_learns_with_generation_ahead(tmp_path: Path, default_policy_cache: Path, k: int) -> None:
     """The quick start at ``--max_staleness k`` (issue 38; the rollout worker has the one thread the trainer has):

@@ -145,6 +145,7 @@ def check_same_run(reference: dict, out: Path, name: str, probe: Path | None = N
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_ddp_two_processes_train_what_one_process_trains(reference: dict) -> None:
     out = reference["out"]
     text = run(grpo_argv(DDP, out, "ddp", 8), out / "ddp.log", out / "probe-ddp")
@@ -170,6 +171,7 @@ def killed_mid_save_then_resumed(reference: dict, name: str, launch: list[str], 
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_fsdp2_shards_for_real_trains_what_one_process_trains_and_resumes_a_rank_killed_mid_save(
     reference: dict,
 ) -> None:
@@ -199,6 +201,7 @@ DEEPSPEED = {"zero2": "accelerate_configs/cpu_zero2.yaml", "zero3": "accelerate_
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed (GPU extra)")
 @pytest.mark.parametrize("stage", sorted(DEEPSPEED))
 def test_deepspeed_zero_trains_what_one_process_trains(reference: dict, stage: str) -> None:
@@ -233,6 +236,7 @@ def untied_model(path: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_an_untied_model_exports_the_same_tensors_under_fsdp2(reference: dict, tmp_path: Path) -> None:
     """Issue 36.1, the untied case: FSDP2 keeps ``lm_head.weight`` (the model's own) and exports the files of a
     1-process run and the tensors a plain ``save_pretrained`` of the model writes (those of the model it started
@@ -249,6 +253,7 @@ def test_an_untied_model_exports_the_same_tensors_under_fsdp2(reference: dict, t
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_fsdp2_as_two_nodes_over_loopback(reference: dict) -> None:
     out = reference["out"]
     port = str(free_port())
@@ -292,6 +297,7 @@ def launched(argv: list[str], log_path: Path, extra_env: dict[str, str], until: 
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_fsdp2_stopped_by_sigterm_resumes_to_the_uninterrupted_weights(reference: dict) -> None:
     """SIGTERM once step 1 of 3 is logged: the ranks finish the step in progress (2), save a sharded checkpoint and
     exit; the rerun resumes from it and ends with the 1-process run's step-3 weights."""
@@ -339,6 +345,7 @@ def assert_resumed(text: str, skipped: Path, why: str, resumed: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_a_truncated_newest_checkpoint_is_skipped_and_the_one_before_resumed(reference: dict) -> None:
     """One process killed after step 2's checkpoint; its model.safetensors then cut to half (a full disk, a copy cut
     short): the rerun skips it with one line naming the file, resumes checkpoint-1, ends with the step-3 weights."""
@@ -356,6 +363,7 @@ def test_a_truncated_newest_checkpoint_is_skipped_and_the_one_before_resumed(ref
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_sigterm_to_the_launcher_refuses_a_second_launch_until_the_trainer_has_saved(reference: dict) -> None:
     """``kill <accelerate pid>`` on one process: the launcher exits at once while its trainer finishes the step and
     saves (slowed by 90 s here). A second launch into the same output_dir meanwhile is refused in one line naming the
@@ -398,6 +406,7 @@ REFUSED = {
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_a_launch_that_would_silently_not_shard_is_refused_in_one_line(tmp_path: Path, case: str) -> None:
     launch, flags, expected = REFUSED[case]
@@ -410,6 +419,7 @@ def test_a_launch_that_would_silently_not_shard_is_refused_in_one_line(tmp_path:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.parametrize("launcher", ["accelerate", "launch.py"])
 def test_a_node_that_never_joins_ends_the_launch_within_the_rendezvous_timeout(tmp_path: Path, launcher: str) -> None:
     """Node 0 alone of two: torchrun's static rendezvous gives up after ``--rdzv_conf timeout=N`` (600 s unset);
@@ -434,6 +444,7 @@ def test_a_node_that_never_joins_ends_the_launch_within_the_rendezvous_timeout(t
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_sigterm_to_launch_py_returns_once_the_checkpoint_is_written(reference: dict) -> None:
     """``python launch.py`` (one process) passes a SIGTERM on to its trainer and waits: when the command returns,
     the checkpoint is written and no trainer is left running."""
@@ -478,6 +489,7 @@ def losses(output_dir: Path) -> list[float]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_sft_under_fsdp2_follows_the_one_process_loss_curve(tmp_path: Path, sft_inputs: Path) -> None:
     """The 4 oracle dialogues, 4 steps of a global batch of 2."""
     run(sft_argv(ONE, sft_inputs, tmp_path, "one", 2), tmp_path / "one.log", tmp_path / "probe")
@@ -497,6 +509,7 @@ def final_weights(output_dir: Path) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_sft_with_accumulation_trains_what_one_process_trains(tmp_path: Path, sft_inputs: Path) -> None:
     """Issue 36.4: 2 processes × 2 accumulation steps against 1 process × 4 (one dialogue a micro-batch, 3 steps):
     the loss is normalised by the tokens of the whole global batch (transformers' ``num_items_in_batch``, counted over
@@ -711,7 +724,7 @@ def test_the_internals_the_sharding_code_relies_on_still_exist() -> None:
     assert "if not self._reshard_after_forward:" in inspect.getsource(FSDPParamGroup.reshard)
 
 
-@pytest.mark.two_processes
+@pytest.mark.serial
 def test_a_node_whose_rank_dies_ends_the_other_node_at_once_with_one_line(tmp_path: Path) -> None:
     """Two one-process "nodes" (two torchrun agents on 127.0.0.1); node 1's rank dies after the first collective.
     (Within one node torchrun's agent ends the other ranks itself.)"""
