@@ -123,6 +123,7 @@ def hide_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "vllm" else real(name, *args))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``pytest -n 2`` (pyproject.toml's addopts: both cores), the slow tests of one module go to one worker
     (``--dist loadgroup``), so a module's shared run (a module-scoped fixture: one run, many checks) is started once;
