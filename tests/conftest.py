@@ -89,13 +89,17 @@ def default_policy_cache() -> Path:
     import subprocess
     import sys
 
+    import yaml
+
     from airline_rl.data.default_policy import default_policy_dir
 
     root = Path(__file__).resolve().parents[1]
     outputs = root / "outputs"
+    recipe = yaml.safe_load((root / "recipes" / "grpo" / "cpu_smoke.yaml").read_text(encoding="utf-8"))
+    tasks, epochs = str(recipe["warmup_tasks"]), int(recipe["warmup_epochs"])  # the quick start's, not a copy
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "airline_rl.data.default_policy", "--tasks", "3,40", "--epochs", "96",
-               "--output_dir", str(default_policy_dir(outputs, ["3", "40"], 96))]  # fmt: skip
+    command = [sys.executable, "-m", "airline_rl.data.default_policy", "--tasks", tasks, "--epochs", str(epochs),
+               "--output_dir", str(default_policy_dir(outputs, tasks.split(","), epochs))]  # fmt: skip
     subprocess.run(command, cwd=root, env=env, check=True, capture_output=True, timeout=1200)
     return outputs
 
