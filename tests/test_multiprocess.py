@@ -87,7 +87,10 @@ def step_one_episodes(ranks: dict[int, list[dict]]) -> dict[int, list[int]]:
     return played
 
 
-def check_two_ranks(tmp_path: Path, ranks: dict[int, list[dict[str, Any]]]) -> None:
+def check_two_ranks(tmp_path: Path, ranks: dict[int, list[dict[str, Any]]], user_errors: float = 0.0) -> None:
+    """Both ranks played both steps on different tasks with different numbers of turns (the idle rank joined the
+    other's generation), logged the same gathered metrics (``user_errors`` failed episodes a step) and saved one
+    checkpoint, once."""
     rollouts = {rank: [r for r in records if r["kind"] == "rollout"] for rank, records in ranks.items()}
     for rank in (0, 1):  # every rank played both steps
         assert [r["step"] for r in rollouts[rank]] == [0, 1], rank
@@ -106,7 +109,8 @@ def check_two_ranks(tmp_path: Path, ranks: dict[int, list[dict[str, Any]]]) -> N
                 continue  # each rank's own clock
             same = a == b or (isinstance(a, float) and isinstance(b, float) and math.isclose(a, b, rel_tol=1e-6))
             assert same, (key, a, b)
-        assert mine["episode/user_sim_errors"] == 0
+        assert mine["episode/user_sim_errors"] == user_errors
+        assert mine["train/user_error_skip"] == 0.0  # not every episode of the global batch failed: no rank skips
     turns = [t for rank in (0, 1) for t in rollouts[rank][0]["turns"]]
     assert math.isclose(logs[0][0]["episode/turns"], sum(turns) / len(turns))  # both ranks' episodes gathered
     saved = sorted(p.name for p in (tmp_path / "hub" / "two-ranks").iterdir() if p.is_dir())
@@ -130,29 +134,21 @@ def default_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.serial
-def test_two_process_grpo_with_ranks_on_different_turn_counts(tmp_path: Path, default_tiny_model: Path) -> None:
-    env, model = launch_env(), default_tiny_model
-    bias = json.dumps({"sequence_bias": [[[end_of_turn_id(model)], 10.0]]})
-    check_two_ranks(tmp_path, run_two_ranks(tmp_path, model, env, ["--generation_kwargs", bias]))
-
-
-@pytest.mark.slow
-@pytest.mark.serial
-def test_two_process_user_errors_skip_the_update_on_every_rank_or_on_none(
+def test_two_process_grpo_with_ranks_on_different_turn_counts_and_user_errors_skipping_on_every_rank_or_none(
     tmp_path: Path, default_tiny_model: Path
 ) -> None:
-    """Task 0's user endpoint answers HTTP 500 (rank 0's episodes), task 1's answers (rank 1's): the global batch is
-    not all user errors, so neither rank skips; with both failing, both ranks skip and stop together (exit 1)."""
+    """Two launches (it was three: a run without user errors served the turn-count checks alone). First, task 0's
+    user endpoint answers HTTP 500 (rank 0's episodes end at their first user turn) while task 1's answers three
+    times (rank 1's last longer): the ranks play different numbers of turns, agree on every gathered metric, and,
+    since the global batch is not all user errors, neither skips its update. Then both tasks fail: both ranks skip
+    and stop together (exit 1) with a checkpoint."""
     env, model = launch_env(), default_tiny_model
-    extra = ["--generation_kwargs", json.dumps({"sequence_bias": [[[end_of_turn_id(model)], 10.0]]}),
-             "--max_user_error_steps", "2", "--save_steps", "100"]  # fmt: skip
-    mixed = run_two_ranks(tmp_path / "mixed", model, env, extra, errors=("emma_kim_9957",))
-    logs = {rank: [r["logs"] for r in records if r["kind"] == "log" and "loss" in r["logs"]] for rank, records in
-            mixed.items()}  # fmt: skip
-    for rank in (0, 1):
-        assert [e["episode/user_sim_errors"] for e in logs[rank]] == [2.0, 2.0], rank  # task 0's two episodes
-        assert [e["train/user_error_skip"] for e in logs[rank]] == [0.0, 0.0], rank
-    dead = run_two_ranks(tmp_path / "dead", model, env, extra, errors=("emma_kim_9957", "raj_sanchez_7340"), status=1)
+    bias = ["--generation_kwargs", json.dumps({"sequence_bias": [[[end_of_turn_id(model)], 10.0]]}),
+            "--max_user_error_steps", "2"]  # fmt: skip
+    mixed = run_two_ranks(tmp_path / "mixed", model, env, bias, errors=("emma_kim_9957",))
+    check_two_ranks(tmp_path / "mixed", mixed, user_errors=2.0)  # task 0's two episodes, every step
+    dead = run_two_ranks(tmp_path / "dead", model, env, [*bias, "--save_steps", "100"],
+                         errors=("emma_kim_9957", "raj_sanchez_7340"), status=1)  # fmt: skip
     logs = {rank: [r["logs"] for r in records if r["kind"] == "log" and "loss" in r["logs"]] for rank, records in
             dead.items()}  # fmt: skip
     for rank in (0, 1):

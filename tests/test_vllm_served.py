@@ -62,15 +62,13 @@ def plugin(work: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def policy(work: Path) -> Path:
-    """The embedded default policy (train tasks 3 and 40, as the quick start), built as the quick start builds it."""
-    from airline_rl.data.default_policy import DEFAULT_WARMUP_EPOCHS
+def policy(default_policy_cache: Path) -> Path:
+    """The embedded default policy (train tasks 3 and 40, as the quick start), from the session's cache
+    (tests/conftest.py: built as the quick start builds it, once; CI's slow stage has built it already)."""
+    from airline_rl.data.default_policy import DEFAULT_WARMUP_EPOCHS, default_policy_dir
 
-    out = work / "default-policy"
-    command = [PY, "-m", "airline_rl.data.default_policy", "--output_dir", str(out), "--tasks", "3,40",
-               "--epochs", str(DEFAULT_WARMUP_EPOCHS)]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
-    assert done.returncode == 0, done.stderr[-3000:]
+    out = default_policy_dir(default_policy_cache, ["3", "40"], DEFAULT_WARMUP_EPOCHS)
+    assert (out / "config.json").is_file(), sorted(p.name for p in default_policy_cache.iterdir())
     return out
 
 

@@ -17,6 +17,9 @@ user runs (``scripts/gpu_smoke.sh`` runs them with GPU settings). What differs o
 - **No sleep mode** ("not supported on current platform") and no NCCL (server-mode weight sync): CUDA only.
 - **Chunked prefill with seeded requests** crashes the CPU sampler ("CPU Generator does not use offset"):
   ``--max-num-batched-tokens`` at least the longest prompt avoids chunking.
+- **No inductor compile**: ``VLLM_CPU_CI_ENV=1`` (vLLM's own setting for its CPU CI) runs the dynamo-traced model
+  eagerly; an engine then starts in seconds instead of compiling for minutes. The kernels and the weights are the
+  same; only the fused code inductor would generate is not.
 - **Head size ≥ 32**: CPU attention rejects the default tiny model's heads of 16; ``TINY_VLLM_MODEL`` has 64.
 """
 
@@ -86,6 +89,9 @@ def cpu_env(
         DO_NOT_TRACK="1",
         VLLM_CPU_KVCACHE_SPACE=KVCACHE_SPACE_GIB,
         VLLM_CPU_OMP_THREADS_BIND=threads_bind,
+        # vLLM's own switch for its CPU CI (vllm/platforms/cpu.py): the model is traced once by dynamo and run eagerly
+        # instead of compiled by inductor, which took 1-2.5 min of every engine start on 2 cores
+        VLLM_CPU_CI_ENV="1",
         OMP_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
         GRPO_PROBE_VLLM_UNCHUNKED="1",  # tests/grpo_probe.py: TRL's colocated engine, seeded requests unchunked

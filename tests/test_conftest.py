@@ -1,0 +1,47 @@
+"""The test layout's own promise (pyproject.toml's addopts, tests/conftest.py): under ``pytest -n 2`` the tests of a
+module run on one worker, so a module-scoped shared run starts once, and both workers get work."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MODULE = """
+import os
+import pytest
+
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory):
+    with open({log!r}, "a", encoding="utf-8") as f:
+        f.write("fixture " + __name__ + "\\n")
+
+@pytest.mark.parametrize("case", range(4))
+def test_case(shared_run, case):
+    with open({log!r}, "a", encoding="utf-8") as f:
+        f.write(__name__ + " " + os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+"""
+
+
+def test_a_modules_tests_share_one_worker_and_its_shared_run_starts_once(tmp_path: Path) -> None:
+    log = tmp_path / "log.txt"
+    for name in ("test_first", "test_second"):
+        (tmp_path / f"{name}.py").write_text(MODULE.format(log=str(log)), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS" and not k.startswith("PYTEST_XDIST")}
+    command = [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
+               "-p", "no:cacheprovider", "-q", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = log.read_text(encoding="utf-8").splitlines()
+    fixtures = sorted(line for line in lines if line.startswith("fixture"))
+    assert fixtures == ["fixture test_first", "fixture test_second"]  # once per module
+    workers = {}
+    for line in lines:
+        if not line.startswith("fixture"):
+            module, worker = line.split()
+            workers.setdefault(module, set()).add(worker)
+    assert {module: len(ids) for module, ids in workers.items()} == {"test_first": 1, "test_second": 1}, workers
+    assert workers["test_first"] != workers["test_second"], workers  # both cores at work
