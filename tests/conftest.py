@@ -127,13 +127,26 @@ def hide_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "vllm" else real(name, *args))
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201 - xdist's types
+    """How ``pytest -n 2`` shares the tests out. A run that includes slow or vLLM tests sends a module's tests to one
+    worker (``--dist loadfile``, pyproject.toml), so a module's shared run starts once; the default suite alone
+    (``-m "not slow"``: many short tests, few shared runs) is spread test by test (``load``), which balanced the two
+    workers better: 254 s against 299 s for stage 1 of a fresh clone's .ci/run (session 19)."""
+    from xdist.scheduler import LoadFileScheduling, LoadScheduling
+
+    if "not slow" in (config.getoption("markexpr") or ""):
+        return LoadScheduling(config, log)
+    return LoadFileScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``vllm`` start vLLM engines (minutes each on CPU): they run only when ``-m`` names ``vllm``
     (CI's vLLM stage: ``-m vllm``), so ``-m "not slow"`` stays fast on a machine that has vLLM installed; they run
     alone (``serial``, below), as engines bind their OpenMP threads to the cores.
 
     Under ``pytest -n 2`` (pyproject.toml's addopts: both cores) ``--dist loadfile`` sends a module's tests to one
-    worker, so a module's shared run (a module-scoped fixture: one run, many checks) starts once. (Not ``loadgroup``
+    worker, so a module's shared run (a module-scoped fixture: one run, many checks) starts once (the default suite
+    alone is spread test by test: ``pytest_xdist_make_scheduler`` above). (Not ``loadgroup``
     with an ``xdist_group`` per module: pytest 9.2 derives ``nodeid`` from the node's path, so pytest-xdist 3.8's
     ``@group`` suffix on ``item._nodeid`` no longer reaches its scheduler and every group was spread over both
     workers: tests/test_conftest.py checks the grouping.)"""

@@ -45,3 +45,23 @@ def test_a_modules_tests_share_one_worker_and_its_shared_run_starts_once(tmp_pat
             workers.setdefault(module, set()).add(worker)
     assert {module: len(ids) for module, ids in workers.items()} == {"test_first": 1, "test_second": 1}, workers
     assert workers["test_first"] != workers["test_second"], workers  # both cores at work
+
+
+def test_the_default_suite_alone_is_spread_test_by_test(monkeypatch) -> None:
+    """``-m "not slow"`` (README, CI's stage 1): xdist's ``load``; anything else: a module per worker."""
+    from types import SimpleNamespace
+
+    import xdist.scheduler
+
+    from tests.conftest import pytest_xdist_make_scheduler
+
+    for name in ("LoadScheduling", "LoadFileScheduling"):  # stand-ins that record which one was made
+        monkeypatch.setattr(xdist.scheduler, name, lambda config, log, name=name: name)
+
+    def scheduler(markexpr: str) -> str:
+        return pytest_xdist_make_scheduler(SimpleNamespace(getoption=lambda option: markexpr), log=None)
+
+    assert scheduler("not slow") == "LoadScheduling"
+    assert scheduler("slow and not exhaustive") == "LoadFileScheduling"
+    assert scheduler("vllm and not exhaustive") == "LoadFileScheduling"
+    assert scheduler("") == "LoadFileScheduling"
