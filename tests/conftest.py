@@ -78,6 +78,15 @@ def short_env():
     return make_short_env
 
 
+def quick_start_warmup() -> tuple[str, int]:
+    """recipes/grpo/cpu_smoke.yaml's warm-up tasks and epochs: the quick start's, not a copy."""
+    import yaml
+
+    path = Path(__file__).resolve().parents[1] / "recipes" / "grpo" / "cpu_smoke.yaml"
+    recipe = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return str(recipe["warmup_tasks"]), int(recipe["warmup_epochs"])
+
+
 @pytest.fixture(scope="session")
 def default_policy_cache() -> Path:
     """``outputs/``, holding the embedded default policy of ``recipes/grpo/cpu_smoke.yaml`` (warm-up tasks 3 and 40,
@@ -89,19 +98,25 @@ def default_policy_cache() -> Path:
     import subprocess
     import sys
 
-    import yaml
-
     from airline_rl.data.default_policy import default_policy_dir
 
     root = Path(__file__).resolve().parents[1]
     outputs = root / "outputs"
-    recipe = yaml.safe_load((root / "recipes" / "grpo" / "cpu_smoke.yaml").read_text(encoding="utf-8"))
-    tasks, epochs = str(recipe["warmup_tasks"]), int(recipe["warmup_epochs"])  # the quick start's, not a copy
+    tasks, epochs = quick_start_warmup()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, "-m", "airline_rl.data.default_policy", "--tasks", tasks, "--epochs", str(epochs),
                "--output_dir", str(default_policy_dir(outputs, tasks.split(","), epochs))]  # fmt: skip
     subprocess.run(command, cwd=root, env=env, check=True, capture_output=True, timeout=1200)
     return outputs
+
+
+@pytest.fixture(scope="session")
+def default_policy_path(default_policy_cache: Path) -> Path:
+    """The quick start's default policy itself (the cache's entry for cpu_smoke.yaml's warm-up setting)."""
+    from airline_rl.data.default_policy import default_policy_dir
+
+    tasks, epochs = quick_start_warmup()
+    return default_policy_dir(default_policy_cache, tasks.split(","), epochs)
 
 
 @pytest.fixture(scope="module")

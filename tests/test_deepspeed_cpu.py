@@ -131,18 +131,16 @@ def zero_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
                    check=True, capture_output=True, timeout=600)  # fmt: skip
     runs = {"ddp": run_grpo("multi_gpu.yaml", ["--use_cpu", "true"], model, work / "ddp")}
     runs["zero3"] = run_grpo("cpu_zero3.yaml", DEEPSPEED_CPU_FLAGS, model, work / "zero3")
-    runs["base"] = {"revision": model}
-    runs["work"] = {"revision": work}
+    runs["base"] = {"revision": model, "work": work}
     return runs
 
 
 def zero2_run(zero_runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """ZeRO-2 on this path (exhaustive: its parameters are whole on every rank, so its generation is DDP's; CI checks
     ZeRO-2 against one process on the prefix path, tests/test_sharded.py)."""
-    work = zero_runs["work"]["revision"]
+    base = zero_runs["base"]
     if "zero2" not in zero_runs:
-        zero_runs["zero2"] = run_grpo("cpu_zero2.yaml", DEEPSPEED_CPU_FLAGS, zero_runs["base"]["revision"],
-                                      work / "zero2")  # fmt: skip
+        zero_runs["zero2"] = run_grpo("cpu_zero2.yaml", DEEPSPEED_CPU_FLAGS, base["revision"], base["work"] / "zero2")
     return zero_runs["zero2"]
 
 
