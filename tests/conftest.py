@@ -154,10 +154,33 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, AN
     return LoadFileScheduling(config, log)
 
 
+MODULE_SECONDS = {
+    # slow stage (measured session 20, --durations=0, 2 cores; a module's test time, setup included)
+    "test_sharded.py": 521, "test_default_learning.py": 298, "test_readme_numbers.py": 249, "test_sft.py": 228,
+    "test_quick_start_ahead.py": 175, "test_experiment.py": 132, "test_generation_ahead.py": 120,
+    "test_multiprocess.py": 119, "test_graceful_stop.py": 93, "test_sharded_sft.py": 58,
+    "test_schedule_e2e.py": 43, "test_deepspeed_cpu.py": 27,
+}  # fmt: skip
+"""How long each slow or vLLM module takes: under ``--dist loadfile`` xdist hands modules out in collection order,
+so the order decides how the two workers' loads end. ``schedule_order`` starts the modules that hold ``serial``
+tests (they stop the other worker anyway), then the longest: on this table that packs the slow stage into 1,339 s
+against 1,399 s in file order and a lower bound of 1,273 s (a replay of the measured durations under xdist's
+scheduler and the serial lock). A module missing here only starts later; nothing breaks."""
+
+
+def schedule_order(items: list[pytest.Item]) -> None:
+    """Sorts ``items`` module by module (stable: a module's own order is kept) for ``MODULE_SECONDS``'s reason."""
+    serial_modules = {item.path.name for item in items if item.get_closest_marker("serial") is not None}
+    items.sort(key=lambda item: (item.path.name not in serial_modules, -MODULE_SECONDS.get(item.path.name, 0)))
+
+
+@pytest.hookimpl(trylast=True)  # after ``-m`` has deselected: only the tests that run decide the order
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``vllm`` start vLLM engines (minutes each on CPU): they run only when ``-m`` names ``vllm``
-    (CI's vLLM stage: ``-m vllm``), so ``-m "not slow"`` stays fast on a machine that has vLLM installed; they run
-    alone (``serial``, below), as engines bind their OpenMP threads to the cores.
+    """Tests marked ``vllm`` start vLLM engines (seconds to minutes each on CPU): they run only when ``-m`` names
+    ``vllm`` (CI's vLLM stage: ``-m vllm``), so ``-m "not slow"`` stays fast on a machine that has vLLM installed.
+    Under ``pytest -n 2`` two vLLM modules run at once, each worker's engines bound to a core of their own
+    (``tests/vllm_cpu.py::cpu_env``); a test that needs both cores at once (two ranks, an engine each) is marked
+    ``serial`` itself. (Until session 20 every vLLM test ran alone: 1,133 s for the stage.)
 
     Under ``pytest -n 2`` (pyproject.toml's addopts: both cores) ``--dist loadfile`` sends a module's tests to one
     worker, so a module's shared run (a module-scoped fixture: one run, many checks) starts once (the default suite
@@ -165,9 +188,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     with an ``xdist_group`` per module: pytest 9.2 derives ``nodeid`` from the node's path, so pytest-xdist 3.8's
     ``@group`` suffix on ``item._nodeid`` no longer reaches its scheduler and every group was spread over both
     workers: tests/test_conftest.py checks the grouping.)"""
-    for item in items:
-        if item.get_closest_marker("vllm") is not None:
-            item.add_marker(pytest.mark.serial)
+    schedule_order(items)
     if "vllm" in (config.getoption("markexpr") or ""):
         return
     skip = pytest.mark.skip(reason="vLLM stage: run with -m vllm (CI installs vllm-cpu for it)")
@@ -178,8 +199,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    """A test marked ``serial`` (it starts two processes that run in step, or it times a signal) runs alone: under
-    ``pytest -n 2`` the other worker waits between its tests until it is done, so no such test shares the two cores.
+    """A test marked ``serial`` (it times a signal, a deadline or a rendezvous, or needs both cores at once) runs
+    alone: under ``pytest -n 2`` the other worker waits between its tests until it is done, so no such test shares
+    the two cores. A two-process run whose outcome does not depend on timing (DDP, FSDP2 or ZeRO against one
+    process) is not serial: it shares the cores, slower but with the same result (session 20: 882 s of the slow
+    stage ran alone, 40% of its test time).
 
     The lock wraps setup, call and teardown, so a module-scoped run set up by a serial test is alone too. Readers
     (every other test) hold the lock shared; a serial test holds it exclusive. The turnstile, held by a waiting

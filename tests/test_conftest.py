@@ -65,3 +65,32 @@ def test_the_default_suite_alone_is_spread_test_by_test(monkeypatch) -> None:
     assert scheduler("slow and not exhaustive") == "LoadFileScheduling"
     assert scheduler("vllm and not exhaustive") == "LoadFileScheduling"
     assert scheduler("") == "LoadFileScheduling"
+
+
+def test_modules_with_serial_tests_start_first_then_the_longest(monkeypatch) -> None:
+    """The slow and vLLM stages' order (``schedule_order``): a module's tests stay together and in their order."""
+    from types import SimpleNamespace
+
+    import tests.conftest as conftest
+
+    monkeypatch.setattr(conftest, "MODULE_SECONDS", {"test_long.py": 500, "test_mid.py": 100, "test_serial.py": 50})
+
+    def item(module: str, name: str, serial: bool = False) -> SimpleNamespace:
+        marker = object() if serial else None
+        return SimpleNamespace(path=Path(module), name=name, get_closest_marker=lambda mark: marker)
+
+    items = [item("test_fast.py", "a"), item("test_mid.py", "b"), item("test_serial.py", "c"),
+             item("test_serial.py", "d", serial=True), item("test_long.py", "e"),
+             item("test_mid.py", "f")]  # fmt: skip
+    conftest.schedule_order(items)
+    assert [i.name for i in items] == ["c", "d", "e", "b", "f", "a"]
+
+
+def test_each_worker_binds_its_vllm_engines_to_a_core_of_its_own() -> None:
+    """``pytest -n 2`` runs two vLLM modules at once: gw1's cores are gw0's turned by one (tests/vllm_cpu.py)."""
+    from tests.vllm_cpu import worker_cores
+
+    assert [worker_cores("0", worker, 2) for worker in ("", "gw0", "gw1")] == ["0", "0", "1"]
+    assert worker_cores("1", "gw1", 2) == "0"  # a test's second engine goes to the other core
+    assert worker_cores("0|1", "gw1", 2) == "1|0"  # two ranks: a core each, whichever worker
+    assert worker_cores("0-3", "gw1", 16) == "1-4"

@@ -187,7 +187,6 @@ def check_loads_in_a_plain_process(run: dict[str, Any], name: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_zero3_checkpoints_hold_deepspeeds_sharded_state(zero_runs: dict[str, dict[str, Any]]) -> None:
     """DeepSpeed really ran: each rank saved its own optimiser and parameter partitions."""
     zero_checkpoint_files(zero_runs["zero3"], ["optim_states", "model_states"])
@@ -199,7 +198,6 @@ def test_zero3_checkpoints_hold_deepspeeds_sharded_state(zero_runs: dict[str, di
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_zero3_plays_and_trains_what_ddp_does(zero_runs: dict[str, dict[str, Any]]) -> None:
     reference = rollouts(zero_runs["ddp"])
     assert all([r["step"] for r in reference[rank]] == [0, 1] for rank in (0, 1))
@@ -212,14 +210,12 @@ def test_zero3_plays_and_trains_what_ddp_does(zero_runs: dict[str, dict[str, Any
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_zero3_hub_revision_loads_in_a_plain_process(zero_runs: dict[str, dict[str, Any]]) -> None:
     """The hub revision is one consolidated HF model: ``from_pretrained`` here (no DeepSpeed, one process)."""
     check_loads_in_a_plain_process(zero_runs["zero3"], "zero3")
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 @pytest.mark.exhaustive
 def test_zero2_on_this_path_does_all_that_zero3_does(zero_runs: dict[str, dict[str, Any]]) -> None:
     """ZeRO-2 (its own launch): its optimiser partitions, DDP's episodes and weights, a plain-loading revision."""

@@ -167,11 +167,13 @@ CASES = [(variant, "v2") for variant in VARIANTS] + [("prm_lite", "reference"), 
 reference reward (airline_rl.rewards.prm.reference)."""
 
 
-CI_CASES = {("vanilla", "v2"), ("joint", "reference")}
-"""The cases CI runs: vanilla (the 1/L loss) and the joint loss (PRM-Lite + 1/sqrt(L)) with the reference process
-reward. The joint variant with the default rules (v2) is the README's quick start, whose learning CI checks at k = 0
-and k = 1 (tests/test_readme_numbers.py, 32 steps of this setting); it and the others are ``exhaustive``
-(~1.5 min each): tests/test_learning.py checks every variant learns, on a smaller task, in seconds."""
+CI_CASES = {("vanilla", "v2"), ("turn_discount", "v2")}
+"""The cases CI runs, one per loss path the quick start does not take: vanilla (1/L token weights; prm_lite shares
+them) and turn_discount (turn-discounted token weights). The third path, 1/sqrt(L) with PRM-Lite (joint, v2 rules;
+lata shares the 1/sqrt(L) weights), is the README's quick start, whose learning CI checks at k = 0 and k = 1
+(tests/test_readme_numbers.py, tests/test_quick_start_ahead.py: 32 steps of this setting). The rest (lata,
+prm_lite, joint here, and both process-reward variants with the reference rules) are ``exhaustive`` (~1.5 min
+each): tests/test_learning.py checks every variant learns, on a smaller task, in seconds."""
 
 
 @pytest.mark.parametrize(

@@ -166,7 +166,7 @@ def test_the_worker_model_decodes_with_its_cache_and_like_the_trained_model(tiny
 
 
 # The staleness bound of a run ahead by one step (0, then 1, never more; the first batch's behaviour weight 1):
-# tests/test_readme_numbers.py checks it on the quick start at --max_staleness 1, whose learning CI checks anyway.
+# tests/test_quick_start_ahead.py checks it on the quick start at --max_staleness 1, whose learning CI checks anyway.
 
 
 LAUNCH = {

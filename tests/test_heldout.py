@@ -270,7 +270,6 @@ leave_distributed_run()
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_two_processes_play_one_shard_each_and_report_the_same_metrics(tmp_path, tiny_model_dir) -> None:
     """Two CPU processes (torchrun, gloo): 2 tasks × 3 samples = 6 episodes, 3 per rank in chunks of 2 (a rank whose
     episodes end first joins the other's generations), one complete results file, the same logs on both ranks."""

@@ -40,7 +40,8 @@ def grpo_command(model: Path, out: Path, user_url: str, extra: list[str]) -> lis
             "--gradient_accumulation_steps", "1", "--shuffle_dataset", "false", "--max_turns", "6",
             "--max_turn_tokens", "8", "--max_completion_length", "1024", "--max_steps", "2", "--save_steps", "2",
             "--logging_steps", "1", "--user_simulator", "llm", "--user_base_url", user_url, "--user_model",
-            "stub-model", "--user_timeout", "30", "--user_max_retries", "1", *extra]  # fmt: skip
+            "stub-model", "--user_timeout", "30", "--user_max_retries", "1", "--compact_prompt", "true",
+            *extra]  # fmt: skip
 
 
 def end_of_turn_id(model: Path) -> int:
@@ -133,7 +134,6 @@ def default_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_two_process_grpo_with_ranks_on_different_turn_counts_and_user_errors_skipping_on_every_rank_or_none(
     tmp_path: Path, default_tiny_model: Path
 ) -> None:
@@ -158,6 +158,7 @@ def test_two_process_grpo_with_ranks_on_different_turn_counts_and_user_errors_sk
     assert (tmp_path / "dead" / "run" / "checkpoint-2").is_dir()
 
 
+@pytest.mark.serial  # an engine per rank, a core each
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 def test_two_process_grpo_with_vllm_colocated(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ The embedded default (``recipes/grpo/cpu_smoke.yaml``, 2 steps, global batch 16:
 
 Every run's step-1 transcripts (token ids, per episode seed) equal the reference's; every hub revision is one
 consolidated HF model, loaded by ``from_pretrained`` in this plain process, equal to the reference within 1e-5 (the
-two steps' update is ~2e-4). ``train_sft.py`` under the FSDP2 twin logs the 1-process loss curve. The silent
+two steps' update is ~2e-4). (``train_sft.py`` under the FSDP2 twin: tests/test_sharded_sft.py.) The silent
 downgrades (an FSDP config whose accelerator would not shard, processes without a process group) are refused in one
 line before any step, which the fast tests below check in-process.
 """
@@ -162,7 +162,6 @@ def test_a_truncated_newest_checkpoint_is_skipped_and_the_one_before_resumed(ref
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_ddp_two_processes_train_what_one_process_trains(reference: dict) -> None:
     out = reference["out"]
     text = run(grpo_argv(DDP, out, "ddp", 8), out / "ddp.log", out / "probe-ddp")
@@ -187,8 +186,7 @@ def killed_mid_save_then_resumed(reference: dict, name: str, launch: list[str], 
     return first, second
 
 
-@pytest.mark.slow
-@pytest.mark.serial
+@pytest.mark.slow  # the kill comes at a fixed point of the save (GRPO_PROBE_CRASH), not at a time: not serial
 def test_fsdp2_shards_for_real_trains_what_one_process_trains_and_resumes_a_rank_killed_mid_save(
     reference: dict,
 ) -> None:
@@ -218,7 +216,6 @@ DEEPSPEED = {"zero2": "accelerate_configs/cpu_zero2.yaml", "zero3": "accelerate_
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed (GPU extra)")
 @pytest.mark.parametrize("stage", sorted(DEEPSPEED))
 def test_deepspeed_zero_trains_what_one_process_trains(reference: dict, stage: str) -> None:
@@ -253,7 +250,6 @@ def untied_model(path: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_an_untied_model_exports_the_same_tensors_under_fsdp2(reference: dict, tmp_path: Path) -> None:
     """Issue 36.1, the untied case: FSDP2 keeps ``lm_head.weight`` (the model's own) and exports the files of a
     1-process run and the tensors a plain ``save_pretrained`` of the model writes (those of the model it started
@@ -270,7 +266,7 @@ def test_an_untied_model_exports_the_same_tensors_under_fsdp2(reference: dict, t
 
 
 @pytest.mark.slow
-@pytest.mark.serial
+@pytest.mark.serial  # two launchers rendezvous within a timeout: their start must not wait for a core
 def test_fsdp2_as_two_nodes_over_loopback(reference: dict) -> None:
     out = reference["out"]
     port = str(free_port())
@@ -313,8 +309,7 @@ def launched(argv: list[str], log_path: Path, extra_env: dict[str, str], until: 
                 launcher.kill()
 
 
-@pytest.mark.slow
-@pytest.mark.serial
+@pytest.mark.slow  # the signal lands after step 1 whenever that is (checkpoint 1 or 2 is right): not serial
 def test_fsdp2_stopped_by_sigterm_resumes_to_the_uninterrupted_weights(reference: dict) -> None:
     """SIGTERM once step 1 of 3 is logged: the ranks finish the step in progress (2), save a sharded checkpoint and
     exit; the rerun resumes from it and ends with the 1-process run's step-3 weights."""
@@ -408,7 +403,6 @@ REFUSED = {
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_a_launch_that_would_silently_not_shard_is_refused_in_one_line(tmp_path: Path, case: str) -> None:
     launch, flags, expected = REFUSED[case]
@@ -464,75 +458,6 @@ def test_sigterm_to_launch_py_returns_once_the_checkpoint_is_written(reference: 
     assert checkpoints and (checkpoints[-1] / "checkpoint_complete.json").is_file(), text[-4000:]
     assert "Traceback" not in text, text[-4000:]
     assert text.strip().splitlines()[-1].startswith("stopped by SIGTERM at step "), text[-2000:]
-
-
-@pytest.fixture(scope="module")
-def sft_inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """4 oracle dialogues (train tasks 3 and 40, 2 attempts each), collected once for both SFT checks; the tiny model
-    beside them is built by the first SFT run and reused by the rest (``--tiny_model_dir``)."""
-    inputs = tmp_path_factory.mktemp("sft-inputs")
-    collect = [sys.executable, "collect_trajectories.py", "--teacher", "oracle", "--tasks", "3,40", "--attempts", "2",
-               "--output_dir", str(inputs / "trajectories"), "--hub_dir", str(inputs / "hub-data")]  # fmt: skip
-    subprocess.run(collect, cwd=ROOT, env=env(), check=True, capture_output=True, timeout=300)
-    return inputs
-
-
-def sft_argv(launch: list[str], inputs: Path, out: Path, name: str, rows: int) -> list[str]:
-    return [*LAUNCH, *launch, "train_sft.py", "--config", "recipes/sft/cpu_smoke.yaml",
-            "--dataset_path", str(inputs / "trajectories" / "dataset"), "--per_device_train_batch_size", str(rows),
-            "--gradient_accumulation_steps", "1", "--max_steps", "4", "--save_steps", "4",
-            "--output_dir", str(out / name), "--run_name", name, "--hub_dir", str(out / f"hub-{name}"),
-            "--report_to", "none", "--tiny_model_dir", str(inputs / "tiny")]  # fmt: skip
-
-
-def losses(output_dir: Path, step: int) -> list[float]:
-    state = json.loads((output_dir / f"checkpoint-{step}" / "trainer_state.json").read_text(encoding="utf-8"))
-    return [entry["loss"] for entry in state["log_history"] if "loss" in entry]
-
-
-def final_weights(output_dir: Path) -> dict:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(output_dir)
-    return {k: v.detach().float() for k, v in model.state_dict().items()}
-
-
-def sft_against_one_process(tmp_path: Path, sft_inputs: Path, launch: list[str], name: str) -> str:
-    """Issue 36.4: 2 processes × 2 accumulation steps against 1 process × 4 (one dialogue a micro-batch, 3 steps):
-    the loss is normalised by the tokens of the whole global batch (transformers' ``num_items_in_batch``, counted over
-    the accumulation steps and, with ``average_tokens_across_devices``, over the processes), so the logged loss curve
-    and the weights agree. The sharded launch's log."""
-    steps = ["--max_steps", "3", "--save_steps", "3"]
-    one = [*sft_argv(ONE, sft_inputs, tmp_path, "one", 1), "--gradient_accumulation_steps", "4", *steps]
-    two = [*sft_argv(launch, sft_inputs, tmp_path, name, 1), "--gradient_accumulation_steps", "2", *steps]
-    run(one, tmp_path / "one.log", tmp_path / "probe")
-    text = run(two, tmp_path / f"{name}.log", tmp_path / "probe")
-    first, sharded = losses(tmp_path / "one", 3), losses(tmp_path / name, 3)
-    assert len(first) == len(sharded) == 3
-    assert sharded == pytest.approx(first, abs=1e-4), (first, sharded)
-    difference = max_difference(final_weights(tmp_path / name), final_weights(tmp_path / "one"))
-    print(f"SFT {name}, 2 processes x 2 accumulation vs 1 x 4: max abs weight difference {difference:.3g}")
-    assert difference <= TOLERANCE, difference
-    return text
-
-
-@pytest.mark.slow
-@pytest.mark.serial
-def test_sft_under_fsdp2_with_accumulation_trains_what_one_process_trains(tmp_path: Path, sft_inputs: Path) -> None:
-    """One sharded SFT pair checks what two pairs did: FSDP2 follows the one-process loss curve and ends with its
-    weights, gradient accumulation included, and saves a sharded checkpoint."""
-    text = sft_against_one_process(tmp_path, sft_inputs, FSDP2, "fsdp2")
-    assert "sharding: FSDP2 (2 processes, cpu)" in text
-    assert (tmp_path / "fsdp2" / "checkpoint-3" / "pytorch_model_fsdp_0").is_dir()
-
-
-@pytest.mark.slow
-@pytest.mark.serial
-@pytest.mark.exhaustive
-def test_sft_under_ddp_with_accumulation_trains_what_one_process_trains(tmp_path: Path, sft_inputs: Path) -> None:
-    """The same under DDP (CI runs FSDP2's, above)."""
-    text = sft_against_one_process(tmp_path, sft_inputs, DDP, "ddp")
-    assert "sharding: DDP (2 processes, cpu)" in text
 
 
 # ---------------------------------------------------------------------------------------------- fast: the configs

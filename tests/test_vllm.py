@@ -39,17 +39,19 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-# What the GPU recipes set and CPU cannot do (no bf16 kernels worth it for a tiny model, no sleep mode).
+# What the GPU recipes set and CPU cannot do (no bf16 kernels worth it for a tiny model, no sleep mode), and the
+# one-line system prompt the CPU quick start trains with: the full ~7k-token prompt (with the tiny tokenizer) made
+# each 2-turn GRPO step 40-60 s of attention on CPU, what nothing checked here depends on (session 20: CI time).
 GRPO_CPU_FLAGS = ["--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--vllm_enable_sleep_mode", "false",
                   "--gradient_checkpointing", "false", "--vllm_gpu_memory_utilization", str(GPU_MEMORY_UTILIZATION),
-                  "--vllm_max_model_length", str(MAX_MODEL_LEN)]  # fmt: skip
+                  "--vllm_max_model_length", str(MAX_MODEL_LEN), "--compact_prompt", "true"]  # fmt: skip
 # A small GRPO run: 2 steps of 2 tasks × 2 generations, 2 turns each.
 GRPO_SMALL = ["--tasks", "0,1", "--task_repeats", "1", "--num_generations", "2", "--per_device_train_batch_size", "4",
               "--gradient_accumulation_steps", "1", "--max_turns", "2", "--max_turn_tokens", "16",
               "--max_completion_length", "512", "--mask_truncated_completions", "false", "--max_steps", "2",
               "--save_steps", "1"]  # fmt: skip
 EVAL_SMALL = ["--tasks", "0,2", "--num_samples", "1", "--max_turns", "2", "--max_new_tokens", "256",
-              "--max_turn_tokens", "16"]  # fmt: skip
+              "--max_turn_tokens", "16", "--compact_prompt", "true"]  # fmt: skip
 # CPU: seeded requests (one sampling seed per episode) must not be chunked ("CPU Generator does not use offset")
 EVAL_CPU_FLAGS = ["--vllm_gpu_memory_utilization", str(GPU_MEMORY_UTILIZATION), "--vllm_max_model_len",
                   str(MAX_MODEL_LEN), "--vllm_max_num_batched_tokens", str(MAX_MODEL_LEN)]  # fmt: skip

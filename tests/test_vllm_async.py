@@ -149,6 +149,7 @@ def test_a_resumed_server_mode_run_pushes_the_checkpoints_weights_first(work: Pa
 NO_DEEPSPEED = importlib.util.find_spec("deepspeed") is None
 
 
+@pytest.mark.serial  # two ranks and the server: the three need both cores (staleness is timed)
 @pytest.mark.parametrize(
     "sharding",
     [pytest.param("zero3", marks=pytest.mark.skipif(NO_DEEPSPEED, reason="DeepSpeed is not installed")), "fsdp2"],

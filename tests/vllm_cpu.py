@@ -13,7 +13,8 @@ user runs (``scripts/gpu_smoke.sh`` runs them with GPU settings). What differs o
 - **Memory**: on CPU ``gpu_memory_utilization`` is the share of host RAM; 0.2 fits, vLLM's 0.92 default does not.
   The KV cache is sized by ``VLLM_CPU_KVCACHE_SPACE`` (GiB).
 - **Threads**: ``VLLM_CPU_OMP_THREADS_BIND`` pins each engine's OpenMP threads; two engines at once (two ranks, or a
-  server next to a trainer) get a core each, or they spin against each other.
+  server next to a trainer) get a core each, or they spin against each other. Under ``pytest -n 2`` the second
+  worker's cores are the first's turned by one (``worker_cores``), so two modules' main engines never share a core.
 - **No sleep mode** ("not supported on current platform") and no NCCL (server-mode weight sync): CUDA only.
 - **Chunked prefill with seeded requests** crashes the CPU sampler ("CPU Generator does not use offset"):
   ``--max-num-batched-tokens`` at least the longest prompt avoids chunking.
@@ -26,6 +27,7 @@ user runs (``scripts/gpu_smoke.sh`` runs them with GPU settings). What differs o
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -73,10 +75,21 @@ def plugin_dir(root: Path) -> Path:
     return root
 
 
+def worker_cores(threads_bind: str, worker: str | None = None, cores: int | None = None) -> str:
+    """``threads_bind`` (vLLM's core list: ``0``, ``0|1``, ``0-3``) for this xdist worker: worker ``gwN`` turns every
+    core number by N (modulo the machine's cores), so on 2 cores ``gw0`` keeps ``0`` and ``gw1`` gets ``1``. Two
+    vLLM modules then run side by side, each test's first engine on its worker's own core."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "") if worker is None else worker
+    shift = int(worker[2:]) if re.fullmatch(r"gw\d+", worker) else 0
+    cores = cores or os.cpu_count() or 1
+    return re.sub(r"\d+", lambda core: str((int(core.group()) + shift) % cores), threads_bind)
+
+
 def cpu_env(
     plugin: Path, repo: Path, threads_bind: str = "0", base: Mapping[str, str] | None = None
 ) -> dict[str, str]:
-    """The environment for a process that runs vLLM on CPU: offline, the plugin importable, memory and threads."""
+    """The environment for a process that runs vLLM on CPU: offline, the plugin importable, memory and threads
+    (``threads_bind`` as on one worker; ``worker_cores`` moves it for this one)."""
     env = dict(os.environ if base is None else base)
     path = [str(plugin), str(repo)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     env.update(
@@ -88,7 +101,7 @@ def cpu_env(
         VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1",
         VLLM_CPU_KVCACHE_SPACE=KVCACHE_SPACE_GIB,
-        VLLM_CPU_OMP_THREADS_BIND=threads_bind,
+        VLLM_CPU_OMP_THREADS_BIND=worker_cores(threads_bind),
         # vLLM's own switch for its CPU CI (vllm/platforms/cpu.py): the model is traced once by dynamo and run eagerly
         # instead of compiled by inductor, which took 1-2.5 min of every engine start on 2 cores
         VLLM_CPU_CI_ENV="1",
