@@ -142,6 +142,11 @@ def hide_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "vllm" else real(name, *args))
 
 
+def default_suite_alone(config: pytest.Config) -> bool:
+    """``-m "not slow"`` (the README's test command, CI's stage 1): spread test by test, in file order."""
+    return "not slow" in (config.getoption("markexpr") or "")
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201 - xdist's types
     """How ``pytest -n 2`` shares the tests out. A run that includes slow or vLLM tests sends a module's tests to one
     worker (``--dist loadfile``, pyproject.toml), so a module's shared run starts once; the default suite alone
@@ -149,7 +154,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, AN
     workers better: 254 s against 299 s for stage 1 of a fresh clone's .ci/run (session 19)."""
     from xdist.scheduler import LoadFileScheduling, LoadScheduling
 
-    if "not slow" in (config.getoption("markexpr") or ""):
+    if default_suite_alone(config):
         return LoadScheduling(config, log)
     return LoadFileScheduling(config, log)
 
@@ -192,7 +197,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     with an ``xdist_group`` per module: pytest 9.2 derives ``nodeid`` from the node's path, so pytest-xdist 3.8's
     ``@group`` suffix on ``item._nodeid`` no longer reaches its scheduler and every group was spread over both
     workers: tests/test_conftest.py checks the grouping.)"""
-    if "not slow" not in (config.getoption("markexpr") or ""):  # loadfile runs (``pytest_xdist_make_scheduler``)
+    if not default_suite_alone(config):  # the loadfile runs (``pytest_xdist_make_scheduler``)
         schedule_order(items)
     if "vllm" in (config.getoption("markexpr") or ""):
         return
