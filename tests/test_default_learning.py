@@ -14,8 +14,9 @@ episodes has a standard error of ~0.12; it is printed for information).
 
 Asserted for each variant: the weights move; the reward rises by at least ``MARGIN``; at least
 ``TOOL_USING_SHARE`` of the successful training episodes made ≥ 2 tool calls over ≥ 2 policy turns. Negative controls
-(vanilla): advantages sign-flipped → the reward does not rise (it falls: the policy learns to decline); every policy
-token masked → no weight moves.
+(vanilla): advantages sign-flipped → the reward does not rise (it falls: the policy learns to decline; ``exhaustive``:
+in CI tests/test_learning.py flips every variant's advantages on a smaller task); every policy token masked → no
+weight moves.
 
 Calibration (one torch thread, seed 0, the trainer's prefix-reuse rollouts with per-row sampling, 2 busy cores): before
 0.273 (128 episodes); after 12 steps (64 episodes) 0.625 for all five variants (v2), prm_lite with ``prm_rules:
@@ -200,6 +201,7 @@ def test_grpo_raises_the_outcome_reward_on_the_airline_domain(
     assert with_tools >= TOOL_USING_SHARE * len(successes), successes
 
 
+@pytest.mark.exhaustive  # CI: tests/test_learning.py's flipped control, for every variant (session 21: CI time)
 def test_sign_flipped_advantages_do_not_raise_the_reward(default_policy, reward_before, tmp_path):
     trainer, steps, moved = train(default_policy, tmp_path, "vanilla", "flip_sign")
     after = mean_reward(trainer.model, trainer.processing_class, EVAL_EPISODES)

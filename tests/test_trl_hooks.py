@@ -132,3 +132,50 @@ def test_vllm_sleep_mode_attributes_we_toggle_exist():
     ):
         assert needle in source, needle
     assert "_last_loaded_step" in inspect.getsource(GRPOTrainer._generate_single_turn)
+
+
+def test_on_cpu_the_fused_head_scores_only_the_labelled_positions_with_the_same_log_probs():
+    """``airline_rl.trainers.fused_head``: TRL's fused LM head takes its "only labelled rows" branch from
+    ``trl.trainer.utils._use_triton``; switched on for CPU, the labelled positions get the log-probabilities (and
+    entropies, and input gradients) of the every-position branch, and the others 0 as before."""
+    import torch
+    import trl.trainer.utils as trl_utils
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from airline_rl.trainers.fused_head import score_labelled_positions_on_cpu
+
+    source = inspect.getsource(trl_utils.add_fused_lm_head)
+    assert "compact = _use_triton(hidden_states.device)" in source and "hidden_states[mask] if compact" in source
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    model = Qwen2ForCausalLM(config).eval()
+    trl_utils.add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    ids = torch.randint(0, 512, (3, 12))
+    attention = torch.ones_like(ids)
+    attention[0, :4] = 0  # left padding
+    labels = ids.masked_fill(attention == 0, -100)
+    labels[:, :5] = -100  # the prompt
+
+    def score() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        model.zero_grad()
+        out = model(input_ids=ids, attention_mask=attention, labels=labels, fused_lm_head=True)
+        out.log_probs.sum().backward()
+        return out.log_probs.detach(), out.entropy.detach(), model.lm_head.weight.grad.clone()
+
+    saved = trl_utils._use_triton
+    try:
+        every = score()
+        assert trl_utils._use_triton(torch.device("cpu")) is False  # TRL's own choice on CPU
+        score_labelled_positions_on_cpu()
+        score_labelled_positions_on_cpu()  # idempotent
+        assert trl_utils._use_triton(torch.device("cpu")) is True
+        assert trl_utils._use_triton(torch.device("meta")) is False  # other devices: TRL's choice
+        labelled = score()
+    finally:
+        trl_utils._use_triton = saved
+    valid = labels[:, 1:] != -100
+    assert valid.sum() > 0 and (~valid).sum() > 0
+    for a, b in zip(every, labelled, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert (labelled[0][~valid] == 0).all() and (labelled[0][valid] != 0).all()

@@ -68,6 +68,7 @@ from airline_rl.rewards.outcome import outcome_reward
 from airline_rl.rewards.prm import PRMResult, episode_rule_stats, score_episode, within_group_signal
 from airline_rl.rollout import TokenPolicyAgent, policy_max_context
 from airline_rl.run.sharding import LaunchError, ShardedLaunch
+from airline_rl.trainers.fused_head import score_labelled_positions_on_cpu
 from airline_rl.trainers.generation_ahead import (
     GenerationAhead,
     PlayedBatch,
@@ -212,6 +213,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         default event-driven, which is the lock-step waves with the scripted user)."""
         if heldout is not None and eval_dataset is None:  # Trainer needs an eval_dataset once eval_strategy is set
             eval_dataset = heldout.dataset(env.system_prompt)
+        score_labelled_positions_on_cpu()
         if reward_funcs is None:  # the variant's rewards: τ²'s outcome, plus prm_coef × PRM-Lite for prm_lite/joint
             reward_funcs = [outcome] + ([process] if args.uses_prm else [])
             args.reward_weights = [1.0] + ([args.prm_coef] if args.uses_prm else [])

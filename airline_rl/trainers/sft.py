@@ -34,6 +34,7 @@ from airline_rl.render import TemplateNotPrefixPreserving, UnmaskableTurn, assis
 from airline_rl.run.hub import model_card as hub_model_card
 from airline_rl.run.hub import record_revision, revision_name
 from airline_rl.run.sharding import ShardedLaunch
+from airline_rl.trainers.fused_head import score_labelled_positions_on_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +43,13 @@ REPORT_FILE = "sft_data_report.json"
 
 
 class AirlineSFTTrainer(ShardedLaunch, SFTTrainer):
-    """TRL's ``SFTTrainer``; the only change is the accelerator: FSDP2 on CPU really shards, a launch that would
-    silently not shard is refused (``airline_rl.run.sharding.ShardedLaunch``)."""
+    """TRL's ``SFTTrainer``; what changes: the accelerator (FSDP2 on CPU really shards, a launch that would silently
+    not shard is refused: ``airline_rl.run.sharding.ShardedLaunch``) and, on CPU, the fused LM head scores only the
+    assistant tokens (``airline_rl.trainers.fused_head``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        score_labelled_positions_on_cpu()
+        super().__init__(*args, **kwargs)
 
 
 class SFTDataError(ValueError):
