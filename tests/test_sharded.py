@@ -572,13 +572,17 @@ def test_episode_seeds_follow_the_global_row_index() -> None:
 
     from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
-    def seeds(process: int, processes: int, rows: int) -> list[int]:
+    def seeds(process: int, processes: int, rows: int, seed: int = 42, step: int = 3) -> list[int]:
         accelerator = SimpleNamespace(process_index=process, num_processes=processes)
-        trainer = SimpleNamespace(state=SimpleNamespace(global_step=3), accelerator=accelerator)
+        trainer = SimpleNamespace(state=SimpleNamespace(global_step=step), accelerator=accelerator,
+                                  args=SimpleNamespace(seed=seed))  # fmt: skip
         return [MultiTurnGRPOTrainer._episode_seed(trainer, i, rows) for i in range(rows)]
 
     assert seeds(0, 2, 8) + seeds(1, 2, 8) == seeds(0, 1, 16)
     assert seeds(0, 4, 4) + seeds(1, 4, 4) + seeds(2, 4, 4) + seeds(3, 4, 4) == seeds(0, 1, 16)
+    # --seed and the step give other episodes (the quick start's seeds 42, 1, 2 once trained one run three times)
+    runs = [seeds(0, 1, 16, seed, step) for seed in (42, 1, 2) for step in (0, 1)]
+    assert len({s for run in runs for s in run}) == 6 * 16
 
 
 def test_a_rows_tokens_do_not_depend_on_its_batch_under_trls_generation_config(tiny_model_dir, tiny_tokenizer):
