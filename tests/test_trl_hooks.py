@@ -164,6 +164,7 @@ def test_on_cpu_the_fused_head_scores_only_the_labelled_positions_with_the_same_
         return out.log_probs.detach(), out.entropy.detach(), model.lm_head.weight.grad.clone()
 
     saved = trl_utils._use_triton
+    trl_utils._use_triton = getattr(saved, "trl_choice", saved)  # TRL's own (a trainer built earlier switched it)
     try:
         every = score()
         assert trl_utils._use_triton(torch.device("cpu")) is False  # TRL's own choice on CPU
@@ -179,3 +180,7 @@ def test_on_cpu_the_fused_head_scores_only_the_labelled_positions_with_the_same_
     for a, b in zip(every, labelled, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert (labelled[0][~valid] == 0).all() and (labelled[0][valid] != 0).all()
+    from airline_rl.trainers.sft import AirlineSFTTrainer  # both trainers switch it before building their heads
+
+    for trainer in (MultiTurnGRPOTrainer, AirlineSFTTrainer):
+        assert "score_labelled_positions_on_cpu()" in inspect.getsource(trainer.__init__), trainer

@@ -29,4 +29,5 @@ def score_labelled_positions_on_cpu() -> None:
         return device.type == "cpu" or triton(device)
 
     labelled_rows._airline_rl_cpu = True  # type: ignore[attr-defined]
+    labelled_rows.trl_choice = triton  # type: ignore[attr-defined]
     trl_utils._use_triton = labelled_rows
