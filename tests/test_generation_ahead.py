@@ -326,16 +326,36 @@ def _logged_steps(command: list[str], cwd: Path, out: Path) -> list[dict]:
     return [{k: v for k, v in entry.items() if not TIMING.search(k)} for entry in history if "loss" in entry]
 
 
+def with_later_numerics(tree: Path) -> None:
+    """The two deliberate changes of a run's figures made after issue 38 (session 21), applied to the extracted old
+    tree as text patches, so that what is compared is still the synchronous loop itself: the episode seeds include
+    ``--seed`` (``MultiTurnGRPOTrainer._episode_seed``), and on CPU TRL's fused head scores the labelled positions
+    only (``airline_rl.trainers.fused_head``). A patch that no longer applies fails here, loudly."""
+    path = tree / "airline_rl" / "trainers" / "multiturn_grpo.py"
+    text = path.read_text(encoding="utf-8")
+    seed = "        return (self.state.global_step * 1_000_003 + global_index) % (2**31)\n"
+    assert text.count(seed) == 1 and text.count("import time\n") == 1
+    crc = 'zlib.crc32(f"{self.args.seed}/{self.state.global_step}/{global_index}".encode()) & 0x7FFFFFFF'
+    text = text.replace(seed, f"        return {crc}\n").replace("import time\n", "import time\nimport zlib\n")
+    text += (
+        "\n\nimport trl.trainer.utils as _trl_utils  # noqa: E402\n\n_trl_choice = _trl_utils._use_triton\n"
+        '_trl_utils._use_triton = lambda device: device.type == "cpu" or _trl_choice(device)\n'
+    )
+    path.write_text(text, encoding="utf-8")
+
+
 @pytest.mark.slow
 def test_max_staleness_0_is_the_run_from_before_generation_ahead_bit_for_bit(tmp_path, default_policy_cache):
     """3 quick-start steps at --max_staleness 0 against the same 3 steps of the tree before issue 38 (extracted from
-    git): every logged figure but the wall-clock ones equal, float for float, on this machine."""
+    git, with the later numerics changes patched in: ``with_later_numerics``): every logged figure but the
+    wall-clock ones equal, float for float, on this machine."""
     if subprocess.run(["git", "cat-file", "-e", f"{BEFORE_GENERATION_AHEAD}^{{commit}}"], cwd=ROOT).returncode != 0:
         pytest.skip(f"commit {BEFORE_GENERATION_AHEAD} is not in this checkout's history (a shallow clone?)")
     old = tmp_path / "before"
     old.mkdir()
     archive = subprocess.run(["git", "archive", BEFORE_GENERATION_AHEAD], cwd=ROOT, capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+    with_later_numerics(old)
     cache = default_policy_cache  # one default policy for both trees (this tree's build: the same in both)
 
     def command(out: Path, *extra: str) -> list[str]:

@@ -50,7 +50,7 @@ from airline_rl.configs import CollectArguments
 from airline_rl.data.build_cache import swap_into_place
 from airline_rl.envs.episode import USER_ERROR, AirlineEnv, EpisodeRecord
 from airline_rl.envs.runner import run_episodes
-from airline_rl.envs.splits import Split, get_split
+from airline_rl.envs.splits import Split, split_for
 from airline_rl.envs.users import get_user_simulator
 from airline_rl.rewards.outcome import outcome_reward
 from airline_rl.run.hub import WRITERS_KEY, check_writer, ensure_writable, write_json_atomic, writer_id
@@ -435,7 +435,7 @@ def collect(
     start = time.perf_counter()
     _validate(args)
     env = env or AirlineEnv(args.data_dir, args.env_config())
-    split = get_split(args.split, args.split_file, frozenset(env.domain.tasks))
+    split = split_for(env.domain, args.split, args.split_file)
     tasks = select_tasks(parse_task_list(args.tasks), split, env.domain.tasks, args.allow_test_tasks)
     output_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args)
     name = args.dataset_name or output_dir.name

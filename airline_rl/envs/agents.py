@@ -16,9 +16,10 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airline_rl.domains.retail import dialogue as retail_dialogue
 from airline_rl.envs.episode import AGENT_STOP_TOKEN
 from airline_rl.envs.tool_calls import format_tool_call
-from airline_rl.envs.tools import TERMINAL_TOOLS, WRITE_TOOLS
+from airline_rl.envs.tools import TERMINAL_TOOLS
 
 if TYPE_CHECKING:
     from airline_rl.envs.data import GoldAction, Task
@@ -77,6 +78,8 @@ def describe_action(name: str, args: dict[str, Any]) -> str:
 
 def _opening_question(task: Task) -> str:
     """Asks for the ids the gold actions use that the user can know (the user id always, as the policy requires)."""
+    if task.domain == "retail":
+        return retail_dialogue.opening_question(task)
     scenario = " ".join(
         (task.instructions.known_info, task.instructions.reason_for_call, task.instructions.task_instructions)
     )
@@ -119,9 +122,10 @@ def plan_steps(
     for action in actions:
         if action.name in TERMINAL_TOOLS:
             terminal.append(action)  # the conversation ends with it: play it after everything else
-        elif action.name in WRITE_TOOLS:
+        elif action.name in task.write_tools:
             flush()
-            description = describe_action(action.name, action.arguments)
+            describe = retail_dialogue.describe_action if task.domain == "retail" else describe_action
+            description = describe(action.name, action.arguments)
             if not confirm:
                 steps.append(
                     {"kind": "calls", "calls": [(action.name, action.arguments)], "text": f"I will {description}."}

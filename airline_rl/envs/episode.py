@@ -13,6 +13,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from airline_rl.domains import get_domain
 from airline_rl.envs.data import Domain, Task, load_domain
 from airline_rl.envs.protocol import (
     AIRLINE_RL,
@@ -25,7 +26,7 @@ from airline_rl.envs.protocol import (
 from airline_rl.envs.state import AirlineState, CanonicalBase
 from airline_rl.envs.text import clean_text, clean_value
 from airline_rl.envs.tool_calls import ParsedTurn, parse_assistant_text
-from airline_rl.envs.tools import WRITE_TOOLS, execute_tool
+from airline_rl.envs.tools import execute_tool
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +117,8 @@ class EnvConfig:
     max_tool_errors: int = 10
     protocol: str = AIRLINE_RL
     max_steps: int = 200
+    domain: str = "airline"
+    """The τ² domain (``airline_rl.domains``: its data, tools and database)."""
 
 
 class Episode:
@@ -124,6 +127,8 @@ class Episode:
     def __init__(self, task: Task, base: CanonicalBase, system_prompt: str, seed: int, config: EnvConfig) -> None:
         self.task = task
         self.state = AirlineState(base)
+        self._execute = execute_tool if base.domain == "airline" else get_domain(base.domain).execute_tool
+        self._write_tools = task.write_tools
         self.seed = seed
         self.config = config
         self.record = EpisodeRecord(task_id=task.task_id, seed=seed)
@@ -228,7 +233,7 @@ class Episode:
             if call.parse_error is not None:
                 result, error, kind, arguments = f"Error: {call.parse_error}", True, "parse", None
             else:
-                outcome = execute_tool(self.state, call.name, call.arguments)
+                outcome = self._execute(self.state, call.name, call.arguments)
                 result, error, kind, arguments = outcome.content, outcome.error, outcome.error_kind, call.arguments
             result = clean_text(result)
             self.record.tool_calls.append(
@@ -239,7 +244,7 @@ class Episode:
                     result=result,
                     error=error,
                     error_kind=kind,
-                    is_write=call.name in WRITE_TOOLS,
+                    is_write=call.name in self._write_tools,
                 )
             )
             turn.tool_call_indices.append(len(self.record.tool_calls) - 1)
@@ -287,12 +292,12 @@ class AirlineEnv:
 
     def __init__(self, data_dir: str | None = None, config: EnvConfig | None = None) -> None:
         self.data_dir = data_dir
-        self.domain: Domain = load_domain(data_dir)
-        self.base = shared_base(data_dir)
         self.config = config or EnvConfig()
+        self.domain: Domain = load_domain(data_dir, self.config.domain)
+        self.base = shared_base(data_dir, self.config.domain)
         self.protocol = get_protocol(self.config.protocol)
-        self.system_prompt = agent_system_prompt(self.config.protocol, self.domain.policy)
-        self.tools = agent_tool_schemas(self.config.protocol)  # τ²'s own under tau2
+        self.system_prompt = agent_system_prompt(self.config.protocol, self.domain.policy, self.config.domain)
+        self.tools = agent_tool_schemas(self.config.protocol, self.config.domain)  # τ²'s own under tau2
 
     def reset(self, task_id: str | int, seed: int = 0) -> Episode:
         """A fresh episode of ``task_id``; copies nothing from the base database."""
@@ -310,11 +315,13 @@ def _rebuilt_env(data_dir: str | None, config: EnvConfig, system_prompt: str, to
     return env
 
 
-_BASES: dict[str | None, CanonicalBase] = {}
+_BASES: dict[tuple[str | None, str], CanonicalBase] = {}
 
 
-def shared_base(data_dir: str | None = None) -> CanonicalBase:
-    """The process-wide ``CanonicalBase`` of a data directory (built once: ~0.1 s)."""
-    if data_dir not in _BASES:
-        _BASES[data_dir] = CanonicalBase(load_domain(data_dir).db)
-    return _BASES[data_dir]
+def shared_base(data_dir: str | None = None, domain: str = "airline") -> CanonicalBase:
+    """The process-wide ``CanonicalBase`` of a domain's data directory (built once: ~0.1 s for the airline)."""
+    key = (data_dir, domain)
+    if key not in _BASES:
+        models = None if domain == "airline" else get_domain(domain).models()
+        _BASES[key] = CanonicalBase(load_domain(data_dir, domain).db, models, domain)
+    return _BASES[key]

@@ -139,29 +139,37 @@ def tau2_reference() -> SimpleNamespace:
     )
 
 
-def agent_system_prompt(protocol: str, policy: str) -> str:
+BUSINESSES = {"airline": "an airline", "retail": "an online retail store"}
+"""What the project protocol's first line calls each domain's business."""
+
+
+def agent_system_prompt(protocol: str, policy: str, domain: str = "airline") -> str:
     """The agent's system prompt: τ²'s ``LLMAgent(...).system_prompt`` for ``tau2``, the project's for the other."""
     if protocol == TAU2:
         return tau2_reference().LLMAgent(tools=[], domain_policy=policy).system_prompt
-    return f"<instructions>\n{AIRLINE_RL_INSTRUCTIONS}\n</instructions>\n<policy>\n{policy}\n</policy>"
+    instructions = AIRLINE_RL_INSTRUCTIONS.replace("an airline", BUSINESSES[domain], 1)
+    return f"<instructions>\n{instructions}\n</instructions>\n<policy>\n{policy}\n</policy>"
 
 
-def agent_tool_schemas(protocol: str) -> list[dict[str, Any]]:
-    """The tool schemas in the policy's chat template: τ²'s own for ``tau2``, ``TOOL_SCHEMAS`` for the other."""
-    if protocol == TAU2:
-        return copy.deepcopy(_tau2_tool_schemas())
+def agent_tool_schemas(protocol: str, domain: str = "airline") -> list[dict[str, Any]]:
+    """The tool schemas in the policy's chat template: τ²'s own for ``tau2``; under the project protocol the
+    airline's ``TOOL_SCHEMAS`` (the project's own, written before τ² shipped) and τ²'s for any other domain."""
+    if protocol == TAU2 or domain != "airline":
+        return copy.deepcopy(_tau2_tool_schemas(domain))
     from airline_rl.envs.tools import TOOL_SCHEMAS
 
     return TOOL_SCHEMAS
 
 
 @functools.cache
-def _tau2_tool_schemas() -> list[dict[str, Any]]:
-    """Each tool's ``openai_schema`` from τ²'s airline environment, in τ²'s order (what τ²'s ``LLMAgent`` sends)."""
+def _tau2_tool_schemas(domain: str = "airline") -> list[dict[str, Any]]:
+    """Each tool's ``openai_schema`` from τ²'s environment of ``domain``, in τ²'s order (what τ²'s ``LLMAgent``
+    sends)."""
     tau2_reference()  # the missing-package line, and τ²'s loggers quiet
-    from tau2.domains.airline.environment import get_environment
+    import importlib
 
-    return [tool.openai_schema for tool in get_environment().get_tools()]
+    environment = importlib.import_module(f"tau2.domains.{domain}.environment")
+    return [tool.openai_schema for tool in environment.get_environment().get_tools()]
 
 
 _USER_PROMPTS: dict[tuple[int, str], str] = {}

@@ -14,6 +14,10 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from airline_rl.envs.data import Domain
 
 GROUPS = ("covered_seen", "uncovered_seen", "unseen")
 DEFAULT_SPLITS_FILE = "splits.json"
@@ -116,3 +120,25 @@ def get_split(name: str, path: str | None = None, task_ids: frozenset[str] | Non
     if name not in splits:
         raise SplitError(f"unknown split {name!r} (--split); valid splits: {sorted(splits)}")
     return splits[name]
+
+
+OFFICIAL_SPLIT_NAMES = ("seed", "tau2")
+"""A domain other than the airline has no split file of its own: both names are τ²'s official train / test split."""
+
+
+def split_for(domain: Domain, name: str, path: str | None = None) -> Split:
+    """The split ``name`` of a loaded domain: the airline's from the split file (``--split_file``, default the
+    committed one); another domain's, unless ``path`` names a file, τ²'s official train / test split of its
+    split_tasks.json, every train task covered (the oracle plays them all: teacher trajectories exist)."""
+    if domain.name == "airline" or path is not None:
+        return get_split(name, path, frozenset(domain.tasks))
+    if name not in OFFICIAL_SPLIT_NAMES:
+        raise SplitError(
+            f"unknown split {name!r} (--split) for the {domain.name} domain; valid splits: "
+            f"{list(OFFICIAL_SPLIT_NAMES)} (τ²'s official train/test) or a --split_file"
+        )
+    official = domain.official_split
+    train, test = tuple(official["train"]), tuple(official["test"])
+    return Split(
+        name, train, test, train, f"τ²'s official {domain.name} split ({len(train)} train / {len(test)} test)"
+    )

@@ -23,12 +23,12 @@ import bisect
 import hashlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pydantic import BaseModel
 
-from airline_rl.envs.models import DB_TABLES, TABLE_MODELS, dump
+from airline_rl.envs.models import TABLE_MODELS, dump
 
 JsonDict = dict[str, Any]
 _MAX_MEMO = 8192
@@ -79,9 +79,17 @@ def _piece(key: str, record: Any) -> bytes:
 class CanonicalBase:
     """The read-only base database plus its precomputed canonical serialisation and hasher checkpoints."""
 
-    def __init__(self, db: dict[str, dict[str, Any]]) -> None:
-        if sorted(db) != sorted(DB_TABLES):
-            raise ValueError(f"database must have exactly the tables {DB_TABLES}, got {sorted(db)}")
+    def __init__(
+        self,
+        db: dict[str, dict[str, Any]],
+        models: Mapping[str, type[BaseModel]] | None = None,
+        domain: str = "airline",
+    ) -> None:
+        """``models``: each table's record model (τ²'s data model of ``domain``; default the airline's)."""
+        self.domain = domain
+        self.models: dict[str, type[BaseModel]] = dict(TABLE_MODELS if models is None else models)
+        if sorted(db) != sorted(self.models):
+            raise ValueError(f"database must have exactly the tables {tuple(self.models)}, got {sorted(db)}")
         self.db = db
         self.table_order = sorted(db)  # json sort_keys order
         self.keys: dict[str, list[str]] = {}
@@ -208,7 +216,7 @@ class AirlineState:
 
     def __init__(self, base: CanonicalBase) -> None:
         self.base = base
-        self.overlay: dict[str, dict[str, BaseModel]] = {table: {} for table in DB_TABLES}
+        self.overlay: dict[str, dict[str, BaseModel]] = {table: {} for table in base.models}
 
     def get(self, table: str, key: str) -> JsonDict | None:
         record = self.overlay[table].get(key)
@@ -223,7 +231,7 @@ class AirlineState:
     def model(self, table: str, key: str) -> BaseModel:
         record = self.overlay[table].get(key)
         if record is None:
-            record = TABLE_MODELS[table].model_validate(self.base.db[table][key])
+            record = self.base.models[table].model_validate(self.base.db[table][key])
             self.overlay[table][key] = record
         return record
 
@@ -280,7 +288,7 @@ class AirlineState:
     def materialize(self) -> dict[str, dict[str, Any]]:
         """The full database as a fresh dict (slow; for tests, debugging and the naive baseline)."""
         db = {}
-        for table in DB_TABLES:
+        for table in self.base.models:
             merged = dict(self.base.db[table])
             merged.update({key: dump(record) for key, record in self.overlay[table].items()})
             db[table] = merged

@@ -44,7 +44,7 @@ from airline_rl.envs.episode import AirlineEnv
 from airline_rl.envs.prompt_style import compact_env, style_name, use_compact_prompt
 from airline_rl.envs.protocol import PROTOCOLS, TAU2, ProtocolUnavailableError, get_protocol, tau2_reference
 from airline_rl.envs.runner import Agent, RunTimings, run_episodes
-from airline_rl.envs.splits import Split, get_split
+from airline_rl.envs.splits import Split, split_for
 from airline_rl.envs.users import check_user_endpoint, get_user_simulator
 from airline_rl.envs.users.base import UserSimulator
 from airline_rl.rewards.outcome import outcome_reward
@@ -351,10 +351,11 @@ def build_config(
         "backend": args.backend if local else None,
         "dtype": args.dtype if local else None,
         "agent_endpoint": {"base_url": args.agent_base_url, "model": target.model} if not local and policy else None,
+        "domain": args.domain,
         "split": args.split,
         "split_file": args.split_file,
         "data_dir": args.data_dir,
-        "tasks_sha256": domain_file_sha256(args.data_dir, "tasks.json"),
+        "tasks_sha256": domain_file_sha256(args.data_dir, "tasks.json", args.domain),
         "tasks": list(task_ids),
         "num_samples": args.num_samples,
         "seed": args.seed,
@@ -581,7 +582,7 @@ def writes_tau2_results(args: EvalArguments) -> bool:
 def plan(args: EvalArguments) -> Plan:
     validate_arguments(args)
     env = AirlineEnv(args.data_dir, args.env_config())
-    split = get_split(args.split, args.split_file, frozenset(env.domain.tasks))
+    split = split_for(env.domain, args.split, args.split_file)
     task_ids = select_tasks(args.tasks, env)
     targets = resolve_targets(args)
     if args.temperature is None:  # τ²'s harness samples a served agent greedily; a local policy samples on-policy
@@ -619,6 +620,7 @@ def tau2_writer(args: EvalArguments, plan_: Plan, target: EvalTarget, config: di
     served = target.kind == "served"
     user = config["user"]
     info = tau2_info(
+        domain=plan_.env.domain.name,
         policy=plan_.env.domain.policy,
         num_trials=args.num_samples,
         max_steps=args.tau2_max_steps,

@@ -49,6 +49,7 @@ FINGERPRINT_FIELDS = (
     "backend",
     "dtype",
     "agent_endpoint",
+    "domain",
     "split",
     "split_file",
     "data_dir",
@@ -86,11 +87,14 @@ def now() -> str:
 
 def fingerprint_value(config: Mapping[str, Any], key: str) -> Any:
     """A fingerprint field of a config; files written before ``system_prompt`` was recorded prompted a model fully,
-    and files written before ``protocol`` was recorded played the ``airline_rl`` protocol."""
+    files written before ``protocol`` was recorded played the ``airline_rl`` protocol, and before ``domain`` was
+    recorded the airline."""
     if key == "system_prompt" and key not in config and config.get("agent") == "model":
         return "full"
     if key == "protocol" and key not in config:
         return "airline_rl"
+    if key == "domain" and key not in config:
+        return "airline"
     return config.get(key)
 
 

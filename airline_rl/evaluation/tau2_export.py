@@ -230,7 +230,15 @@ class Tau2Results:
 
 
 def tau2_info(
-    *, policy: str, num_trials: int, max_steps: int, max_errors: int, seed: int, agent: dict, user: dict
+    *,
+    policy: str,
+    num_trials: int,
+    max_steps: int,
+    max_errors: int,
+    seed: int,
+    agent: dict,
+    user: dict,
+    domain: str = "airline",
 ) -> dict[str, Any]:
     """τ²'s ``Info`` block (its ``git_commit`` field names this project's exporter, not a τ² commit)."""
     from tau2.user.user_simulator import get_global_user_sim_guidelines
@@ -242,6 +250,6 @@ def tau2_info(
         "max_errors": max_errors,
         "user_info": {**user, "global_simulation_guidelines": get_global_user_sim_guidelines()},
         "agent_info": agent,
-        "environment_info": {"domain_name": "airline", "policy": policy},
+        "environment_info": {"domain_name": domain, "policy": policy},
         "seed": seed,
     }

@@ -1,4 +1,4 @@
-"""τ²-bench's outcome reward for the airline domain, with a structured breakdown.
+"""τ²-bench's outcome reward (any domain whose reward basis is DB and COMMUNICATE), with a structured breakdown.
 
 reward = 0 unless the episode ended by the agent or the user (not the turn, error or token cap, not a simulator
 failure); otherwise reward = DB × COMMUNICATE where
@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airline_rl.domains import get_domain
 from airline_rl.envs.data import GoldAction, Task
 from airline_rl.envs.state import AirlineState, CanonicalBase
 from airline_rl.envs.tools import execute_tool
@@ -27,8 +28,9 @@ _GOLD_HASHES: dict[tuple[int, str], str] = {}
 def gold_state(base: CanonicalBase, task: Task) -> AirlineState:
     """A fresh state with the task's gold actions replayed (τ² logs and skips a failing gold action)."""
     state = AirlineState(base)
+    execute = execute_tool if base.domain == "airline" else get_domain(base.domain).execute_tool
     for action in task.actions:
-        execute_tool(state, action.name, action.arguments)
+        execute(state, action.name, action.arguments)
     return state
 
 
@@ -78,7 +80,7 @@ class RewardBreakdown:
 
 
 def compute_reward(episode: Episode) -> RewardBreakdown:
-    """Scores a finished episode with τ²'s airline rule (reward basis DB and COMMUNICATE)."""
+    """Scores a finished episode with τ²'s rule (reward basis DB and COMMUNICATE)."""
     from airline_rl.envs.episode import REWARDABLE_TERMINATIONS, USER_ERROR
 
     record = episode.record

@@ -40,6 +40,7 @@ import math
 import multiprocessing as mp
 import os
 import queue
+import signal
 import threading
 import time
 from collections import deque
@@ -211,7 +212,15 @@ def worker_main(
     served: Any = None,
 ) -> None:  # fmt: skip
     """The rollout worker: plays requested batches in order, each on weights of version ≥ its ``min_version``.
-    ``served``: vLLM server mode's (``playing`` lock, ``wanted`` flag), see ``served_worker_main``."""
+    ``served``: vLLM server mode's (``playing`` lock, ``wanted`` flag), see ``served_worker_main``.
+
+    Stop signals are the trainer's to act on: torchrun's agent signals each rank's whole process group and Ctrl-C
+    the terminal's, both of which hold the worker. Killed there mid-batch, the worker's rank read "the rollout
+    worker died" before its own stop handler had finished the step (session 21: a faster step moved the signal into
+    that window). So the worker ignores SIGTERM and SIGINT; the trainer finishes its step, saves, and stops the
+    worker itself (``GenerationAhead.close``: a stop request, else SIGKILL)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if spec.server is not None:
         served_worker_main(spec, version, *served, requests, results, progress)
         return
@@ -524,8 +533,8 @@ class GenerationAhead:
         with contextlib.suppress(Exception):  # the worker may be gone already
             self.requests.put(None)
         self.process.join(timeout=2.0)
-        if self.process.is_alive():
-            self.process.terminate()
+        if self.process.is_alive():  # mid-batch: it ignores SIGTERM (``worker_main``)
+            self.process.kill()
             self.process.join(timeout=5.0)
         self.discarded = self._discarded()
         # The queues and the lock are released with the worker: nothing is sent or read after a stop.

@@ -16,9 +16,10 @@ from trl import ModelConfig
 
 from airline_rl.configs import GRPOScriptArguments, MultiTurnGRPOConfig
 from airline_rl.data import base_model
+from airline_rl.envs.data import domain_file_sha256
 from airline_rl.envs.episode import AirlineEnv
 from airline_rl.envs.prompt_style import style_name, use_compact_prompt
-from airline_rl.envs.splits import get_split
+from airline_rl.envs.splits import split_for
 from airline_rl.run.cli import error_line, exit_with_line
 from airline_rl.run.guard import model_identity
 
@@ -46,7 +47,7 @@ def compact_prompt(script_args: GRPOScriptArguments, model_args: ModelConfig) ->
 
 def task_dataset(script_args: GRPOScriptArguments, env: AirlineEnv, system_prompt: str) -> datasets.Dataset:
     """One prompt row per (task, repeat); the trainer plays the episode, the prompt column only feeds TRL's logs."""
-    split = get_split(script_args.split, script_args.split_file, frozenset(env.domain.tasks))
+    split = split_for(env.domain, script_args.split, script_args.split_file)
     if script_args.tasks:
         task_ids = [t.strip() for t in script_args.tasks.split(",") if t.strip()]
         for task_id in task_ids:
@@ -85,6 +86,8 @@ def run_fingerprint(
         "user_simulator": script_args.user_simulator,
         "user_model": script_args.user_model,
         "compact_prompt": compact,
+        # another domain is another run; the airline's fingerprint stays as it was (runs before --domain resume)
+        **({"domain": script_args.domain} if script_args.domain != "airline" else {}),
     }  # fmt: skip
 
 
@@ -99,6 +102,8 @@ def hub_card_config(
         "learning_rate": training_args.learning_rate,
         "num_generations": training_args.num_generations,
         "max_completion_length": training_args.max_completion_length,
+        "domain": script_args.domain,
+        "tasks_sha256": domain_file_sha256(script_args.data_dir, "tasks.json", script_args.domain),
         "split": script_args.split,
         "user_simulator": script_args.user_simulator,
         "system_prompt": style_name(compact),

@@ -58,6 +58,7 @@ def run_fingerprint(script_args: SFTScriptArguments, training_args: Any, model_a
         "split": script_args.split,
         "split_file": script_args.split_file,
         "max_length": training_args.max_length,
+        **({"domain": script_args.domain} if script_args.domain != "airline" else {}),
     }
 
 

@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from airline_rl.domains.retail.dialogue import RetailIdentity, identity_answer, parse_identity
 from airline_rl.envs.tool_calls import parse_assistant_text
 from airline_rl.envs.users.base import UserReply, UserSimulator, agent_messages_since_user
 
@@ -155,6 +156,8 @@ class UserProfile:
     reservation_ids: tuple[str, ...]
     opening: str
     facts: tuple[str, ...]
+    retail: RetailIdentity | None = None
+    """Retail's identification (email, name and zip code, order ids) instead of the airline's ids."""
 
 
 def build_profile(task: Task) -> UserProfile:
@@ -183,6 +186,7 @@ def build_profile(task: Task) -> UserProfile:
         reservation_ids=tuple(reservations),
         opening=opening,
         facts=tuple(facts),
+        retail=parse_identity(task) if task.domain == "retail" else None,
     )
 
 
@@ -240,6 +244,8 @@ class ScriptedUser(UserSimulator):
     @staticmethod
     def _identity_answer(profile: UserProfile, text: str) -> str:
         """The ids and name the agent asked for, or "" when it asked for none of them."""
+        if profile.retail is not None:
+            return identity_answer(profile.retail, text)
         if not _REQUEST.search(text):
             return ""
         wants_user = bool(_ASKS_USER_ID.search(text))
