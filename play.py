@@ -1,6 +1,7 @@
-"""Plays airline tasks with a scripted agent and user, and prints each task's reward and the pass rate.
+"""Plays τ² tasks with a scripted agent and user, and prints each task's reward and the pass rate.
 
-    python play.py --agent oracle --user scripted            # all 50 tasks; the oracle must pass every one
+    python play.py --agent oracle --user scripted            # all 50 airline tasks; the oracle must pass every one
+    python play.py --domain retail                           # all 114 retail tasks, the same check
     python play.py --agent noop --tasks 0,1,2 --data_dir DIR
 
 The oracle/scripted pairing is the end-to-end check of tools, state, reward and simulator; it needs no GPU or network.
@@ -12,9 +13,10 @@ import argparse
 import logging
 import sys
 
+from airline_rl.domains import DOMAINS
 from airline_rl.envs.agents import AGENTS, get_agent
 from airline_rl.envs.data import DomainDataError
-from airline_rl.envs.episode import AirlineEnv
+from airline_rl.envs.episode import AirlineEnv, EnvConfig
 from airline_rl.envs.runner import run_episodes
 from airline_rl.envs.users.base import UserSimulator
 from airline_rl.envs.users.scripted import ScriptedUser
@@ -31,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--agent", default="oracle", help=f"scripted agent: {', '.join(sorted(AGENTS))}")
     parser.add_argument("--user", default="scripted", help=f"user simulator: {', '.join(sorted(USERS))}")
     parser.add_argument("--tasks", default=None, help="comma-separated task ids (default: all tasks)")
-    parser.add_argument("--data_dir", default=None, help="directory with the airline domain files (default: package)")
+    parser.add_argument("--domain", default="airline", help=f"τ² domain: {', '.join(DOMAINS)}")
+    parser.add_argument("--data_dir", default=None, help="directory with the domain's files (default: package)")
     parser.add_argument("--seed", type=int, default=0, help="episode seed (the scripted user's phrasing)")
     parser.add_argument("--max_user_turns", type=int, default=15, help="scripted user's turn cap")
     parser.add_argument("--no_progress", action="store_true", help="hide the progress bar")
@@ -48,9 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown user simulator {args.user!r}; valid users: {', '.join(sorted(USERS))}")
     if args.max_user_turns < 2:
         parser.error(f"--max_user_turns must be at least 2, got {args.max_user_turns}")
+    if args.domain not in DOMAINS:
+        parser.error(f"unknown domain {args.domain!r} (--domain); valid domains: {', '.join(DOMAINS)}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        env = AirlineEnv(args.data_dir)
+        env = AirlineEnv(args.data_dir, EnvConfig(domain=args.domain))
     except DomainDataError as err:
         parser.error(str(err))
     all_ids = list(env.domain.tasks)

@@ -110,7 +110,9 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     run.save_metrics(trainer, result)
     save_consolidated(trainer, training_args.output_dir)  # a plain HF model, also under FSDP's sharded checkpoints
     if trainer.is_world_process_zero():
-        write_prompt_style(training_args.output_dir, compact)  # evaluate.py prompts the model as it was trained
+        write_prompt_style(
+            training_args.output_dir, compact, script_args.domain
+        )  # evaluate.py prompts the model as it was trained
     exported = hub.export(trainer.state)
     if trainer.is_world_process_zero():
         if exported is not None:

@@ -317,3 +317,14 @@ def test_the_scripted_user_answers_retails_identification(env: AirlineEnv) -> No
     assert user.reply(episode).content.startswith("Hi! I received my order #W2378156")
     episode.messages.append({"role": "assistant", "content": asked})
     assert "My name is Yusuf Rossi. My zip code is 19122." in user.reply(episode).content
+
+
+def test_play_py_plays_every_retail_task_with_the_oracle(capsys) -> None:
+    import play
+
+    assert play.main(["--domain", "retail", "--no_progress"]) == 0
+    out = capsys.readouterr().out
+    assert "114/114" in out, out[-2000:]
+    with pytest.raises(SystemExit) as info:
+        play.main(["--domain", "telecom"])
+    assert info.value.code == 2 and "--domain" in capsys.readouterr().err

@@ -49,16 +49,18 @@ def tiny_default(
     )
 
 
-def default_policy(tasks_csv: str, cache_dir: str | None, epochs: int, data_dir: str | None) -> str:
+def default_policy(
+    tasks_csv: str, cache_dir: str | None, epochs: int, data_dir: str | None, domain: str = "airline"
+) -> str:
     """GRPO's embedded default: the tiny model after SFT on ``tasks_csv`` (``--warmup_tasks``), cached by its
     settings wherever ``--output_dir`` is. A rank of a multi-process launch builds it in a one-process child, never
     inside the run's process group."""
     from airline_rl.data import default_policy as build
 
     tasks = [t.strip() for t in tasks_csv.split(",") if t.strip()]
-    directory = build.default_policy_dir(cache_dir, tasks, epochs)
+    directory = build.default_policy_dir(cache_dir, tasks, epochs, domain)
     builder = build.build_default_policy_isolated if world_size_from_env() > 1 else build.build_default_policy
-    return str(builder(directory, tasks, epochs=epochs, data_dir=data_dir))
+    return str(builder(directory, tasks, epochs=epochs, data_dir=data_dir, domain=domain))
 
 
 def load_tokenizer(model_path: str, model_args: Any) -> Any:

@@ -52,7 +52,13 @@ import datasets
 
 from airline_rl.data.build_cache import cached_build
 from airline_rl.envs.episode import AirlineEnv, EnvConfig
-from airline_rl.envs.prompt_style import COMPACT_SYSTEM_PROMPT, PROMPT_STYLE_FILE, compact_env, write_prompt_style
+from airline_rl.envs.prompt_style import (
+    COMPACT_SYSTEM_PROMPT,
+    PROMPT_STYLE_FILE,
+    compact_env,
+    compact_prompt_text,
+    write_prompt_style,
+)
 from airline_rl.envs.tools import TOOL_SCHEMAS
 from airline_rl.run.start import keep_log_levels, keep_random_state
 from airline_rl.run.stop import discarded_on_stop
@@ -83,12 +89,16 @@ MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "to
                "tokenizer_config.json", "chat_template.jinja")  # fmt: skip
 
 
-def default_policy_dir(outputs_dir: str | os.PathLike[str], tasks: Sequence[str], epochs: int) -> Path:
-    """``<outputs_dir>/default-policy-t<tasks>-e<epochs>``: one cache entry per warm-up setting."""
-    return Path(outputs_dir) / f"{DEFAULT_POLICY_DIR_NAME}-t{'_'.join(tasks)}-e{epochs}"
+def default_policy_dir(
+    outputs_dir: str | os.PathLike[str], tasks: Sequence[str], epochs: int, domain: str = "airline"
+) -> Path:
+    """``<outputs_dir>/default-policy-t<tasks>-e<epochs>`` (another domain: ``default-policy-<domain>-t…``): one
+    cache entry per warm-up setting."""
+    name = DEFAULT_POLICY_DIR_NAME if domain == "airline" else f"{DEFAULT_POLICY_DIR_NAME}-{domain}"
+    return Path(outputs_dir) / f"{name}-t{'_'.join(tasks)}-e{epochs}"
 
 
-def _params(tasks: Sequence[str], epochs: int, seed: int, max_turns: int) -> dict[str, Any]:
+def _params(tasks: Sequence[str], epochs: int, seed: int, max_turns: int, domain: str = "airline") -> dict[str, Any]:
     return {
         "policy_builder_version": POLICY_BUILDER_VERSION,
         "tasks": list(tasks),
@@ -97,8 +107,9 @@ def _params(tasks: Sequence[str], epochs: int, seed: int, max_turns: int) -> dic
         "max_turns": max_turns,
         "learning_rate": SFT_LEARNING_RATE,
         "teachers": dict(WARMUP_TEACHERS),
-        "system_prompt": COMPACT_SYSTEM_PROMPT,
+        "system_prompt": compact_prompt_text(domain),
         **MODEL_SIZE,
+        **({"domain": domain} if domain != "airline" else {}),  # the airline's cache entries stay valid
     }
 
 
@@ -125,15 +136,17 @@ def build_default_policy(
     max_turns: int = 8,
     data_dir: str | None = None,
     force: bool = False,
+    domain: str = "airline",
 ) -> Path:
-    """Builds (or reuses) the warmed-up default policy in ``output_dir`` and returns its path (see module doc)."""
+    """Builds (or reuses) the warmed-up default policy of ``domain`` in ``output_dir`` and returns its path (see
+    module doc)."""
     output_dir = Path(output_dir)
     tasks = [str(t) for t in tasks]
     if not tasks:
         raise ValueError("the default policy needs at least one warm-up task (--warmup_tasks)")
     if epochs < 1:
         raise ValueError(f"--warmup_epochs must be >= 1, got {epochs}")
-    params = _params(tasks, epochs, seed, max_turns)
+    params = _params(tasks, epochs, seed, max_turns, domain)
 
     def announce() -> None:
         logger.warning(
@@ -166,14 +179,17 @@ def build_default_policy(
 
 def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], data_dir: str | None) -> dict:
     """tiny model → the teachers' trajectories (one dataset) → train_sft; the model's files end up in ``tmp_dir``."""
+    domain = params.get("domain", "airline")
     from airline_rl.configs import CollectArguments
     from airline_rl.data.collect import collect
     from airline_rl.data.tiny_model import build_tiny_model
 
-    env = compact_env(AirlineEnv(data_dir, EnvConfig(max_turns=params["max_turns"])))
-    full = AirlineEnv(data_dir)
-    # The same tokenizer corpus as train_grpo.py's tiny model, plus the compact prompt.
-    extra = [full.system_prompt, COMPACT_SYSTEM_PROMPT, *(str(schema) for schema in TOOL_SCHEMAS)]
+    env = compact_env(AirlineEnv(data_dir, EnvConfig(max_turns=params["max_turns"], domain=domain)))
+    full = AirlineEnv(data_dir, EnvConfig(domain=domain))
+    # The same tokenizer corpus as train_grpo.py's tiny model, plus the compact prompt (another domain: its own
+    # prompt and τ²'s schemas of its tools).
+    schemas = TOOL_SCHEMAS if domain == "airline" else full.tools
+    extra = [full.system_prompt, compact_prompt_text(domain), *(str(schema) for schema in schemas)]
     tiny = build_tiny_model(
         work / "tiny",
         hidden_size=MODEL_SIZE["hidden_size"],
@@ -190,6 +206,7 @@ def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], 
     for teacher, copies in WARMUP_TEACHERS.items():
         collected = collect(
             CollectArguments(
+                domain=domain,
                 data_dir=data_dir,
                 teacher=teacher,
                 tasks=",".join(tasks),
@@ -211,6 +228,7 @@ def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], 
         "--output_dir", str(work / "sft"),
         "--run_name", "default-policy-sft",
         "--hub_dir", str(work / "hub"),
+        "--domain", domain,
         "--max_turns", str(params["max_turns"]),
         "--min_reward", "0",  # train on the noop's dialogues too
         "--num_train_epochs", str(params["epochs"]),
@@ -245,7 +263,7 @@ def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], 
     for name in MODEL_FILES:
         if (sft_dir / name).is_file():
             shutil.copy2(sft_dir / name, tmp_dir / name)
-    write_prompt_style(tmp_dir, compact=True)  # evaluate.py and train_grpo.py then prompt it as it was trained
+    write_prompt_style(tmp_dir, compact=True, domain=domain)  # evaluate.py and train_grpo.py prompt it so
     files = {p.name: p.stat().st_size for p in sorted(tmp_dir.iterdir()) if p.is_file()}
     metrics = outcome.get("metrics", {}) if isinstance(outcome, dict) else {}
     return {
@@ -272,7 +290,12 @@ def single_process_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def build_default_policy_isolated(
-    output_dir: str | os.PathLike[str], tasks: Sequence[str], *, epochs: int, data_dir: str | None = None
+    output_dir: str | os.PathLike[str],
+    tasks: Sequence[str],
+    *,
+    epochs: int,
+    data_dir: str | None = None,
+    domain: str = "airline",
 ) -> Path:
     """``build_default_policy`` in a child process with a one-process environment, for a rank of a multi-process
     launch: every rank calls it; the cache's lock lets one child build while the others wait, then reuse it."""
@@ -282,6 +305,8 @@ def build_default_policy_isolated(
             "--tasks", ",".join(tasks), "--epochs", str(epochs)]  # fmt: skip
     if data_dir:
         argv += ["--data_dir", str(data_dir)]
+    if domain != "airline":
+        argv += ["--domain", domain]
     done = subprocess.run(argv, cwd=REPO_ROOT, env=single_process_env(), check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the default-policy build for {output_dir} failed (exit {done.returncode}); see above")
@@ -297,10 +322,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tasks", required=True, help="comma-separated warm-up task ids")
     parser.add_argument("--epochs", type=int, default=DEFAULT_WARMUP_EPOCHS)
     parser.add_argument("--data_dir", default=None)
+    parser.add_argument("--domain", default="airline")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    build_default_policy(args.output_dir, tasks, epochs=args.epochs, data_dir=args.data_dir)
+    build_default_policy(args.output_dir, tasks, epochs=args.epochs, data_dir=args.data_dir, domain=args.domain)
     return 0
 
 

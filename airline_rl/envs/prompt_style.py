@@ -22,13 +22,25 @@ COMPACT_SYSTEM_PROMPT = (
     "You are an airline customer service agent. Help the user with their reservations using the tools, and follow "
     "the airline policy: confirm before any change."
 )
+COMPACT_SYSTEM_PROMPTS = {
+    "airline": COMPACT_SYSTEM_PROMPT,
+    "retail": "You are an online retail store's customer service agent. Help the user with their orders using the "
+    "tools, and follow the retail policy: identify the user and confirm before any change.",
+}
+"""The one-line prompt of each domain (``--domain``)."""
+
+
+def compact_prompt_text(domain: str = "airline") -> str:
+    return COMPACT_SYSTEM_PROMPTS[domain]
+
+
 PROMPT_STYLE_FILE = "airline_rl_prompt.json"
 COMPACT, FULL = "compact", "full"
 
 
 def compact_env(env: AirlineEnv) -> AirlineEnv:
-    """Gives ``env`` the one-line system prompt and no tool schemas in the prompt (the tools still run)."""
-    env.system_prompt = COMPACT_SYSTEM_PROMPT
+    """Gives ``env`` its domain's one-line system prompt and no tool schemas in the prompt (the tools still run)."""
+    env.system_prompt = compact_prompt_text(env.config.domain)
     env.tools = []
     return env
 
@@ -37,12 +49,12 @@ def style_name(compact: bool) -> str:
     return COMPACT if compact else FULL
 
 
-def write_prompt_style(model_dir: str | os.PathLike[str], compact: bool) -> Path:
+def write_prompt_style(model_dir: str | os.PathLike[str], compact: bool, domain: str = "airline") -> Path:
     """Records the prompt a model in ``model_dir`` was trained with (atomically)."""
     path = Path(model_dir) / PROMPT_STYLE_FILE
     payload = {"system_prompt": style_name(compact)}
     if compact:
-        payload["text"] = COMPACT_SYSTEM_PROMPT
+        payload["text"] = compact_prompt_text(domain)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)

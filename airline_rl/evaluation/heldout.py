@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import datasets
 
 from airline_rl.envs.episode import AirlineEnv
-from airline_rl.envs.prompt_style import COMPACT_SYSTEM_PROMPT, style_name
+from airline_rl.envs.prompt_style import compact_prompt_text, style_name
 from airline_rl.envs.runner import RunTimings, run_episodes
 from airline_rl.envs.splits import Split
 from airline_rl.rewards.outcome import outcome_reward
@@ -226,7 +226,7 @@ class HeldoutEvaluation:
             "top_p": args.top_p,
             "max_new_tokens": args.max_completion_length,
             "max_turn_tokens": args.max_turn_tokens,
-            "system_prompt": style_name(self.env.system_prompt == COMPACT_SYSTEM_PROMPT),
+            "system_prompt": style_name(self.env.system_prompt == compact_prompt_text(self.env.config.domain)),
             "protocol": self.env.config.protocol,
             "max_turns": self.env.config.max_turns if self.env.config.protocol != "tau2" else None,
             "max_steps": self.env.config.max_steps if self.env.config.protocol == "tau2" else None,

@@ -260,7 +260,7 @@ def export_revision(trainer: Any, hub_dir: str | os.PathLike[str], run_name: str
         if style is not None:  # the prompt the policy was trained with, for evaluate.py (envs/prompt_style.py)
             from airline_rl.envs.prompt_style import COMPACT, write_prompt_style
 
-            write_prompt_style(tmp, style == COMPACT)
+            write_prompt_style(tmp, style == COMPACT, info.get("config", {}).get("domain") or "airline")
         honour_umask(tmp)  # save_pretrained writes model.safetensors 0600: others on a shared hub could not load it
         if final.exists():  # a rerun exporting a step again: unlisted first, so refs.json never names a torso
             unlist_revision(run_dir, final.name)

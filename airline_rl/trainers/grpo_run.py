@@ -34,7 +34,11 @@ def resolve_model_path(
         return base_model.check_local_model(model_args.model_name_or_path)
     if script_args.warmup_tasks:  # one cache wherever --output_dir is
         return base_model.default_policy(
-            script_args.warmup_tasks, script_args.warmup_cache_dir, script_args.warmup_epochs, script_args.data_dir
+            script_args.warmup_tasks,
+            script_args.warmup_cache_dir,
+            script_args.warmup_epochs,
+            script_args.data_dir,
+            script_args.domain,
         )
     return base_model.tiny_default(env, output_dir, script_args.tiny_model_dir)
 
