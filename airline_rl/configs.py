@@ -519,7 +519,8 @@ class EvalArguments(EnvArguments):
     )  # fmt: skip
     tasks: str | None = field(
         default=None,
-        metadata={"help": "Comma-separated task ids to evaluate (default: all 50; --split only assigns groups)."},
+        metadata={"help": "Comma-separated task ids to evaluate, or 'train' / 'test' (the --split's side; retail's "
+                  "test: τ²'s 40 official test tasks). Default: all of the domain's tasks (--split assigns groups)."},
     )  # fmt: skip
     protocol: Literal["airline_rl", "tau2"] = field(
         default="tau2",

@@ -11,6 +11,13 @@ One episode = reset + the task's gold actions run through ``execute_tool`` + the
 
 Usage: ``python benchmarks/env_bench.py [--reps 20] [--naive-reps 1] [--tasks 50]``. Prints medians; the speed-up is
 the last line.
+
+``--domain retail`` measures τ²'s retail domain the same way (the 114 tasks' gold actions; 1,000 orders, 500 users,
+50 products): fast = the episode's copy-on-write state under τ²'s own ``RetailTools`` (``airline_rl.domains``), naive
+= τ²'s own environment per episode as τ²'s harness builds it (its RetailDB read and validated from db.json, the
+gold replay on a second one, ``get_db_hash`` on both). ``--run DIR`` (a training run's output directory, e.g. the
+retail quick start's ``outputs/grpo-cpu-smoke-retail``) adds the share of that run's step time the environment, the
+scripted user and the reward took (the trainer's ``timing/env_user_reward_share``, median over its logged steps).
 """
 
 from __future__ import annotations
@@ -101,8 +108,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=20, help="repetitions of all tasks on the fast path")
     parser.add_argument("--naive-reps", type=int, default=1, help="repetitions of all tasks on the naive path")
-    parser.add_argument("--tasks", type=int, default=50, help="number of tasks (the first N)")
+    parser.add_argument("--tasks", type=int, default=None, help="number of tasks (the first N; default: all)")
+    parser.add_argument("--domain", default="airline", choices=("airline", "retail"), help="τ² domain")
+    parser.add_argument("--run", default=None, help="a training run's output_dir: its environment share of a step")
     args = parser.parse_args(argv)
+    if args.domain != "airline":
+        retail_bench(args)
+        if args.run:
+            print(run_share(args.run))
+        return
+    args.tasks = args.tasks or 50
 
     domain = load_domain()
     t0 = time.perf_counter()
@@ -161,6 +176,100 @@ def main(argv: list[str] | None = None) -> None:
     print(f"fast reward of a database not seen before (no memo hit): median {median_ms(fresh_hash):.3f} ms")
     print(f"fast reset+reward alone: median {median_ms(fast_reset_reward):.4f} ms (target <= 1 ms)")
     print(f"speed-up (naive / fast, per-episode medians): {naive_ms / fast_ms:.0f}x (target >= 100x)")
+
+
+def retail_bench(args: argparse.Namespace) -> None:
+    """The retail domain: our copy-on-write state under τ²'s tools against τ²'s own environment per episode."""
+    import json
+    import os
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from airline_rl.envs.protocol import tau2_reference
+
+    tau2_reference()  # τ²'s loggers quiet (its environment logs every response at DEBUG)
+    from tau2.data_model.message import ToolCall
+    from tau2.domains.retail.data_model import RetailDB
+    from tau2.domains.retail.environment import get_environment
+    from tau2.domains.retail.utils import RETAIL_DB_PATH
+
+    from airline_rl.domains import execute_tool as domain_tool
+
+    domain = load_domain(None, args.domain)
+    t0 = time.perf_counter()
+    base = shared_base(None, args.domain)
+    build_s = time.perf_counter() - t0
+    tasks = sorted(domain.tasks.values(), key=lambda t: int(t.task_id))[: args.tasks]
+    t0 = time.perf_counter()
+    for task in tasks:
+        gold_db_hash(base, task)
+    gold_s = time.perf_counter() - t0
+
+    def fast(task: Task) -> tuple[bool, float, float]:
+        t0 = time.perf_counter()
+        state = AirlineState(base)
+        t1 = time.perf_counter()
+        for action in task.actions:
+            domain_tool(state, action.name, action.arguments)
+        t2 = time.perf_counter()
+        reward = state.db_hash() == gold_db_hash(base, task)
+        t3 = time.perf_counter()
+        return reward, t3 - t0, (t1 - t0) + (t3 - t2)
+
+    def replay(task: Task) -> str:
+        env = get_environment(db=RetailDB.load(RETAIL_DB_PATH))  # what τ²'s registry builds per simulation
+        for action in task.actions:
+            env.get_response(ToolCall(id="c", name=action.name, arguments=json.loads(json.dumps(action.arguments)),
+                                      requestor="assistant"))  # fmt: skip
+        return env.get_db_hash()
+
+    def naive(task: Task) -> tuple[bool, float]:
+        t0 = time.perf_counter()
+        reward = replay(task) == replay(task)  # the agent's database, then the gold replay's (τ²'s evaluator)
+        return reward, time.perf_counter() - t0
+
+    for task in tasks[:5]:  # the same database hash both ways
+        state = AirlineState(base)
+        for action in task.actions:
+            domain_tool(state, action.name, action.arguments)
+        assert state.db_hash() == replay(task), task.task_id
+    for task in tasks:
+        fast(task)
+    fast_total: list[float] = []
+    fast_reset_reward: list[float] = []
+    for _ in range(args.reps):
+        for task in tasks:
+            reward, total, reset_reward = fast(task)
+            assert reward, f"fast path: gold episode of task {task.task_id} should earn the DB reward"
+            fast_total.append(total)
+            fast_reset_reward.append(reset_reward)
+    naive_total = [naive(task)[1] for _ in range(args.naive_reps) for task in tasks]
+    fast_ms, naive_ms = median_ms(fast_total), median_ms(naive_total)
+    records = sum(len(t) for t in domain.db.values())
+    p90_ms = statistics.quantiles(fast_total, n=10)[-1] * 1000
+    print(f"retail database: {records} records; CanonicalBase build {build_s * 1000:.0f} ms (once per process)")
+    print(f"gold hashes for {len(tasks)} tasks: {gold_s * 1000:.0f} ms (once per task, cached)")
+    print(f"fast  episodes: {len(fast_total):5d}  median {fast_ms:9.3f} ms/episode  (p90 {p90_ms:.3f} ms)")
+    print(f"naive episodes: {len(naive_total):5d}  median {naive_ms:9.3f} ms/episode  (τ²'s environment, twice)")
+    print(f"fast reset+reward alone: median {median_ms(fast_reset_reward):.4f} ms")
+    print(f"speed-up (naive / fast, per-episode medians): {naive_ms / fast_ms:.0f}x")
+
+
+def run_share(run_dir: str) -> str:
+    """The median share of a training run's step time spent in the environment, the user and the reward."""
+    import json
+
+    root = Path(run_dir)
+    states = sorted(root.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+    path = root / "trainer_state.json" if (root / "trainer_state.json").is_file() else (states or [None])[-1]
+    if path is None:
+        raise SystemExit(f"--run {run_dir}: no trainer_state.json (in it or in a checkpoint-* of it)")
+    logs = json.loads(path.read_text(encoding="utf-8")).get("log_history", [])
+    shares = [e["timing/env_user_reward_share"] for e in logs if "timing/env_user_reward_share" in e]
+    steps = [e["step_time"] for e in logs if "step_time" in e]
+    if not shares:
+        raise SystemExit(f"--run {run_dir}: {path} logs no timing/env_user_reward_share")
+    return (f"run {run_dir}: environment + user + reward {statistics.median(shares) * 100:.2f}% of a step (median "
+            f"over {len(shares)} steps; step {statistics.median(steps):.2f} s; goal <= 5%)")  # fmt: skip
 
 
 if __name__ == "__main__":

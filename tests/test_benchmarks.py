@@ -42,3 +42,24 @@ def test_rollout_bench_horizon_sweep_plays_the_same_transcripts_with_and_without
     horizons = [line for line in out.splitlines() if line.startswith("horizon ")]
     assert len(horizons) == 2 and all(line.endswith("same transcripts: 2/2") for line in horizons), out
     assert out.strip().splitlines()[-1].endswith("transcripts equal in both modes at every horizon: yes"), out
+
+
+def test_env_bench_measures_retail_beside_a_runs_step(tmp_path: Path) -> None:
+    """benchmarks/env_bench.py --domain retail: our state under τ²'s tools hashes as τ²'s own environment (asserted
+    inside), and --run reads a run's environment share of a step from its trainer_state.json."""
+    import json
+
+    run = tmp_path / "run" / "checkpoint-2"
+    run.mkdir(parents=True)
+    shares = ((1, 0.01), (2, 0.03))
+    logs = [{"step": s, "step_time": 2.0, "timing/env_user_reward_share": share} for s, share in shares]
+    (run / "trainer_state.json").write_text(json.dumps({"log_history": logs}), encoding="utf-8")
+    command = [sys.executable, "benchmarks/env_bench.py", "--domain", "retail", "--reps", "1", "--tasks", "4",
+               "--run", str(tmp_path / "run")]  # fmt: skip
+    done = subprocess.run(
+        command, cwd=ROOT, env={**os.environ, **OFFLINE, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "retail database: 1550 records" in done.stdout and "speed-up (naive / fast" in done.stdout
+    assert "environment + user + reward 2.00% of a step (median over 2 steps; step 2.00 s" in done.stdout

@@ -181,6 +181,26 @@ def test_gpu_reference_dry_run_uses_the_reference_recipes_and_gpus(tmp_path: Pat
     assert text.count(f"--user_base_url {url} --user_model Qwen2.5-72B-Instruct-AWQ") == 1 + 5 + 6  # collect/grpo/eval
 
 
+def test_domain_reaches_every_stage_with_its_own_tasks(tmp_path: Path) -> None:
+    """--domain retail: every stage gets --domain (the airline's commands stay as they were: the test above) and the
+    cpu-tiny profile's retail tasks replace its airline task ids; a user's --grpo_args still win."""
+    lines: list[str] = []
+    args = AblationArguments(output_dir=str(tmp_path / "r"), dry_run=True, domain="retail", grpo_args="--tasks 88")
+    assert run(args, print_fn=lines.append) == 0
+    commands = [line for line in lines if not line.startswith("#")]
+    collect, sft, *grpo = [c for c in commands if "collect_trajectories.py" in c or "train_" in c]
+    evals = [c for c in commands if "evaluate.py --config" in c]
+    assert collect.endswith("--domain retail --tasks 88,73") and sft.endswith("--domain retail")
+    assert len(grpo) == 2 and all(c.endswith("--domain retail --tasks 88,73 --tasks 88") for c in grpo)
+    assert len(evals) == 3 and all("--domain retail --tasks 73,88,5" in c for c in evals)
+    reference = AblationArguments(output_dir=str(tmp_path), domain="retail", profile="gpu-reference",
+                                  user_base_url="http://127.0.0.1:1/v1", user_model="u", dry_run=True)  # fmt: skip
+    settings = resolve(reference)
+    assert settings.extra["grpo"] == ["--domain", "retail"]  # its recipes name no task: τ²'s official split
+    with pytest.raises(ExperimentError, match="--domain 'telecom' is unknown"):
+        resolve(AblationArguments(output_dir=str(tmp_path), domain="telecom"))
+
+
 def test_the_entry_script_dry_run_with_dashes_and_overrides(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "run_ablation.py", "--dry-run", "--variants", "lata", "--steps", "3,6", "--output_dir",

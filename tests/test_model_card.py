@@ -27,3 +27,17 @@ def test_the_model_card_snippet_loads_the_revision(tmp_path: Path, monkeypatch, 
     exec(snippet(revision / "README.md"), scope)  # noqa: S102 - running the snippet is the test
     assert Path(scope["path"]).resolve() == revision.resolve()
     assert scope["model"].config.vocab_size == 512 and scope["tokenizer"] is not None
+
+
+def test_the_card_names_the_domain_it_was_trained_on() -> None:
+    from airline_rl.run.hub import model_card
+    from airline_rl.trainers.sft import model_card as sft_card
+
+    airline = model_card("r", 2, {"config": {"variant": "joint"}})
+    assert "tags: [trl, grpo, tau2-bench, airline, tool-calling]" in airline
+    assert "Policy trained on the τ²-bench airline domain" in airline
+    retail = model_card("r", 2, {"config": {"domain": "retail", "tasks_sha256": "ab" * 32}})
+    assert "tags: [trl, grpo, tau2-bench, retail, tool-calling]" in retail
+    assert "τ²-bench retail domain" in retail and "airline domain" not in retail
+    assert f"- `tasks_sha256`: {'ab' * 32}" in retail
+    assert "teacher trajectories of the τ²-bench retail domain" in sft_card("s", 1, {"config": {"domain": "retail"}})

@@ -328,3 +328,36 @@ def test_play_py_plays_every_retail_task_with_the_oracle(capsys) -> None:
     with pytest.raises(SystemExit) as info:
         play.main(["--domain", "telecom"])
     assert info.value.code == 2 and "--domain" in capsys.readouterr().err
+
+
+def test_evaluate_py_gives_pass_k_on_retails_test_split_as_tau2_scores_it(tmp_path: Path, monkeypatch) -> None:
+    """One evaluation (the do-nothing agent, τ²'s protocol, 2 samples of τ²'s 40 test tasks) checked several ways:
+    the tasks, the domain and tasks sha256 in results.json, τ²'s loader, τ²'s pass^k and τ²'s evaluator."""
+    from tau2.data_model.simulation import Results
+    from tau2.metrics.agent_metrics import compute_metrics
+
+    import evaluate
+
+    use_cached_environment(monkeypatch)
+    out = tmp_path / "eval"
+    argv = ["--domain", "retail", "--model", "noop", "--tasks", "test", "--num_samples", "2", "--output_dir",
+            str(out), "--progress", "false", "--bootstrap_samples", "50"]  # fmt: skip
+    assert evaluate.cli(argv) == 0
+    env = AirlineEnv(config=EnvConfig(domain="retail"))
+    ours = json.loads((out / "noop" / "results.json").read_text())
+    test = set(env.domain.official_split["test"])
+    assert set(ours["tasks"]) == test and len(test) == 40
+    assert ours["config"]["domain"] == "retail" and ours["config"]["tasks_sha256"] == env.domain.tasks_sha256
+    untouched = {t.task_id for t in env.domain.tasks.values()
+                 if gold_db_hash(env.base, t) == env.base.base_hash and not t.communicate_info}  # fmt: skip
+    assert ours["metrics"]["pass_hat_k"]["1"] == pytest.approx(len(untouched & test) / 40)
+    results = Results.load(out / "noop" / "tau2_results.json")
+    assert results.info.environment_info.domain_name == "retail" and len(results.simulations) == 80
+    metrics = compute_metrics(results)
+    assert {str(k): v for k, v in metrics.pass_hat_ks.items()} == pytest.approx(ours["metrics"]["pass_hat_k"])
+    for simulation in results.simulations:  # τ²'s evaluator agrees with every exported reward
+        assert evaluate_tau2(simulation, env.domain.get_task(simulation.task_id)) == simulation.reward_info.reward
+
+
+def evaluate_tau2(simulation: Any, task: Any) -> float:
+    return evaluate(simulation, task).reward

@@ -122,19 +122,36 @@ def test_endpoint_failures_are_one_line_exit_2_and_write_nothing(tmp_path: Path,
 # τ²'s own harness on the same two endpoints
 
 
-def harness_agreement(tmp_path: Path, mode: str, task_ids: list[str] | None) -> dict[str, float]:
-    """τ²'s harness, then evaluate.py, against the same agent and user stubs: equal per-task rewards, terminations,
-    conversations and request bodies; returns the per-task rewards."""
+def harness_agreement(
+    tmp_path: Path, mode: str, task_ids: list[str] | None, domain: str = "airline"
+) -> dict[str, float]:
+    """τ²'s harness (``tau2 run --domain <domain>``), then evaluate.py, against the same agent and user stubs: equal
+    per-task rewards, terminations, conversations and request bodies; returns the per-task rewards."""
     with (
         StubServer(mode, model="stub-agent") as agent,
         StubServer("user_scenario", model="stub-user", stop_after=3) as user,
     ):
-        return compare_harnesses(tmp_path, agent.base_url, agent.model, user, task_ids, agent_stub=agent)
+        return compare_harnesses(
+            tmp_path, agent.base_url, agent.model, user, task_ids, agent_stub=agent, domain=domain
+        )
 
 
 def test_tau2_harness_agrees_on_a_few_tasks(tmp_path: Path) -> None:
     rewards = harness_agreement(tmp_path, "agent_write", ["0", "1", "4", "18"])
     assert set(rewards.values()) == {0.0}  # the unwanted certificate fails every task, in both harnesses
+
+
+def test_tau2_harness_agrees_on_retail(tmp_path: Path) -> None:
+    """``tau2 run --domain retail`` and ``evaluate.py --domain retail --model openai:…`` on the same stubs: the user
+    of tasks 5, 10 and 35 names its user id and the agent looks it up (τ²'s retail tools answer); task 0's does not."""
+    rewards = harness_agreement(tmp_path, "agent_lookup", ["0", "5", "10", "35"], domain="retail")
+    assert set(rewards) == {"0", "5", "10", "35"}
+    (results,) = (tmp_path / "ours").rglob("results.json")
+    data = load(results)
+    assert data["config"]["domain"] == "retail"
+    calls = [m for m in data["tasks"]["5"]["samples"][0]["messages"] if m.get("tool_calls")]
+    assert calls and calls[0]["tool_calls"][0]["function"]["name"] == "get_user_details"
+    assert load(results.parent / "tau2_results.json")["info"]["environment_info"]["domain_name"] == "retail"
 
 
 # Every task under each stub agent's mode (-m exhaustive, ~70 s each): CI checks the agreement on four tasks above

@@ -22,7 +22,6 @@ from airline_rl.envs.data import GoldAction
 from airline_rl.envs.episode import AGENT_STOP_TOKEN
 from airline_rl.envs.runner import AgentTurn
 from airline_rl.envs.tool_calls import format_tool_call
-from airline_rl.envs.tools import WRITE_TOOLS
 
 if TYPE_CHECKING:
     from airline_rl.envs.data import Task
@@ -259,7 +258,7 @@ def corrupt_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def _writes(task: Task) -> list[int]:
-    return [i for i, action in enumerate(task.actions) if action.name in WRITE_TOOLS]
+    return [i for i, action in enumerate(task.actions) if action.name in task.write_tools]
 
 
 def wrong_argument_actions(task: Task) -> list[GoldAction]:

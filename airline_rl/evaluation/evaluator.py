@@ -123,10 +123,20 @@ def parse_steps(steps: Any) -> list[int]:
     return result
 
 
-def select_tasks(tasks: Any, env: AirlineEnv) -> list[str]:
-    """The task ids to evaluate: all of the domain's by default, else --tasks (each checked)."""
+SPLIT_SIDES = ("train", "test")
+"""``--tasks train`` / ``--tasks test``: the split's side instead of ids."""
+
+
+def select_tasks(tasks: Any, env: AirlineEnv, split: Split | None = None) -> list[str]:
+    """The task ids to evaluate: all of the domain's by default, else --tasks (each checked): ids, or ``train`` /
+    ``test``, the ``--split``'s side (retail's ``test``: τ²'s 40 official test tasks)."""
     if tasks is None or tasks == "":
         return sorted(env.domain.tasks, key=lambda t: (len(t), t))
+    if isinstance(tasks, str) and tasks.strip() in SPLIT_SIDES:
+        if split is None:
+            raise EvaluationError(f"--tasks {tasks.strip()} needs a --split")
+        side = split.train if tasks.strip() == "train" else split.test
+        return sorted(side, key=lambda t: (len(t), t))
     items = tasks if isinstance(tasks, list | tuple) else str(tasks).split(",")
     selected = []
     for item in items:
@@ -583,7 +593,7 @@ def plan(args: EvalArguments) -> Plan:
     validate_arguments(args)
     env = AirlineEnv(args.data_dir, args.env_config())
     split = split_for(env.domain, args.split, args.split_file)
-    task_ids = select_tasks(args.tasks, env)
+    task_ids = select_tasks(args.tasks, env, split)
     targets = resolve_targets(args)
     if args.temperature is None:  # τ²'s harness samples a served agent greedily; a local policy samples on-policy
         args.temperature = 0.0 if any(t.kind == "served" for t in targets) else 1.0
@@ -708,7 +718,7 @@ def evaluate_target(
             )
             duration = (time.perf_counter() - chunk_start) / max(1, len(chunk))
             for (task_id, sample), record in zip(chunk, records, strict=True):
-                results.add(task_id, sample_entry(record, sample, args.save_messages))
+                results.add(task_id, sample_entry(record, sample, args.save_messages, plan_.env.config.domain))
                 if tau2 is not None:
                     tau2.add(record, sample, plan_.env.domain.get_task(task_id), chunk_started, duration)
             played += len(chunk)

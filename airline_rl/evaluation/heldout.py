@@ -307,7 +307,10 @@ class HeldoutEvaluation:
                             schedule=trainer.schedule,
                         )
                         backend.drain()
-                        local = [(t, sample_entry(r, s)) for (t, s), r in zip(part, records, strict=True)]
+                        domain = self.env.config.domain
+                        local = [
+                            (t, sample_entry(r, s, domain=domain)) for (t, s), r in zip(part, records, strict=True)
+                        ]
                         entries = gather_object(local) if world > 1 else local
                         played += len(entries)
                         if results is not None:

@@ -148,17 +148,19 @@ def check_compatible(path: str | Path, config: Mapping[str, Any]) -> bool:
     return True
 
 
-def _prm_entry(record: EpisodeRecord) -> dict[str, Any]:
+def _prm_entry(record: EpisodeRecord, domain: str = "airline") -> dict[str, Any]:
     """PRM-Lite's verdict on an evaluated episode (default rule set, default clip): what the within-group signal
     metrics (``prm_signal`` in the metrics) read, so an evaluation shows whether the process reward tracks success."""
     from airline_rl.rewards.prm import DEFAULT_RULE_SET, score_episode
 
-    result = score_episode(record, rules=DEFAULT_RULE_SET)
+    result = score_episode(record, rules=DEFAULT_RULE_SET, domain=domain)
     return {"rules": DEFAULT_RULE_SET, "process_score": result.process_score, "rule_counts": result.rule_counts}
 
 
-def sample_entry(record: EpisodeRecord, sample: int, save_messages: bool = False) -> dict[str, Any]:
-    """What a results file keeps of one episode."""
+def sample_entry(
+    record: EpisodeRecord, sample: int, save_messages: bool = False, domain: str = "airline"
+) -> dict[str, Any]:
+    """What a results file keeps of one episode (``domain``: whose vocabulary PRM-Lite's verdict uses)."""
     reward = dict(record.reward or {})
     entry: dict[str, Any] = {
         "sample": sample,
@@ -175,7 +177,7 @@ def sample_entry(record: EpisodeRecord, sample: int, save_messages: bool = False
         "truncated": record.truncated,
         "user_error": record.user_error,
         **({"agent_error": record.agent_error} if record.agent_error else {}),
-        "prm": _prm_entry(record),
+        "prm": _prm_entry(record, domain),
     }
     if save_messages:
         entry["messages"] = record.messages[1:]  # the system prompt is the same for every episode

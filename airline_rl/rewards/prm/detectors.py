@@ -13,54 +13,21 @@ from typing import Any
 
 from airline_rl.envs.episode import AGENT_STOP_TOKEN, ToolCallRecord, TurnRecord
 from airline_rl.envs.tool_calls import TOOL_CALL_OPEN
-from airline_rl.envs.tools import READ_TOOLS, TOOL_SCHEMAS
+from airline_rl.rewards.prm.vocabulary import Vocabulary, vocabulary
 
 USER, TOOL = "user", "tool"  # where a value first appeared
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Schema-derived argument sets (one place; no per-tool lists)
+# Schema-derived argument sets (one place; no per-tool lists): the airline's, kept under their names; every domain's
+# are ``vocabulary(domain)``'s (``airline_rl.rewards.prm.vocabulary``).
 
-
-def _walk_properties(schema: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """Every (property name, property schema) of a JSON schema, nested objects and array items included."""
-    for name, prop in schema.get("properties", {}).items():
-        yield name, prop
-        yield from _walk_properties(prop)
-    if "items" in schema:
-        yield from _walk_properties(schema["items"])
-
-
-def _is_id_name(name: str) -> bool:
-    return name.endswith("_id") or name.endswith("flight_number")
-
-
-_PARAMETERS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOL_SCHEMAS}
-ID_ARGUMENT_NAMES: frozenset[str] = frozenset(
-    name for parameters in _PARAMETERS.values() for name, _ in _walk_properties(parameters) if _is_id_name(name)
-)
+AIRLINE = vocabulary("airline")
+ID_ARGUMENT_NAMES: frozenset[str] = AIRLINE.id_argument_names
 """Argument names whose values are entity ids (user_id, reservation_id, payment_id, flight_number), at any depth."""
-
-LOOKUP_TOOLS: dict[str, str] = {
-    name: next(iter(_PARAMETERS[name]["properties"]))
-    for name in sorted(READ_TOOLS)
-    if len(_PARAMETERS[name]["properties"]) == 1 and _is_id_name(next(iter(_PARAMETERS[name]["properties"])))
-}
+LOOKUP_TOOLS: dict[str, str] = dict(AIRLINE.lookup_tools)
 """Read tools that fetch one record by its id (tool → id argument): what counts as verifying an entity (B6)."""
-
-VERIFIABLE_ID_NAMES: frozenset[str] = frozenset(LOOKUP_TOOLS.values())
-
-EXAMPLE_VALUES: frozenset[str] = frozenset(
-    v.lower()
-    for v in (
-        "sara_doe_496",
-        "ZFA04Y",
-        "8JX2WO",
-        "credit_card_7815826",
-        "gift_card_7815826",
-        "certificate_7815826",
-        "2024-01-01",
-    )
-)
+VERIFIABLE_ID_NAMES: frozenset[str] = AIRLINE.verifiable_id_names
+EXAMPLE_VALUES: frozenset[str] = AIRLINE.example_values
 """Example values from the tool descriptions: a model that copies them has not looked anything up."""
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -74,10 +41,10 @@ _PLACEHOLDER_PARTS = re.compile(r"xxx|placeholder")
 _YOUR = re.compile(r"^your[_\s-]")
 
 
-def is_placeholder(name: str | None, value: str) -> bool:
+def is_placeholder(name: str | None, value: str, vocab: Vocabulary = AIRLINE) -> bool:
     """Whether a string argument is a template or stand-in rather than a value the agent obtained."""
     text = value.strip().lower()
-    if text in _PLACEHOLDER_WORDS or text in EXAMPLE_VALUES:
+    if text in _PLACEHOLDER_WORDS or text in vocab.example_values:
         return True
     if _TEMPLATE.search(text) or _PLACEHOLDER_PARTS.search(text) or _YOUR.match(text):
         return True
@@ -213,8 +180,9 @@ def _iter_strings(value: Any, name: str | None = None) -> Iterator[tuple[str | N
             yield from _iter_strings(item, name)
 
 
-def id_values(arguments: Mapping[str, Any] | None) -> list[tuple[str, str]]:
-    """(argument name, normalized value) of every id-valued argument at any depth."""
+def id_values(arguments: Mapping[str, Any] | None, vocab: Vocabulary = AIRLINE) -> list[tuple[str, str]]:
+    """(argument name, normalized value) of every id-valued argument at any depth (``vocab``: the domain's id
+    arguments and how its ids are normalized)."""
     if not arguments:
         return []
     found: list[tuple[str, str]] = []
@@ -226,8 +194,8 @@ def id_values(arguments: Mapping[str, Any] | None) -> list[tuple[str, str]]:
         elif isinstance(value, list):
             for item in value:
                 visit(item, name)
-        elif name in ID_ARGUMENT_NAMES and isinstance(value, (str, int)) and not isinstance(value, bool):
-            found.append((name, str(value).strip().lower()))
+        elif name in vocab.id_argument_names and isinstance(value, (str, int)) and not isinstance(value, bool):
+            found.append((name, vocab.normalize_id(value)))
 
     visit(arguments, None)
     return found
@@ -244,17 +212,15 @@ def _text_before_calls(turn: TurnRecord) -> str:
     return turn.raw_text.split(TOOL_CALL_OPEN, 1)[0].replace(AGENT_STOP_TOKEN, "").strip()
 
 
-ENUM_ARGUMENT_NAMES: frozenset[str] = frozenset(
-    name for parameters in _PARAMETERS.values() for name, prop in _walk_properties(parameters) if "enum" in prop
-)
+ENUM_ARGUMENT_NAMES: frozenset[str] = AIRLINE.enum_argument_names
 """Arguments whose value is one of a fixed set (cabin, flight_type, insurance): chosen, never looked up."""
 
 
-def value_strings(arguments: Mapping[str, Any] | None) -> list[str]:
+def value_strings(arguments: Mapping[str, Any] | None, vocab: Vocabulary = AIRLINE) -> list[str]:
     """The lower-cased string values of a call's arguments that the agent must have obtained from somewhere: every
     string leaf except enum choices (ids, dates, names, airport codes)."""
     return [
         value.strip().lower()
         for name, value in _iter_strings(arguments or {})
-        if name not in ENUM_ARGUMENT_NAMES and value.strip()
+        if name not in vocab.enum_argument_names and value.strip()
     ]

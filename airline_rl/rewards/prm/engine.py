@@ -17,10 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from airline_rl.envs.episode import EpisodeRecord, ToolCallRecord
-from airline_rl.envs.tools import READ_TOOLS
 from airline_rl.rewards.prm.consent import consent_issues, write_charges
 from airline_rl.rewards.prm.detectors import (
-    LOOKUP_TOOLS,
     TOOL,
     USER,
     _tokens,
@@ -41,6 +39,7 @@ from airline_rl.rewards.prm.rules import (
     _unknown,
     get_rule_set,
 )
+from airline_rl.rewards.prm.vocabulary import Vocabulary, vocabulary
 
 DEFAULT_CLIP = (-0.5, 0.5)
 REFERENCE_SETS: dict[str, str | None] = {"reference": None, "reference+v2": "v2"}
@@ -92,6 +91,7 @@ def score_episode(
     weights: dict[str, float] | None = None,
     rules: str = DEFAULT_RULE_SET,
     env: HasDomain | None = None,
+    domain: str | None = None,
 ) -> PRMResult:
     """Scores every assistant turn of ``record`` with the rules of version ``rules``, in one pass over
     ``record.messages``.
@@ -103,17 +103,21 @@ def score_episode(
     The reference sets (``REFERENCE_SETS``: "reference", "reference+v2") also score each turn against the task's
     gold actions, which only they read, from ``env`` (the environment that played the episode: ``env.domain``); the
     turn scores are summed and the episode total clipped once.
+
+    ``domain`` (default: ``env``'s, else the airline) picks the rules' vocabulary (``vocabulary``): which arguments
+    are ids, which tools look a record up, and whether the airline policy's rules (P9–P11, B8) apply.
     """
     low, high = clip
     if not low <= high:
         raise ValueError(f"clip must be (low, high) with low <= high, got {clip}")
     if rules not in PRM_RULE_SETS:
         raise UnknownRuleSetError(f"unknown PRM-Lite rule set {rules!r}; valid: {', '.join(PRM_RULE_SETS)}")
+    vocab = vocabulary(domain or _env_domain(env))
     if rules in REFERENCE_SETS:
-        return _score_with_reference(record, (low, high), weights, rules, env)
+        return _score_with_reference(record, (low, high), weights, rules, env, vocab)
     rule_set = get_rule_set(rules)
     resolved = _effective_weights(rule_set, weights)
-    turn_scores, fired_per_turn, rule_counts = _score_rules(record, rule_set, resolved)
+    turn_scores, fired_per_turn, rule_counts = _score_rules(record, rule_set, resolved, vocab)
     return _clipped(turn_scores, fired_per_turn, sum(turn_scores), rule_counts, (low, high))
 
 
@@ -136,6 +140,7 @@ def _score_with_reference(
     weights: dict[str, float] | None,
     rules: str,
     env: HasDomain | None,
+    vocab: Vocabulary,
 ) -> PRMResult:
     if env is None:
         raise ValueError(
@@ -148,7 +153,7 @@ def _score_with_reference(
     resolved = _effective_weights(tables, weights)
     reference = reference_turns(record, env)
     if base is not None:
-        turn_scores, fired_per_turn, rule_counts = _score_rules(record, get_rule_set(base), resolved)
+        turn_scores, fired_per_turn, rule_counts = _score_rules(record, get_rule_set(base), resolved, vocab)
     else:
         turn_scores, fired_per_turn, rule_counts = [0.0] * len(record.turns), [{} for _ in record.turns], {}
     rule_counts.update(dict.fromkeys(REFERENCE_TERMS, 0))
@@ -164,10 +169,18 @@ def _score_with_reference(
     return _clipped(turn_scores, fired_per_turn, raw, rule_counts, clip)
 
 
+def _env_domain(env: HasDomain | None) -> str:
+    """The name of the domain ``env`` plays (an ``AirlineEnv``: ``env.domain.name``); the airline without one."""
+    name = getattr(getattr(env, "domain", None), "name", None)
+    return name if isinstance(name, str) and name else "airline"
+
+
 def _score_rules(
-    record: EpisodeRecord, rule_set: Mapping[str, Rule], resolved: Mapping[str, float]
+    record: EpisodeRecord, rule_set: Mapping[str, Rule], resolved: Mapping[str, float], vocab: Vocabulary
 ) -> tuple[list[float], list[dict[str, int]], dict[str, int]]:
-    """One pass of ``rule_set`` over ``record``: per-turn scores and firings, and the episode's firing counts."""
+    """One pass of ``rule_set`` over ``record``: per-turn scores and firings, and the episode's firing counts.
+    Without the airline policy (``vocab.checks_airline_policy``) no policy or consent verdict is made: P9–P11 and
+    B8 read the airline's records."""
     n_assistant = sum(message.get("role") == "assistant" for message in record.messages)
     skip = n_assistant - len(record.turns)  # the fixed greeting(s) before the first policy turn
     if skip < 0:
@@ -218,7 +231,7 @@ def _score_rules(
         calls = [record.tool_calls[index] for index in indices]
         violations: list[list[str]] = []
         consent: list[list[str]] = []
-        for call in calls:  # in order: a read earlier in the turn informs the check of a later write
+        for call in calls if vocab.checks_airline_policy else ():  # in order: earlier reads inform later writes
             violations.append(write_violations(facts, call) if call.is_write and not call.error else [])
             consent.append(consent_issues(write_charges(facts, call), last_agent_message, facts.user_said))
             facts.observe(call)
@@ -249,6 +262,7 @@ def _score_rules(
             facts=facts,
             violations=violations,
             consent=consent,
+            vocab=vocab,
         )
         fired: dict[str, int] = {}
         score = 0.0
@@ -278,34 +292,36 @@ def _score_rules(
             if signature is not None:
                 successful_signatures.add(signature)
             if call.is_write:
-                chained_values.update(v for _, v in id_values(call.arguments) if seen_values.get(v) == TOOL)
+                chained_values.update(v for _, v in id_values(call.arguments, vocab) if seen_values.get(v) == TOOL)
             result = str(call.result)
             seen_texts.append(result.lower())
             for token in _tokens(result):
                 seen_values.setdefault(token, TOOL)
             tool_values.update(mentionable_values(result))
-            _track_status(result, cancelled_ids)
-            if call.name in READ_TOOLS:
+            _track_status(result, cancelled_ids, vocab)
+            if call.name in vocab.read_tools:
                 successful_read_before = True
                 read_tools_used.add(call.name)
-            id_name = LOOKUP_TOOLS.get(call.name)
+            id_name = vocab.lookup_tools.get(call.name)
             if id_name is not None and call.arguments and id_name in call.arguments:
-                verified_ids.add((id_name, str(call.arguments[id_name]).strip().lower()))
+                verified_ids.add((id_name, vocab.normalize_id(call.arguments[id_name])))
 
     return turn_scores, fired_per_turn, rule_counts
 
 
-def _track_status(result: str, cancelled_ids: set[str]) -> None:
-    """Keeps ``cancelled_ids`` equal to the reservations whose latest result (a JSON record) says "cancelled"."""
-    if '"reservation_id"' not in result:
+def _track_status(result: str, cancelled_ids: set[str], vocab: Vocabulary) -> None:
+    """Keeps ``cancelled_ids`` equal to the records (the airline's reservations, retail's orders:
+    ``vocab.record_id_field``) whose latest result (a JSON record) says "cancelled"."""
+    key = vocab.record_id_field
+    if f'"{key}"' not in result:
         return
     try:
         record = json.loads(result)
     except ValueError:
         return
-    if isinstance(record, dict) and isinstance(record.get("reservation_id"), str):
-        reservation_id = record["reservation_id"].strip().lower()
+    if isinstance(record, dict) and isinstance(record.get(key), str):
+        record_id = vocab.normalize_id(record[key])
         if record.get("status") == "cancelled":
-            cancelled_ids.add(reservation_id)
+            cancelled_ids.add(record_id)
         else:
-            cancelled_ids.discard(reservation_id)
+            cancelled_ids.discard(record_id)

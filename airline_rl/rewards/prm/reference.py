@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from airline_rl.domains import execute_tool
 from airline_rl.envs.behaviours import reordered_actions
 from airline_rl.envs.data import Domain, GoldAction, Task
 from airline_rl.envs.episode import REWARDABLE_TERMINATIONS, EpisodeRecord
 from airline_rl.envs.state import AirlineState, CanonicalBase
-from airline_rl.envs.tools import WRITE_TOOLS, execute_tool
 from airline_rl.rewards.outcome import communicate_checks, gold_db_hash, matches_gold
 
 MAX_CREDITED_READS = 2
@@ -123,8 +123,8 @@ def reference_turns(record: EpisodeRecord, env: HasDomain) -> ReferenceTurns:
     (``env``: the environment that played it)."""
     task = env.domain.get_task(record.task_id)
     ordered = write_order_matters(env.base, task)
-    gold_writes = [a for a in task.actions if a.name in WRITE_TOOLS]
-    gold_other = [a for a in task.actions if a.name not in WRITE_TOOLS]
+    gold_writes = [a for a in task.actions if a.name in task.write_tools]  # the task's domain's write tools
+    gold_other = [a for a in task.actions if a.name not in task.write_tools]
     matched_writes = [False] * len(gold_writes)
     matched_other = [False] * len(gold_other)
     said: set[str] = set()
@@ -174,7 +174,7 @@ def write_order_matters(base: CanonicalBase, task: Task) -> bool:
     per base and task, as the outcome's gold hash)."""
     key = (id(base), task.task_id)
     if key not in _ORDER_MATTERS:
-        writes = [a for a in task.actions if a.name in WRITE_TOOLS]
+        writes = [a for a in task.actions if a.name in task.write_tools]
         if len(writes) < 2:
             _ORDER_MATTERS[key] = False
         else:

@@ -24,11 +24,10 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from airline_rl.envs.episode import ToolCallRecord, TurnRecord
-from airline_rl.envs.tools import READ_TOOLS, TERMINAL_TOOLS
 from airline_rl.rewards.prm.detectors import (
+    AIRLINE,
     ID_ARGUMENT_NAMES,
     TOOL,
-    VERIFIABLE_ID_NAMES,
     _iter_strings,
     _text_before_calls,
     call_signature,
@@ -39,6 +38,7 @@ from airline_rl.rewards.prm.detectors import (
     value_strings,
 )
 from airline_rl.rewards.prm.policy import VIOLATIONS, PolicyFacts, denies, justified_refusal
+from airline_rl.rewards.prm.vocabulary import Vocabulary
 
 MAX_FREE_TOOL_CALLS = 8
 """P8 charges every tool call of an episode beyond this many (the gold trajectories need few calls)."""
@@ -78,6 +78,7 @@ class TurnContext:
     facts: PolicyFacts = field(default_factory=PolicyFacts)  # records seen before the turn (and within it, in order)
     violations: Sequence[Sequence[str]] = ()  # per call of the turn: the policy rules its write breaks (``policy``)
     consent: Sequence[Sequence[str]] = ()  # per call of the turn: what its charge was not agreed to (``consent``)
+    vocab: Vocabulary = AIRLINE  # the domain's ids, look-ups, examples, read and terminal tools (``vocabulary``)
 
 
 def _successful_writes(ctx: TurnContext) -> list[ToolCallRecord]:
@@ -94,7 +95,7 @@ def _is_seen(ctx: TurnContext, value: str) -> bool:
 def _p1_placeholder(ctx: TurnContext) -> int:
     return int(
         any(
-            is_placeholder(name, value)
+            is_placeholder(name, value, ctx.vocab)
             for call in ctx.calls
             if call.arguments
             for name, value in _iter_strings(call.arguments)
@@ -128,7 +129,7 @@ def _p4_no_reasoning(ctx: TurnContext) -> int:
     told = (ctx.turn.message + " " + ctx.last_agent_message).lower()
     for call in ctx.calls:
         if call.is_write:
-            ids = [value for _, value in id_values(call.arguments)]
+            ids = [value for _, value in id_values(call.arguments, ctx.vocab)]
             if not any(value in told for value in ids):
                 return 1
     return 0
@@ -144,7 +145,7 @@ def _p6_unseen_id(ctx: TurnContext) -> int:
             value not in ctx.seen_values
             for call in ctx.calls
             if call.error or call.arguments is None
-            for _, value in id_values(call.arguments)
+            for _, value in id_values(call.arguments, ctx.vocab)
         )
     )
 
@@ -156,9 +157,9 @@ def _p7_premature_transfer(ctx: TurnContext) -> int:
     if ctx.user_asked_human:
         return 0
     for call in ctx.calls:
-        if call.name in TERMINAL_TOOLS and not read_before:
+        if call.name in ctx.vocab.terminal_tools and not read_before:
             return 1
-        read_before = read_before or (call.name in READ_TOOLS and not call.error)
+        read_before = read_before or (call.name in ctx.vocab.read_tools and not call.error)
     return 0
 
 
@@ -187,7 +188,7 @@ def _b2_data_chain(ctx: TurnContext) -> int:
         any(
             ctx.seen_values.get(value) == TOOL and value not in ctx.chained_values
             for call in _successful_writes(ctx)
-            for _, value in id_values(call.arguments)
+            for _, value in id_values(call.arguments, ctx.vocab)
         )
     )
 
@@ -213,12 +214,12 @@ def _b5_confirmed_write(ctx: TurnContext) -> int:
 def _b6_verified_write(ctx: TurnContext) -> int:
     for call in _successful_writes(ctx):
         ids = [
-            (name, str(call.arguments[name]).strip().lower())
-            for name in VERIFIABLE_ID_NAMES & set(call.arguments or {})
+            (name, ctx.vocab.normalize_id(call.arguments[name]))
+            for name in ctx.vocab.verifiable_id_names & set(call.arguments or {})
         ]
         fetched = any(key in ctx.verified_ids for key in ids)
         live = not any(value in ctx.cancelled_ids for _, value in ids)
-        if fetched and live and all(_is_seen(ctx, value) for value in value_strings(call.arguments)):
+        if fetched and live and all(_is_seen(ctx, value) for value in value_strings(call.arguments, ctx.vocab)):
             return 1
     return 0
 
@@ -295,7 +296,12 @@ def _p5_unconfirmed_write_v2(ctx: TurnContext) -> int:
 
 
 def _p7_premature_transfer_v2(ctx: TurnContext) -> int:
-    if not ctx.calls and declines_request(ctx.turn.message or "") and justified_refusal(ctx.facts, ctx.turn.message):
+    if (
+        ctx.vocab.checks_airline_policy
+        and not ctx.calls
+        and declines_request(ctx.turn.message or "")
+        and justified_refusal(ctx.facts, ctx.turn.message)
+    ):
         return 0
     return _p7_premature_transfer(ctx)
 
@@ -324,7 +330,7 @@ def _p11_over_budget(ctx: TurnContext) -> int:
 
 
 def _b8_justified_refusal(ctx: TurnContext) -> int:
-    if ctx.calls or ctx.fired_before.get("B8", 0) or not ctx.turn.message:
+    if not ctx.vocab.checks_airline_policy or ctx.calls or ctx.fired_before.get("B8", 0) or not ctx.turn.message:
         return 0
     if not ctx.successful_read_before:
         return 0  # v1's P7 intent: a refusal is judged on the records, and a blind one has none

