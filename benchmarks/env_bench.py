@@ -72,18 +72,19 @@ class NaiveState:
         return dump(self.models)
 
 
-def run_actions(state: AirlineState | NaiveState, task: Task) -> None:
+def run_actions(state: AirlineState | NaiveState, task: Task, execute: Any = execute_tool) -> None:
     for action in task.actions:
         # The tools only use the methods above, so a NaiveState runs them unchanged.
-        execute_tool(cast(AirlineState, state), action.name, action.arguments)
+        execute(cast(AirlineState, state), action.name, action.arguments)
 
 
-def fast_episode(base: CanonicalBase, task: Task) -> tuple[bool, float, float]:
-    """Returns (reward, seconds for the whole episode, seconds for reset + reward alone)."""
+def fast_episode(base: CanonicalBase, task: Task, execute: Any = execute_tool) -> tuple[bool, float, float]:
+    """Returns (reward, seconds for the whole episode, seconds for reset + reward alone); ``execute``: the domain's
+    tools (the airline's by default)."""
     t0 = time.perf_counter()
     state = AirlineState(base)
     t1 = time.perf_counter()
-    run_actions(state, task)
+    run_actions(state, task, execute)
     t2 = time.perf_counter()
     reward = state.db_hash() == gold_db_hash(base, task)
     t3 = time.perf_counter()
@@ -168,14 +169,20 @@ def main(argv: list[str] | None = None) -> None:
 
     fast_ms, naive_ms = median_ms(fast_total), median_ms(naive_total)
     records = sum(len(t) for t in domain.db.values())
-    p90_ms = statistics.quantiles(fast_total, n=10)[-1] * 1000
     print(f"database: {records} records; CanonicalBase build {build_s * 1000:.0f} ms (once per process)")
-    print(f"gold hashes for {len(tasks)} tasks: {gold_s * 1000:.0f} ms (once per task, cached)")
-    print(f"fast  episodes: {len(fast_total):5d}  median {fast_ms:9.3f} ms/episode  (p90 {p90_ms:.3f} ms)")
-    print(f"naive episodes: {len(naive_total):5d}  median {naive_ms:9.3f} ms/episode")
+    print_episodes(len(tasks), gold_s, fast_total, naive_total, "")
     print(f"fast reward of a database not seen before (no memo hit): median {median_ms(fresh_hash):.3f} ms")
     print(f"fast reset+reward alone: median {median_ms(fast_reset_reward):.4f} ms (target <= 1 ms)")
     print(f"speed-up (naive / fast, per-episode medians): {naive_ms / fast_ms:.0f}x (target >= 100x)")
+
+
+def print_episodes(tasks: int, gold_s: float, fast_total: list[float], naive_total: list[float], naive: str) -> None:
+    """The lines every domain's report shares: gold hashes, fast and naive episodes (``naive``: what it is)."""
+    p90_ms = statistics.quantiles(fast_total, n=10)[-1] * 1000
+    fast_ms = median_ms(fast_total)
+    print(f"gold hashes for {tasks} tasks: {gold_s * 1000:.0f} ms (once per task, cached)")
+    print(f"fast  episodes: {len(fast_total):5d}  median {fast_ms:9.3f} ms/episode  (p90 {p90_ms:.3f} ms)")
+    print(f"naive episodes: {len(naive_total):5d}  median {median_ms(naive_total):9.3f} ms/episode{naive}")
 
 
 def retail_bench(args: argparse.Namespace) -> None:
@@ -204,17 +211,6 @@ def retail_bench(args: argparse.Namespace) -> None:
         gold_db_hash(base, task)
     gold_s = time.perf_counter() - t0
 
-    def fast(task: Task) -> tuple[bool, float, float]:
-        t0 = time.perf_counter()
-        state = AirlineState(base)
-        t1 = time.perf_counter()
-        for action in task.actions:
-            domain_tool(state, action.name, action.arguments)
-        t2 = time.perf_counter()
-        reward = state.db_hash() == gold_db_hash(base, task)
-        t3 = time.perf_counter()
-        return reward, t3 - t0, (t1 - t0) + (t3 - t2)
-
     def replay(task: Task) -> str:
         env = get_environment(db=RetailDB.load(RETAIL_DB_PATH))  # what τ²'s registry builds per simulation
         for action in task.actions:
@@ -229,27 +225,23 @@ def retail_bench(args: argparse.Namespace) -> None:
 
     for task in tasks[:5]:  # the same database hash both ways
         state = AirlineState(base)
-        for action in task.actions:
-            domain_tool(state, action.name, action.arguments)
+        run_actions(state, task, domain_tool)
         assert state.db_hash() == replay(task), task.task_id
     for task in tasks:
-        fast(task)
+        fast_episode(base, task, domain_tool)
     fast_total: list[float] = []
     fast_reset_reward: list[float] = []
     for _ in range(args.reps):
         for task in tasks:
-            reward, total, reset_reward = fast(task)
+            reward, total, reset_reward = fast_episode(base, task, domain_tool)
             assert reward, f"fast path: gold episode of task {task.task_id} should earn the DB reward"
             fast_total.append(total)
             fast_reset_reward.append(reset_reward)
     naive_total = [naive(task)[1] for _ in range(args.naive_reps) for task in tasks]
     fast_ms, naive_ms = median_ms(fast_total), median_ms(naive_total)
     records = sum(len(t) for t in domain.db.values())
-    p90_ms = statistics.quantiles(fast_total, n=10)[-1] * 1000
     print(f"retail database: {records} records; CanonicalBase build {build_s * 1000:.0f} ms (once per process)")
-    print(f"gold hashes for {len(tasks)} tasks: {gold_s * 1000:.0f} ms (once per task, cached)")
-    print(f"fast  episodes: {len(fast_total):5d}  median {fast_ms:9.3f} ms/episode  (p90 {p90_ms:.3f} ms)")
-    print(f"naive episodes: {len(naive_total):5d}  median {naive_ms:9.3f} ms/episode  (τ²'s environment, twice)")
+    print_episodes(len(tasks), gold_s, fast_total, naive_total, "  (τ²'s environment, twice)")
     print(f"fast reset+reward alone: median {median_ms(fast_reset_reward):.4f} ms")
     print(f"speed-up (naive / fast, per-episode medians): {naive_ms / fast_ms:.0f}x")
 
