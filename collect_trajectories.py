@@ -1,4 +1,4 @@
-"""Collect teacher trajectories on the τ²-bench airline domain into an HF dataset (see airline_rl/data/collect.py).
+"""Collect teacher trajectories on the τ²-bench airline domain into an HF dataset (see tau2_rl/data/collect.py).
 
     # the embedded default: the oracle (gold actions) on the covered train tasks of the seed split, scripted user
     python collect_trajectories.py
@@ -19,12 +19,12 @@ import sys
 
 from trl import TrlParser
 
-from airline_rl.configs import CollectArguments
-from airline_rl.data.collect import CollectError, collect
-from airline_rl.envs.splits import SplitError
-from airline_rl.envs.users.llm import EndpointUnreachableError
-from airline_rl.run.cli import parse_or_exit, run_main
-from airline_rl.run.hub import HubError
+from tau2_rl.configs import CollectArguments
+from tau2_rl.data.collect import CollectError, collect
+from tau2_rl.envs.splits import SplitError
+from tau2_rl.envs.users.llm import EndpointUnreachableError
+from tau2_rl.run.cli import parse_or_exit, run_main
+from tau2_rl.run.hub import HubError
 
 
 def main(args: CollectArguments) -> None:

@@ -32,11 +32,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local directories: ne
 
 from trl import TrlParser  # noqa: E402
 
-from airline_rl.configs import EvalArguments  # noqa: E402
-from airline_rl.evaluation import INPUT_ERRORS, run_compare, run_evaluation  # noqa: E402
-from airline_rl.evaluation.evaluator import describe_results  # noqa: E402
-from airline_rl.evaluation.tau2_export import TAU2_INCOMPLETE_FILE  # noqa: E402
-from airline_rl.run.cli import EXIT_INTERRUPTED, INTERRUPTED_LINE, exit_with_line, parse_or_exit  # noqa: E402
+from tau2_rl.configs import EvalArguments  # noqa: E402
+from tau2_rl.evaluation import INPUT_ERRORS, run_compare, run_evaluation  # noqa: E402
+from tau2_rl.evaluation.evaluator import describe_results  # noqa: E402
+from tau2_rl.evaluation.tau2_export import TAU2_INCOMPLETE_FILE  # noqa: E402
+from tau2_rl.run.cli import EXIT_INTERRUPTED, INTERRUPTED_LINE, exit_with_line, parse_or_exit  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +60,12 @@ def unfinished(path: Path) -> str | None:
     metrics = json.loads(path.read_text(encoding="utf-8"))["metrics"]
     tau2_partial = path.parent / TAU2_INCOMPLETE_FILE
     if tau2_partial.is_file():
-        export = json.loads(tau2_partial.read_text(encoding="utf-8")).get("airline_rl", {})
-        rejected = ", ".join(f"task {r['task_id']} sample {r['sample']} ({r['error']})" for r in export["rejected"])
+        data = json.loads(tau2_partial.read_text(encoding="utf-8"))
+        export = data.get("tau2_rl") or data.get("airline_rl") or {}  # airline_rl: the key before the rename
+        refused = export.get("rejected", [])
+        rejected = ", ".join(f"task {r['task_id']} sample {r['sample']} ({r['error']})" for r in refused)
         if rejected:
-            return f"{tau2_partial}: τ²'s models rejected {len(export['rejected'])} conversation(s): {rejected}"
+            return f"{tau2_partial}: τ²'s models rejected {len(refused)} conversation(s): {rejected}"
     if not metrics.get("valid_episodes"):
         return (
             f"{path}: no episode could be scored ({metrics.get('user_errors', 0)} user_error and "
@@ -88,7 +90,7 @@ def cli(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", handlers=[logging.StreamHandler(sys.stdout)]
     )
-    logging.getLogger("airline_rl").setLevel(logging.INFO)
+    logging.getLogger("tau2_rl").setLevel(logging.INFO)
     (args,) = parse_or_exit(make_parser(), argv, prog="evaluate.py")
     try:
         paths = main(args)

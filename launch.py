@@ -1,5 +1,5 @@
 """``accelerate launch`` with one line where accelerate would print a traceback, and a SIGTERM that waits for the
-checkpoint (``airline_rl/run/launch.py`` says what differs). Same flags as ``accelerate launch``:
+checkpoint (``tau2_rl/run/launch.py`` says what differs). Same flags as ``accelerate launch``:
 
     python launch.py --config_file accelerate_configs/cpu.yaml train_grpo.py --config recipes/grpo/cpu_smoke.yaml
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from airline_rl.run.launch import main
+from tau2_rl.run.launch import main
 
 if __name__ == "__main__":
     sys.exit(main())

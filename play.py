@@ -13,15 +13,15 @@ import argparse
 import logging
 import sys
 
-from airline_rl.domains import DOMAINS
-from airline_rl.envs.agents import AGENTS, get_agent
-from airline_rl.envs.data import DomainDataError
-from airline_rl.envs.episode import AirlineEnv, EnvConfig
-from airline_rl.envs.runner import run_episodes
-from airline_rl.envs.users.base import UserSimulator
-from airline_rl.envs.users.scripted import ScriptedUser
-from airline_rl.rewards.outcome import outcome_reward
-from airline_rl.run.cli import one_line_argparse_errors
+from tau2_rl.domains import DOMAINS
+from tau2_rl.envs.agents import AGENTS, get_agent
+from tau2_rl.envs.data import DomainDataError
+from tau2_rl.envs.episode import DomainEnv, EnvConfig
+from tau2_rl.envs.runner import run_episodes
+from tau2_rl.envs.users.base import UserSimulator
+from tau2_rl.envs.users.scripted import ScriptedUser
+from tau2_rl.rewards.outcome import outcome_reward
+from tau2_rl.run.cli import one_line_argparse_errors
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown domain {args.domain!r} (--domain); valid domains: {', '.join(DOMAINS)}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        env = AirlineEnv(args.data_dir, EnvConfig(domain=args.domain))
+        env = DomainEnv(args.data_dir, EnvConfig(domain=args.domain))
     except DomainDataError as err:
         parser.error(str(err))
     all_ids = list(env.domain.tasks)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from airline_rl.evaluation.learning_curve import (
+from tau2_rl.evaluation.learning_curve import (
     CURVE_FILE,
     PANELS,
     event_files,
@@ -21,7 +21,7 @@ from airline_rl.evaluation.learning_curve import (
     quarter_gain,
     read_run_scalars,
 )
-from airline_rl.run.cli import exit_with_error, one_line_argparse_errors
+from tau2_rl.run.cli import exit_with_error, one_line_argparse_errors
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -5,7 +5,7 @@
     python run_ablation.py --profile gpu-reference              # 2 x 80 GB GPUs; rerun the same command to resume
 
 Each stage is skipped when its outputs are complete, so an interrupted run resumes where it stopped. See
-airline_rl/experiment/ for the stages and docs/reproducing.md for the reference hardware.
+tau2_rl/experiment/ for the stages and docs/reproducing.md for the reference hardware.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded
 
-from airline_rl.experiment import main  # noqa: E402
+from tau2_rl.experiment import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,26 +14,26 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from airline_rl.run.omp_wait import passive_waits_for_generation_ahead
+from tau2_rl.run.omp_wait import passive_waits_for_generation_ahead
 
 passive_waits_for_generation_ahead()  # --max_staleness >= 1: before torch loads (libgomp reads it once)
 
 from trl import ModelConfig, TrlParser, get_peft_config
 
-from airline_rl.configs import GRPOScriptArguments, MultiTurnGRPOConfig
-from airline_rl.data import base_model
-from airline_rl.envs.episode import AirlineEnv
-from airline_rl.envs.prompt_style import compact_env, write_prompt_style
-from airline_rl.envs.splits import split_for
-from airline_rl.envs.users import check_user_endpoint, get_user_simulator
-from airline_rl.evaluation.heldout import build_heldout
-from airline_rl.run.cli import parse_or_exit, run_main
-from airline_rl.run.console import DropNoneLogs, install_first, silence_known_warnings, use_step_lines
-from airline_rl.run.hub import HubError, LocalHubCallback, save_consolidated
-from airline_rl.run.sharding import LaunchError
-from airline_rl.run.training_run import TrainingRun
-from airline_rl.trainers.generation_ahead import RolloutWorkerError
-from airline_rl.trainers.grpo_run import (
+from tau2_rl.configs import GRPOScriptArguments, MultiTurnGRPOConfig
+from tau2_rl.data import base_model
+from tau2_rl.envs.episode import DomainEnv
+from tau2_rl.envs.prompt_style import compact_env, write_prompt_style
+from tau2_rl.envs.splits import split_for
+from tau2_rl.envs.users import check_user_endpoint, get_user_simulator
+from tau2_rl.evaluation.heldout import build_heldout
+from tau2_rl.run.cli import parse_or_exit, run_main
+from tau2_rl.run.console import DropNoneLogs, install_first, silence_known_warnings, use_step_lines
+from tau2_rl.run.hub import HubError, LocalHubCallback, save_consolidated
+from tau2_rl.run.sharding import LaunchError
+from tau2_rl.run.training_run import TrainingRun
+from tau2_rl.trainers.generation_ahead import RolloutWorkerError
+from tau2_rl.trainers.grpo_run import (
     compact_prompt,
     hub_card_config,
     resolve_model_path,
@@ -42,7 +42,7 @@ from airline_rl.trainers.grpo_run import (
     stop_for_worker_failure,
     task_dataset,
 )
-from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     run = TrainingRun.begin(training_args, script_args.hub_dir, logger, exit_on_input_errors=True)
     # Everything the user can get wrong is checked before any model is built or loaded; each message names its flag.
     try:
-        env = AirlineEnv(script_args.data_dir, script_args.env_config())
+        env = DomainEnv(script_args.data_dir, script_args.env_config())
         compact = compact_prompt(script_args, model_args)
         if compact:
             compact_env(env)
@@ -135,7 +135,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[GRPOScriptArguments, Mult
 
 
 def cli(argv: list[str] | None = None) -> None:
-    """The command line: bad input exits with status 2 and one line (airline_rl/run/cli.py)."""
+    """The command line: bad input exits with status 2 and one line (tau2_rl/run/cli.py)."""
     run_main(lambda: main(*parse_args(argv)), prog="train_grpo.py")
 
 

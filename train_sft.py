@@ -21,25 +21,25 @@ from pathlib import Path
 
 from trl import ModelConfig, SFTConfig, TrlParser, get_peft_config
 
-from airline_rl.configs import SFTScriptArguments
-from airline_rl.data import base_model
-from airline_rl.data.collect import CollectError, parse_task_list, select_tasks
-from airline_rl.envs.data import DomainDataError
-from airline_rl.envs.episode import AirlineEnv
-from airline_rl.envs.splits import SplitError, split_for
-from airline_rl.run.cli import parse_or_exit, run_main
-from airline_rl.run.guard import RunGuardError
-from airline_rl.run.hub import HubError, write_json_atomic
-from airline_rl.run.sharding import LaunchError
-from airline_rl.run.training_run import TrainingRun
-from airline_rl.trainers.sft import REPORT_FILE, AirlineSFTTrainer, SFTDataError, prepare_sft_dataset, trainer_columns
-from airline_rl.trainers.sft_run import export_and_summarize, resolve_dataset, run_fingerprint, save_final_model
+from tau2_rl.configs import SFTScriptArguments
+from tau2_rl.data import base_model
+from tau2_rl.data.collect import CollectError, parse_task_list, select_tasks
+from tau2_rl.envs.data import DomainDataError
+from tau2_rl.envs.episode import DomainEnv
+from tau2_rl.envs.splits import SplitError, split_for
+from tau2_rl.run.cli import parse_or_exit, run_main
+from tau2_rl.run.guard import RunGuardError
+from tau2_rl.run.hub import HubError, write_json_atomic
+from tau2_rl.run.sharding import LaunchError
+from tau2_rl.run.training_run import TrainingRun
+from tau2_rl.trainers.sft import REPORT_FILE, SFTDataError, ShardedSFTTrainer, prepare_sft_dataset, trainer_columns
+from tau2_rl.trainers.sft_run import export_and_summarize, resolve_dataset, run_fingerprint, save_final_model
 
 logger = logging.getLogger(__name__)
 
 
 def resolve_model_path(
-    model_args: ModelConfig, script_args: SFTScriptArguments, output_dir: str, env: AirlineEnv
+    model_args: ModelConfig, script_args: SFTScriptArguments, output_dir: str, env: DomainEnv
 ) -> str:
     """The model to fine-tune: the given path, or the embedded tiny model (built once and cached)."""
     if model_args.model_name_or_path:
@@ -57,7 +57,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         base_model.check_local_model(model_args.model_name_or_path)
     run.claim_hub(overwrite=script_args.overwrite_hub)  # another run's export would be replaced by this one's
 
-    env = AirlineEnv(script_args.data_dir, script_args.env_config())
+    env = DomainEnv(script_args.data_dir, script_args.env_config())
     split = split_for(env.domain, script_args.split, script_args.split_file)
     if script_args.tasks is not None:  # an unknown id is named here, not reported later as an empty dataset
         select_tasks(parse_task_list(script_args.tasks), split, env.domain.tasks, allow_test_tasks=True)
@@ -85,9 +85,9 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     model = base_model.load_model(model_path, model_args)
     peft_config = get_peft_config(model_args)
     try:
-        trainer = AirlineSFTTrainer(model=model, args=training_args, train_dataset=trainer_columns(train_dataset),
+        trainer = ShardedSFTTrainer(model=model, args=training_args, train_dataset=trainer_columns(train_dataset),
                                     processing_class=tokenizer, peft_config=peft_config)  # fmt: skip
-    except LaunchError as err:  # a sharded config that would not shard (airline_rl/run/sharding.py)
+    except LaunchError as err:  # a sharded config that would not shard (tau2_rl/run/sharding.py)
         raise SystemExit(f"error: {err}") from None
     run.guard(trainer, allow_rounded_updates=script_args.allow_rounded_updates)
 

@@ -24,7 +24,7 @@ served elsewhere:
 What overlap can win on a CPU is the time generation leaves a core idle: while it waits on the user, and while its
 decoding (small batches, one thread) leaves the second core to the trainer. With the scripted user both phases are
 CPU work on the same two cores and the sum of their work bounds the step: expect about 1× there, or less. With k ≥ 1
-``train_grpo.py`` sets ``OMP_WAIT_POLICY=PASSIVE`` (airline_rl/run/omp_wait.py): with libgomp's spinning default the
+``train_grpo.py`` sets ``OMP_WAIT_POLICY=PASSIVE`` (tau2_rl/run/omp_wait.py): with libgomp's spinning default the
 trainer's idle threads held both cores and generation ahead ran at 0.72× on ``balanced`` with the scripted user. The
 last line starts with the k = 1 speed-up over k = 0 on ``balanced`` with the LLM user. Ratios are measured side by
 side; absolute seconds depend on the machine and its load. On a small VM the same setting's step time drifts by

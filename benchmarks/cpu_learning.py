@@ -1,7 +1,7 @@
 """Does the README's main command learn? Runs the default GRPO recipe for a fixed number of steps and prints the
 outcome-reward gain of the last quarter of steps over the first (the last line).
 
-1. Build (or reuse) the warmed default policy (``airline_rl.data.default_policy``; cached in ``outputs/``), timed.
+1. Build (or reuse) the warmed default policy (``tau2_rl.data.default_policy``; cached in ``outputs/``), timed.
 2. Train ``recipes/grpo/cpu_smoke.yaml`` (joint variant unless ``--variant``) for ``--steps`` steps into a fresh
    ``outputs/cpu-learning-<variant>``, through ``train_grpo.main``: the real trainer, environment, scripted user and
    reward. Timed.
@@ -26,8 +26,8 @@ for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
 import torch  # noqa: E402
 
 import train_grpo  # noqa: E402
-from airline_rl.data.default_policy import build_default_policy, default_policy_dir  # noqa: E402
-from airline_rl.evaluation.learning_curve import (  # noqa: E402
+from tau2_rl.data.default_policy import build_default_policy, default_policy_dir  # noqa: E402
+from tau2_rl.evaluation.learning_curve import (  # noqa: E402
     CURVE_FILE,
     PANELS,
     plot_learning_curve,

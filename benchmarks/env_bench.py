@@ -2,7 +2,7 @@
 
 One episode = reset + the task's gold actions run through ``execute_tool`` + the DB reward (agent hash == gold hash).
 
-- fast: ``AirlineState`` over the shared ``CanonicalBase`` (reset copies nothing), reward = ``state.db_hash()`` vs the
+- fast: ``EpisodeState`` over the shared ``CanonicalBase`` (reset copies nothing), reward = ``state.db_hash()`` vs the
   cached ``gold_db_hash``;
 - naive: reset = validating the whole database into τ²'s pydantic models (as τ² does per environment), the same tool
   functions on it (``NaiveState``), reward =
@@ -13,7 +13,7 @@ Usage: ``python benchmarks/env_bench.py [--reps 20] [--naive-reps 1] [--tasks 50
 the last line.
 
 ``--domain retail`` measures τ²'s retail domain the same way (the 114 tasks' gold actions; 1,000 orders, 500 users,
-50 products): fast = the episode's copy-on-write state under τ²'s own ``RetailTools`` (``airline_rl.domains``), naive
+50 products): fast = the episode's copy-on-write state under τ²'s own ``RetailTools`` (``tau2_rl.domains``), naive
 = τ²'s own environment per episode as τ²'s harness builds it (its RetailDB read and validated from db.json, the
 gold replay on a second one, ``get_db_hash`` on both). ``--run DIR`` (a training run's output directory, e.g. the
 retail quick start's ``outputs/grpo-cpu-smoke-retail``) adds the share of that run's step time the environment, the
@@ -32,18 +32,18 @@ from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from airline_rl.envs.data import Task, load_domain  # noqa: E402
-from airline_rl.envs.episode import shared_base  # noqa: E402
-from airline_rl.envs.models import FlightDB, dump  # noqa: E402
-from airline_rl.envs.state import AirlineState, CanonicalBase, naive_db_hash  # noqa: E402
-from airline_rl.envs.tools import execute_tool  # noqa: E402
-from airline_rl.rewards.outcome import gold_db_hash  # noqa: E402
+from tau2_rl.envs.data import Task, load_domain  # noqa: E402
+from tau2_rl.envs.episode import shared_base  # noqa: E402
+from tau2_rl.envs.models import FlightDB, dump  # noqa: E402
+from tau2_rl.envs.state import CanonicalBase, EpisodeState, naive_db_hash  # noqa: E402
+from tau2_rl.envs.tools import execute_tool  # noqa: E402
+from tau2_rl.rewards.outcome import gold_db_hash  # noqa: E402
 
 JsonDict = dict[str, Any]
 
 
 class NaiveState:
-    """τ²'s way: the whole database as pydantic models, validated afresh per episode, behind ``AirlineState``'s
+    """τ²'s way: the whole database as pydantic models, validated afresh per episode, behind ``EpisodeState``'s
     interface (get/model/insert/contains/values)."""
 
     def __init__(self, db: dict[str, dict[str, Any]]) -> None:
@@ -72,17 +72,17 @@ class NaiveState:
         return dump(self.models)
 
 
-def run_actions(state: AirlineState | NaiveState, task: Task, execute: Any = execute_tool) -> None:
+def run_actions(state: EpisodeState | NaiveState, task: Task, execute: Any = execute_tool) -> None:
     for action in task.actions:
         # The tools only use the methods above, so a NaiveState runs them unchanged.
-        execute(cast(AirlineState, state), action.name, action.arguments)
+        execute(cast(EpisodeState, state), action.name, action.arguments)
 
 
 def fast_episode(base: CanonicalBase, task: Task, execute: Any = execute_tool) -> tuple[bool, float, float]:
     """Returns (reward, seconds for the whole episode, seconds for reset + reward alone); ``execute``: the domain's
     tools (the airline's by default)."""
     t0 = time.perf_counter()
-    state = AirlineState(base)
+    state = EpisodeState(base)
     t1 = time.perf_counter()
     run_actions(state, task, execute)
     t2 = time.perf_counter()
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         gold_db_hash(base, task)  # cached once per task, as in training
     gold_s = time.perf_counter() - t0
     for task in tasks[:5]:
-        fast, naive = AirlineState(base), NaiveState(domain.db)
+        fast, naive = EpisodeState(base), NaiveState(domain.db)
         run_actions(fast, task)
         run_actions(naive, task)
         assert fast.db_hash() == naive_db_hash(naive.db) == naive_db_hash(fast.materialize()), task.task_id
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     fresh_hash: list[float] = []
     for rep in range(args.reps):
         for i, task in enumerate(tasks):
-            state = AirlineState(base)
+            state = EpisodeState(base)
             run_actions(state, task)
             execute_tool(state, "send_certificate", {"user_id": "mia_li_3668", "amount": 1 + rep * len(tasks) + i})
             t0 = time.perf_counter()
@@ -191,7 +191,7 @@ def retail_bench(args: argparse.Namespace) -> None:
     import os
 
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    from airline_rl.envs.protocol import tau2_reference
+    from tau2_rl.envs.protocol import tau2_reference
 
     tau2_reference()  # τ²'s loggers quiet (its environment logs every response at DEBUG)
     from tau2.data_model.message import ToolCall
@@ -199,7 +199,7 @@ def retail_bench(args: argparse.Namespace) -> None:
     from tau2.domains.retail.environment import get_environment
     from tau2.domains.retail.utils import RETAIL_DB_PATH
 
-    from airline_rl.domains import execute_tool as domain_tool
+    from tau2_rl.domains import execute_tool as domain_tool
 
     domain = load_domain(None, args.domain)
     t0 = time.perf_counter()
@@ -224,7 +224,7 @@ def retail_bench(args: argparse.Namespace) -> None:
         return reward, time.perf_counter() - t0
 
     for task in tasks[:5]:  # the same database hash both ways
-        state = AirlineState(base)
+        state = EpisodeState(base)
         run_actions(state, task, domain_tool)
         assert state.db_hash() == replay(task), task.task_id
     for task in tasks:

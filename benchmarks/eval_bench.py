@@ -1,6 +1,6 @@
 """Evaluation throughput: batched rollouts against one episode at a time, on the tiny model and the seed test split.
 
-Both sides run the real evaluator (``airline_rl.evaluation.run_evaluation``: ``run_episodes`` + ``TokenPolicyAgent``
+Both sides run the real evaluator (``tau2_rl.evaluation.run_evaluation``: ``run_episodes`` + ``TokenPolicyAgent``
 over ``TransformersBackend``, scripted user) on the same episodes; the only difference is ``--batch_size``:
 
 - batched: all (task, sample) episodes in one ``run_episodes`` call, so every wave is one batched ``generate``;
@@ -31,16 +31,16 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from airline_rl.configs import EvalArguments  # noqa: E402
-from airline_rl.data.tiny_model import build_tiny_model  # noqa: E402
-from airline_rl.envs.episode import AirlineEnv  # noqa: E402
-from airline_rl.envs.splits import get_split  # noqa: E402
-from airline_rl.envs.tools import TOOL_SCHEMAS  # noqa: E402
-from airline_rl.evaluation import run_evaluation  # noqa: E402
+from tau2_rl.configs import EvalArguments  # noqa: E402
+from tau2_rl.data.tiny_model import build_tiny_model  # noqa: E402
+from tau2_rl.envs.episode import DomainEnv  # noqa: E402
+from tau2_rl.envs.splits import get_split  # noqa: E402
+from tau2_rl.envs.tools import TOOL_SCHEMAS  # noqa: E402
+from tau2_rl.evaluation import run_evaluation  # noqa: E402
 
 
 def tiny_model(directory: Path) -> Path:
-    env = AirlineEnv()
+    env = DomainEnv()
     return build_tiny_model(directory, vocab_size=1024, extra_texts=[env.system_prompt, *map(str, TOOL_SCHEMAS)])
 
 

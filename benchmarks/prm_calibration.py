@@ -5,7 +5,7 @@ writes, partial oracles, premature transfer, rambler) on all 50 tasks against th
 is 100 GPT-4o conversations of τ-bench v1 airline tasks 0–24 (``tests/data/real_trajectories``), replayed through our
 environment under their τ² tasks, labelled by the recorded reward. The reference sets (``reference``,
 ``reference+v2``) read the tasks' gold actions (training only). docs/prm_lite.md has the definitions and the full
-reports (``python -m airline_rl.rewards.prm --update-docs docs/prm_lite.md`` regenerates them).
+reports (``python -m tau2_rl.rewards.prm --update-docs docs/prm_lite.md`` regenerates them).
 
 Usage: ``python benchmarks/prm_calibration.py [--seed 0] [--tasks 0,1,2] [--rules] [--trajectories F --task_map F]``.
 The last line is the real-set per-task AUC of the default rule set.
@@ -20,13 +20,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from airline_rl.envs.episode import AirlineEnv  # noqa: E402
-from airline_rl.rewards.prm.conversations import ConversationFileError, import_conversations  # noqa: E402
-from airline_rl.rewards.prm.corpus import build_corpus  # noqa: E402
-from airline_rl.rewards.prm.engine import PRM_RULE_SETS  # noqa: E402
-from airline_rl.rewards.prm.report import REAL_TASK_MAP, REAL_TRAJECTORIES, headline, real_headline  # noqa: E402
-from airline_rl.rewards.prm.rules import DEFAULT_RULE_SET, get_rule  # noqa: E402
-from airline_rl.rewards.prm.stats import calibrate, calibrate_real  # noqa: E402
+from tau2_rl.envs.episode import DomainEnv  # noqa: E402
+from tau2_rl.rewards.prm.conversations import ConversationFileError, import_conversations  # noqa: E402
+from tau2_rl.rewards.prm.corpus import build_corpus  # noqa: E402
+from tau2_rl.rewards.prm.engine import PRM_RULE_SETS  # noqa: E402
+from tau2_rl.rewards.prm.report import REAL_TASK_MAP, REAL_TRAJECTORIES, headline, real_headline  # noqa: E402
+from tau2_rl.rewards.prm.rules import DEFAULT_RULE_SET, get_rule  # noqa: E402
+from tau2_rl.rewards.prm.stats import calibrate, calibrate_real  # noqa: E402
 
 ABLATED_RULES = ("P9", "P10", "P11", "B8")
 """The v2 rules written from the real set: the benchmark shows what each carries there."""
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trajectories", default=str(REAL_TRAJECTORIES), help="real conversations (JSON list)")
     parser.add_argument("--task_map", default=str(REAL_TASK_MAP), help="source task id -> τ² task id (JSON)")
     args = parser.parse_args(argv)
-    env = AirlineEnv()
+    env = DomainEnv()
     task_ids = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     if task_ids:
         unknown = [t for t in task_ids if t not in env.domain.tasks]

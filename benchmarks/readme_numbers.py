@@ -41,8 +41,8 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from airline_rl.envs.splits import get_split  # noqa: E402
-from airline_rl.evaluation.learning_curve import quarter_gain, read_run_scalars  # noqa: E402
+from tau2_rl.envs.splits import get_split  # noqa: E402
+from tau2_rl.evaluation.learning_curve import quarter_gain, read_run_scalars  # noqa: E402
 
 RECIPE = "recipes/grpo/cpu_smoke.yaml"
 EVAL_RECIPE = "recipes/eval/cpu_tiny.yaml"

@@ -19,7 +19,7 @@ Modes (same episodes, same seeds; ``--modes`` picks some):
   every row (``generate`` then moves B × prefix bytes per decoding step);
 - ``trl-one`` / ``trl-batched`` / ``trl-prefix-batched``: the trainer's rollouts, ``MultiTurnGRPOTrainer``'s own
   ``TrainerBackend`` over TRL's generation: ``_generate_single_turn`` on the full left-padded prompts
-  (``rollout_prefix_reuse: false``), or the default ``rollout_prefix_reuse`` path (``airline_rl.backends.trl_prefix``:
+  (``rollout_prefix_reuse: false``), or the default ``rollout_prefix_reuse`` path (``tau2_rl.backends.trl_prefix``:
   TRL's decoding rule through the shared-prefix backend).
 
 Also printed: prefill vs decode time inside ``generate``, what the engine (agent + rendering + environment + user)
@@ -43,13 +43,13 @@ History (before the shared-prefix attention): the wave-batched prefix-reuse mode
 the same code and a quiet machine: 5.2x with 5.24.0, 2.4x with 5.17.0; copied-prefix decode at batch 16 8.9 vs
 31 ms/step. 5.17's sdpa repeats every key/value head per query-head group whenever a mask is given (``repeat_kv``),
 so each decoding step copied every row's whole cache twice more; 5.24 packs the query heads instead.
-``airline_rl.backends.attention`` now does that packing for both transformers backends, and the engine's
+``tau2_rl.backends.attention`` now does that packing for both transformers backends, and the engine's
 shared-prefix attention never copies the prefix at all (its prefill goes through torch's fused CPU kernel).
 
 Turn caching across horizons (``--horizon 4,8,16,32``): instead of the modes, the same ``--episodes``
 (default 8) are played wave-batched through the evaluator's engine (``prefix-batched``) at each horizon (max turns;
 the scripted user answers up to the horizon, so the random model plays full-length episodes), once with turn
-caching (each episode's KV kept between waves, ``airline_rl/backends/turn_cache.py``) and once re-prefilling every
+caching (each episode's KV kept between waves, ``tau2_rl/backends/turn_cache.py``) and once re-prefilling every
 history at every wave (``turn_cache_tokens=0``, the engine before turn caching). Per horizon: wall / prefix build /
 prefill / decode seconds of both, the ratio, turns per episode, max context, environment tokens per turn, the turn
 cache's peak size and counters, and whether both modes played the same transcripts; then the log-log slope of wall
@@ -139,17 +139,17 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from airline_rl.backends import TransformersBackend  # noqa: E402
-from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend  # noqa: E402
-from airline_rl.backends.turn_cache import DEFAULT_MAX_TOKENS  # noqa: E402
-from airline_rl.data.tiny_model import build_tiny_model, default_tiny_model_dir  # noqa: E402
-from airline_rl.envs.episode import AirlineEnv, EnvConfig  # noqa: E402
-from airline_rl.envs.runner import RunTimings, run_episodes  # noqa: E402
-from airline_rl.envs.tool_calls import format_tool_call  # noqa: E402
-from airline_rl.envs.tools import TERMINAL_TOOLS, TOOL_SCHEMAS, WRITE_TOOLS  # noqa: E402
-from airline_rl.envs.users import get_user_simulator  # noqa: E402
-from airline_rl.rewards.outcome import outcome_reward
-from airline_rl.rollout import TokenPolicyAgent  # noqa: E402
+from tau2_rl.backends import TransformersBackend  # noqa: E402
+from tau2_rl.backends.shared_prefix import SharedPrefixTransformersBackend  # noqa: E402
+from tau2_rl.backends.turn_cache import DEFAULT_MAX_TOKENS  # noqa: E402
+from tau2_rl.data.tiny_model import build_tiny_model, default_tiny_model_dir  # noqa: E402
+from tau2_rl.envs.episode import DomainEnv, EnvConfig  # noqa: E402
+from tau2_rl.envs.runner import RunTimings, run_episodes  # noqa: E402
+from tau2_rl.envs.tool_calls import format_tool_call  # noqa: E402
+from tau2_rl.envs.tools import TERMINAL_TOOLS, TOOL_SCHEMAS, WRITE_TOOLS  # noqa: E402
+from tau2_rl.envs.users import get_user_simulator  # noqa: E402
+from tau2_rl.rewards.outcome import outcome_reward
+from tau2_rl.rollout import TokenPolicyAgent  # noqa: E402
 
 
 class TimedBackend:
@@ -233,8 +233,8 @@ def build_trainer(model, tokenizer, env, turn_tokens: int, prefix_reuse: bool, o
     at temperature 1, each turn from its episode's seeded generator, with ``sample``)."""
     import datasets  # noqa: PLC0415 - only the trainer modes need it
 
-    from airline_rl.configs import MultiTurnGRPOConfig  # noqa: PLC0415
-    from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer  # noqa: PLC0415
+    from tau2_rl.configs import MultiTurnGRPOConfig  # noqa: PLC0415
+    from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer  # noqa: PLC0415
 
     args = MultiTurnGRPOConfig(
         output_dir=output_dir,
@@ -368,10 +368,10 @@ def horizon_sweep(model, tokenizer, specs, horizons: list[int], args) -> None:
     results: dict[tuple[int, str], tuple] = {}
     for _ in range(args.repeats):  # round robin, best of N: load bursts on a shared machine hit every mode
         for horizon in horizons:
-            env = AirlineEnv(config=EnvConfig(max_turns=horizon))
+            env = DomainEnv(config=EnvConfig(max_turns=horizon))
             for name, tokens in modes.items():
 
-                def make(tokens: int = tokens, env: AirlineEnv = env) -> tuple[Any, Any]:
+                def make(tokens: int = tokens, env: DomainEnv = env) -> tuple[Any, Any]:
                     backend = TimedBackend(engine_backend(model, tokenizer, "prefix", turn_cache_tokens=tokens))
                     agent = TokenPolicyAgent(backend, tokenizer, env.tools, [eos], context, args.turn_tokens, context)
                     return backend, GoldCallAgent(agent) if args.observations == "tau2" else agent
@@ -458,14 +458,14 @@ def latency_comparison(model, tokenizer, specs, args) -> None:
     """Waves vs event-driven against the stub user server with seeded log-normal reply delays (``--user_latency``):
     the same episodes through the evaluator's engine and through the trainer's rollouts; the last line starts with
     the smaller speed-up over waves."""
-    from airline_rl.envs.runner import Schedule  # noqa: PLC0415
-    from airline_rl.envs.users.llm import LLMUser  # noqa: PLC0415
+    from tau2_rl.envs.runner import Schedule  # noqa: PLC0415
+    from tau2_rl.envs.users.llm import LLMUser  # noqa: PLC0415
     from tests.openai_stub_server import StubServer  # noqa: PLC0415
 
     latency = args.latency
     eos = tokenizer.eos_token_id
     context = model.config.max_position_embeddings
-    env = AirlineEnv(config=EnvConfig(max_turns=args.max_turns))
+    env = DomainEnv(config=EnvConfig(max_turns=args.max_turns))
     schedules = {"waves": Schedule(mode="waves")}
     for ready, window in args.event_settings:
         schedules[f"events {ready}:{window:g}"] = Schedule(min_ready=ready, batch_window=window)
@@ -638,7 +638,7 @@ def main() -> None:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
 
-    env = AirlineEnv(config=EnvConfig(max_turns=4))
+    env = DomainEnv(config=EnvConfig(max_turns=4))
     model_dir = args.model_dir or build_tiny_model(
         default_tiny_model_dir("outputs"), extra_texts=[env.system_prompt, *(str(s) for s in TOOL_SCHEMAS)]
     )

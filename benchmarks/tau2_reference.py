@@ -428,15 +428,15 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
 
 def check(path: Path) -> dict[str, float]:
     sys.path.insert(0, str(ROOT))
-    from airline_rl.envs.episode import shared_base
-    from airline_rl.envs.state import AirlineState
-    from airline_rl.envs.tools import execute_tool
+    from tau2_rl.envs.episode import shared_base
+    from tau2_rl.envs.state import EpisodeState
+    from tau2_rl.envs.tools import execute_tool
 
     reference = json.loads(path.read_text())
     base = shared_base()
     calls = same = same_flag = hashes = same_hash = sequences = same_final = 0
     for sequence in reference["sequences"]:
-        state = AirlineState(base)
+        state = EpisodeState(base)
         for call in sequence["calls"]:
             result = execute_tool(state, call["name"], json.loads(json.dumps(call["arguments"])))
             calls += 1

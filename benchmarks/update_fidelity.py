@@ -51,7 +51,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM, Trainer  # noqa: E402
 
-from airline_rl.run.precision import lost_update_fraction  # noqa: E402
+from tau2_rl.run.precision import lost_update_fraction  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 256
@@ -60,7 +60,7 @@ LAUNCH = re.compile(r"accelerate launch .*?--config_file (\S+\.yaml)")
 
 def reference_recipes() -> list[str]:
     """The 7B recipes: one per variant for one GPU, its ``_2gpu`` twin, the multi-node one and the SFT warm-ups."""
-    from airline_rl.configs import VARIANTS
+    from tau2_rl.configs import VARIANTS
 
     grpo = [f"recipes/grpo/{variant}{suffix}.yaml" for variant in VARIANTS for suffix in ("", "_2gpu")]
     found = [*grpo, "recipes/grpo/grpo_multinode.yaml", *glob.glob("recipes/sft/qwen2_5_7b*.yaml", root_dir=ROOT)]
@@ -78,7 +78,7 @@ def recipe_launch_config(recipe: str) -> str:
 
 def launch_keeps_fp32_master(accelerate_config: str) -> bool:
     """DeepSpeed keeps fp32 master weights; FSDP under accelerate upcasts trainable parameters when mixed precision
-    is on (see airline_rl/run/precision.py). Plain launches step the parameters in their own dtype."""
+    is on (see tau2_rl/run/precision.py). Plain launches step the parameters in their own dtype."""
     config = yaml.safe_load((ROOT / accelerate_config).read_text())
     kind = str(config.get("distributed_type", "NO")).upper()
     mixed = str(config.get("mixed_precision", "no")).lower() in ("bf16", "fp16")

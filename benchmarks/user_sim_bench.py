@@ -20,19 +20,19 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the package and the stub serv
 
 from openai_stub_server import StubServer  # noqa: E402
 
-from airline_rl.envs.episode import AirlineEnv, Episode  # noqa: E402
-from airline_rl.envs.users.llm import LLMUser  # noqa: E402
+from tau2_rl.envs.episode import DomainEnv, Episode  # noqa: E402
+from tau2_rl.envs.users.llm import LLMUser  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
 
-def make_wave(env: AirlineEnv, count: int) -> list[Episode]:
+def make_wave(env: DomainEnv, count: int) -> list[Episode]:
     """Fresh episodes waiting on their user (the agent's greeting), over the first tasks of the domain."""
     task_ids = list(env.domain.tasks)
     return [env.reset(task_ids[i % len(task_ids)], seed=i) for i in range(count)]
 
 
-def timed_wave(server: StubServer, env: AirlineEnv, count: int, concurrency: int) -> float:
+def timed_wave(server: StubServer, env: DomainEnv, count: int, concurrency: int) -> float:
     """Wall seconds for one ``reply_batch`` of ``count`` episodes; checks every episode got a reply."""
     with LLMUser(base_url=server.base_url, model=server.model, concurrency=concurrency, timeout=30.0) as user:
         user.reply(make_wave(env, 1)[0])  # starts the loop thread and a connection outside the measurement
@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.2, help="Seconds the stub server takes per reply.")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    env = AirlineEnv()
+    env = DomainEnv()
     with StubServer("slow", delay_s=args.delay) as server:
         server.reset_counters()
         concurrent = timed_wave(server, env, args.episodes, concurrency=args.episodes)

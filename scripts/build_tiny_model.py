@@ -33,13 +33,13 @@ def make_parser() -> argparse.ArgumentParser:
 
 def build(args: argparse.Namespace) -> Path:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from airline_rl.data.tiny_model import build_tiny_model
-    from airline_rl.envs.episode import AirlineEnv, EnvConfig
-    from airline_rl.envs.tools import TOOL_SCHEMAS
+    from tau2_rl.data.tiny_model import build_tiny_model
+    from tau2_rl.envs.episode import DomainEnv, EnvConfig
+    from tau2_rl.envs.tools import TOOL_SCHEMAS
 
     if args.hidden_size % args.num_attention_heads:
         raise SystemExit(f"--hidden_size {args.hidden_size} must be a multiple of --num_attention_heads")
-    env = AirlineEnv(args.data_dir, EnvConfig())
+    env = DomainEnv(args.data_dir, EnvConfig())
     extra = [env.system_prompt, *(str(schema) for schema in TOOL_SCHEMAS)]
     return build_tiny_model(
         args.output_dir,

@@ -95,7 +95,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def project_chat_template() -> Path:
     """The chat template the project trains and renders with: TRL's bundled ``qwen2_5.jinja`` (also the tiny
-    model's, byte for byte: airline_rl/data/tiny_model.py)."""
+    model's, byte for byte: tau2_rl/data/tiny_model.py)."""
     from importlib import resources
 
     return Path(str(resources.files("trl").joinpath("chat_templates", "qwen2_5.jinja")))

@@ -27,8 +27,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from airline_rl.envs.protocol import ProtocolUnavailableError, tau2_reference  # noqa: E402
-from airline_rl.evaluation.tau2_harness import TAU2_SEED, compare_results, run_tau2_harness  # noqa: E402
+from tau2_rl.envs.protocol import ProtocolUnavailableError, tau2_reference  # noqa: E402
+from tau2_rl.evaluation.tau2_harness import TAU2_SEED, compare_results, run_tau2_harness  # noqa: E402
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 """Shared fixtures: one tiny random Qwen2 per test session, the airline environment, and a fast short-prompt variant.
 
-Everything is offline: the model and its tokenizer are built locally (``airline_rl.data.tiny_model``) in a few
+Everything is offline: the model and its tokenizer are built locally (``tau2_rl.data.tiny_model``) in a few
 seconds, once per session, with the real system prompt and tool schemas in the tokenizer corpus.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from airline_rl.envs.episode import AirlineEnv, EnvConfig
-from airline_rl.envs.tools import TOOL_SCHEMAS
+from tau2_rl.envs.episode import DomainEnv, EnvConfig
+from tau2_rl.envs.tools import TOOL_SCHEMAS
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # ``pytest -n 2`` (the default suite, README): each worker is one of the two cores. A second torch thread per
@@ -31,13 +31,13 @@ TINY_VOCAB = 1024
 SHORT_SYSTEM_PROMPT = "You are an airline customer service agent. Follow the airline policy."
 
 
-def make_short_env(max_turns: int = 4, tools: bool = False) -> AirlineEnv:
+def make_short_env(max_turns: int = 4, tools: bool = False) -> DomainEnv:
     """The real airline environment with a one-line system prompt (and, unless ``tools``, no tool schemas in it).
 
     The real prompt is ~7k tokens with the 1k-token test vocabulary; trainer tests forward and backward every
     sequence, so they use this one (~40 tokens). The tools still run: only the prompt text changes.
     """
-    env = AirlineEnv(config=EnvConfig(max_turns=max_turns))
+    env = DomainEnv(config=EnvConfig(max_turns=max_turns))
     env.system_prompt = SHORT_SYSTEM_PROMPT
     if not tools:
         env.tools = []
@@ -45,13 +45,13 @@ def make_short_env(max_turns: int = 4, tools: bool = False) -> AirlineEnv:
 
 
 @pytest.fixture(scope="session")
-def airline_env() -> AirlineEnv:
-    return AirlineEnv()
+def airline_env() -> DomainEnv:
+    return DomainEnv()
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, airline_env: AirlineEnv) -> Path:
-    from airline_rl.data.tiny_model import build_tiny_model
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, airline_env: DomainEnv) -> Path:
+    from tau2_rl.data.tiny_model import build_tiny_model
 
     extra = [airline_env.system_prompt, SHORT_SYSTEM_PROMPT, *(str(schema) for schema in TOOL_SCHEMAS)]
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-qwen2", vocab_size=TINY_VOCAB, extra_texts=extra)
@@ -98,13 +98,13 @@ def default_policy_cache() -> Path:
     import subprocess
     import sys
 
-    from airline_rl.data.default_policy import default_policy_dir
+    from tau2_rl.data.default_policy import default_policy_dir
 
     root = Path(__file__).resolve().parents[1]
     outputs = root / "outputs"
     tasks, epochs = quick_start_warmup()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "airline_rl.data.default_policy", "--tasks", tasks, "--epochs", str(epochs),
+    command = [sys.executable, "-m", "tau2_rl.data.default_policy", "--tasks", tasks, "--epochs", str(epochs),
                "--output_dir", str(default_policy_dir(outputs, tasks.split(","), epochs))]  # fmt: skip
     subprocess.run(command, cwd=root, env=env, check=True, capture_output=True, timeout=1200)
     return outputs
@@ -113,7 +113,7 @@ def default_policy_cache() -> Path:
 @pytest.fixture(scope="session")
 def default_policy_path(default_policy_cache: Path) -> Path:
     """The quick start's default policy itself (the cache's entry for cpu_smoke.yaml's warm-up setting)."""
-    from airline_rl.data.default_policy import default_policy_dir
+    from tau2_rl.data.default_policy import default_policy_dir
 
     tasks, epochs = quick_start_warmup()
     return default_policy_dir(default_policy_cache, tasks.split(","), epochs)

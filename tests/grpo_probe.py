@@ -49,8 +49,8 @@ import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 import train_grpo  # noqa: E402
-from airline_rl.backends.vllm_seeds import SeededLLM  # noqa: E402
-from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer  # noqa: E402
+from tau2_rl.backends.vllm_seeds import SeededLLM  # noqa: E402
+from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer  # noqa: E402
 
 PROBE_TEXT = "Hello, I would like to change my flight reservation to an earlier date, please."
 
@@ -203,7 +203,7 @@ class _RankLog(TrainerCallback):
 
 
 if __name__ == "__main__":
-    from airline_rl.run.start import leave_distributed_run
+    from tau2_rl.run.start import leave_distributed_run
 
     train_grpo.MultiTurnGRPOTrainer = ProbedTrainer
     train_grpo.main(*train_grpo.parse_args())

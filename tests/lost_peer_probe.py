@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from airline_rl.run.cli import run_main  # noqa: E402
+from tau2_rl.run.cli import run_main  # noqa: E402
 
 
 def main() -> None:

@@ -18,7 +18,8 @@ Agent modes (the stub plays the agent; replies are a function of the conversatio
 - ``agent_text``: only ever answers in text;
 - ``agent_lookup``: once the user has named a user id, looks it up (``get_user_details``, with the text "Let me
   look you up.\n" beside the call), then answers in text with the name it found; asks for the user id before;
-- ``agent_write``: as ``agent_lookup``, then makes a write no task wants (``send_certificate`` of 50), then text;
+- ``agent_write``: as ``agent_lookup``, then makes a write no task wants, then text: the airline's
+  ``send_certificate`` of 50, or, when the request offers retail's tools, ``modify_user_address`` to ``WRITE_ADDRESS``;
 - ``agent_noparser``: writes its calls as raw ``<tool_call>`` text, as a server without a tool-call parser.
 
 Every agent mode but ``agent_noparser`` answers evaluate.py's tool-call probe with a call. User mode
@@ -58,8 +59,11 @@ AGENT_MODES = ("agent_text", "agent_lookup", "agent_write", "agent_noparser")
 MODES = ("echo", "stop", "error", "hang", "slow", "empty", *AGENT_MODES, "user_scenario")
 MARKER = re.compile(r"\[\[stub:([a-z_]+)\]\]")
 USER_ID = re.compile(r"\b[a-z]+_[a-z]+_\d{3,5}\b")
-PROBE_TEXT = "Look me up with get_user_details"  # airline_rl.data.teachers.PROBE_USER ends so
+PROBE_TEXT = "Look me up with get_user_details"  # tau2_rl.data.teachers.PROBE_USER ends so
 STOP_REPLY = "Great, that is everything I needed. ###STOP###"
+WRITE_ADDRESS = {"address1": "1 Stub Street", "address2": "Suite 0", "city": "Testville", "state": "CA",
+                 "country": "USA", "zip": "00000"}  # fmt: skip
+"""Where ``agent_write`` moves a retail user: an address no task asks for."""
 
 
 def marker(mode: str) -> str:
@@ -267,7 +271,8 @@ class StubServer:
         earlier_replies = sum(message.get("role") == "assistant" for message in messages)
         newest = str(messages[-1].get("content") or "") if messages else ""
         if mode in AGENT_MODES:
-            return 200, self._completion(body, *agent_reply(mode, messages))
+            offered = {str((tool.get("function") or {}).get("name")) for tool in body.get("tools") or []}
+            return 200, self._completion(body, *agent_reply(mode, messages, offered))
         if mode == "user_scenario":
             return 200, self._completion(body, user_scenario_reply(messages, self._stop_after(messages)), [])
         if mode == "empty":
@@ -308,8 +313,11 @@ def _tool_results(messages: list[dict[str, Any]]) -> list[str]:
     return [str(m.get("content") or "") for m in messages if m.get("role") == "tool"]
 
 
-def agent_reply(mode: str, messages: list[dict[str, Any]]) -> tuple[str | None, list[tuple[str, dict]]]:
-    """(text, tool calls) of an agent mode: a function of the conversation only."""
+def agent_reply(
+    mode: str, messages: list[dict[str, Any]], offered: set[str] = frozenset()
+) -> tuple[str | None, list[tuple[str, dict]]]:
+    """(text, tool calls) of an agent mode: a function of the conversation and of the tools the request offers
+    (``offered``: their names; retail's ``modify_user_address`` picks retail's write)."""
     newest = messages[-1] if messages else {}
     said = " ".join(str(m.get("content") or "") for m in messages if m.get("role") == "user")
     found = USER_ID.findall(said)
@@ -329,6 +337,8 @@ def agent_reply(mode: str, messages: list[dict[str, Any]]) -> tuple[str | None, 
     if not results:  # text next to the call, ending in a newline, as Qwen2.5 writes it before <tool_call>
         return "Let me look you up.\n", [("get_user_details", {"user_id": user_id})]
     if mode == "agent_write" and len(results) == 1:
+        if "modify_user_address" in offered:
+            return None, [("modify_user_address", {"user_id": user_id, **WRITE_ADDRESS})]
         return None, [("send_certificate", {"user_id": user_id, "amount": 50})]
     try:
         profile = json.loads(results[0])

@@ -11,12 +11,12 @@ import functools
 import pickle
 from typing import Any
 
-from airline_rl.envs.data import Task
-from airline_rl.envs.episode import GREETING, EpisodeRecord, ToolCallRecord, TurnRecord
-from airline_rl.envs.protocol import PROTOCOLS, TAU2, TAU2_TERMINATIONS, tau2_reference
-from airline_rl.envs.runner import AgentTurn
-from airline_rl.envs.tool_calls import parse_assistant_text
-from airline_rl.envs.users.scripted import ScriptedUser
+from tau2_rl.envs.data import Task
+from tau2_rl.envs.episode import GREETING, EpisodeRecord, ToolCallRecord, TurnRecord
+from tau2_rl.envs.protocol import PROTOCOLS, TAU2, TAU2_TERMINATIONS, tau2_reference
+from tau2_rl.envs.runner import AgentTurn
+from tau2_rl.envs.tool_calls import parse_assistant_text
+from tau2_rl.envs.users.scripted import ScriptedUser
 
 tau2_reference()  # quiet, offline import of τ² (the caller has checked that it is installed)
 

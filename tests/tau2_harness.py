@@ -1,4 +1,4 @@
-"""Test helpers around τ²'s own harness (airline_rl/evaluation/tau2_harness.py): evaluate.py's arguments for a served
+"""Test helpers around τ²'s own harness (tau2_rl/evaluation/tau2_harness.py): evaluate.py's arguments for a served
 agent, the request bodies both harnesses send, and ``compare_harnesses``, which runs both against the same endpoints
 and asserts they agree (tests/test_served_agent.py, tests/test_vllm_served.py)."""
 
@@ -11,8 +11,8 @@ from typing import Any
 
 from openai_stub_server import PROBE_TEXT
 
-from airline_rl.configs import EvalArguments
-from airline_rl.evaluation.tau2_harness import TAU2_SEED, compare_results, run_tau2_harness
+from tau2_rl.configs import EvalArguments
+from tau2_rl.evaluation.tau2_harness import TAU2_SEED, compare_results, run_tau2_harness
 
 
 def request_key(body: dict[str, Any], *, sampling: bool = True) -> str:
@@ -81,7 +81,7 @@ def compare_harnesses(
 
     ``concurrency`` bounds the requests in flight in both harnesses (1: one at a time, so that a real server
     computes every request alone and its numerics do not depend on what else it is batching)."""
-    from airline_rl.evaluation import run_evaluation
+    from tau2_rl.evaluation import run_evaluation
 
     def agent_bodies() -> list[str]:
         kept = [b for b in agent_stub.bodies if PROBE_TEXT not in json.dumps(b["messages"])]

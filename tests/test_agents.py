@@ -16,24 +16,24 @@ from pathlib import Path
 
 import pytest
 
-from airline_rl.envs.agents import AGENTS, NoopAgent, OracleAgent, get_agent
-from airline_rl.envs.episode import USER_STOP, USER_TRANSFER, AirlineEnv, Episode
-from airline_rl.envs.runner import run_episodes
-from airline_rl.envs.state import AirlineState
-from airline_rl.envs.tools import WRITE_TOOLS
-from airline_rl.envs.users.scripted import STOP, ScriptedUser, to_first_person
-from airline_rl.rewards.outcome import gold_db_hash, outcome_reward
+from tau2_rl.envs.agents import AGENTS, NoopAgent, OracleAgent, get_agent
+from tau2_rl.envs.episode import USER_STOP, USER_TRANSFER, DomainEnv, Episode
+from tau2_rl.envs.runner import run_episodes
+from tau2_rl.envs.state import EpisodeState
+from tau2_rl.envs.tools import WRITE_TOOLS
+from tau2_rl.envs.users.scripted import STOP, ScriptedUser, to_first_person
+from tau2_rl.rewards.outcome import gold_db_hash, outcome_reward
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def env() -> AirlineEnv:
-    return AirlineEnv()
+def env() -> DomainEnv:
+    return DomainEnv()
 
 
 @pytest.fixture(scope="module")
-def all_task_ids(env: AirlineEnv) -> list[str]:
+def all_task_ids(env: DomainEnv) -> list[str]:
     return list(env.domain.tasks)
 
 
@@ -41,7 +41,7 @@ def _transcript(episode_messages: list[dict]) -> list[tuple[str, str]]:
     return [(m["role"], str(m.get("content"))) for m in episode_messages]
 
 
-def _start(env: AirlineEnv, user: ScriptedUser, task_id: str, seed: int = 0) -> Episode:
+def _start(env: DomainEnv, user: ScriptedUser, task_id: str, seed: int = 0) -> Episode:
     """A fresh episode whose user has answered the greeting."""
     episode = env.reset(task_id, seed)
     reply = user.reply(episode)
@@ -61,7 +61,7 @@ def _say(episode: Episode, user: ScriptedUser, text: str):
 # Oracle and no-op agents
 
 
-def test_oracle_earns_reward_one_on_every_task(env: AirlineEnv, all_task_ids: list[str]) -> None:
+def test_oracle_earns_reward_one_on_every_task(env: DomainEnv, all_task_ids: list[str]) -> None:
     assert len(all_task_ids) == 50
     records = run_episodes(env, OracleAgent(), ScriptedUser(), [(t, 0) for t in all_task_ids], score=outcome_reward)
     failures = {
@@ -83,7 +83,7 @@ def test_oracle_earns_reward_one_on_every_task(env: AirlineEnv, all_task_ids: li
         assert len(user_messages) >= 2 and "user id is" in user_messages[1], (record.task_id, user_messages[:2])
 
 
-def test_oracle_confirms_before_every_write(env: AirlineEnv) -> None:
+def test_oracle_confirms_before_every_write(env: DomainEnv) -> None:
     records = run_episodes(env, OracleAgent(), ScriptedUser(), [("18", 0), ("7", 0)], score=outcome_reward)
     for record in records:
         writes = [c for c in record.tool_calls if c.is_write]
@@ -96,9 +96,9 @@ def test_oracle_confirms_before_every_write(env: AirlineEnv) -> None:
 
 
 def test_noop_earns_reward_exactly_where_gold_changes_nothing_and_says_nothing(
-    env: AirlineEnv, all_task_ids: list[str]
+    env: DomainEnv, all_task_ids: list[str]
 ) -> None:
-    base_hash = AirlineState(env.base).db_hash()
+    base_hash = EpisodeState(env.base).db_hash()
     expected = set()
     for task_id in all_task_ids:
         task = env.domain.get_task(task_id)
@@ -134,7 +134,7 @@ def test_get_agent_builds_registered_agents_and_rejects_unknown_names() -> None:
 # Scripted user
 
 
-def test_scripted_user_is_deterministic(env: AirlineEnv) -> None:
+def test_scripted_user_is_deterministic(env: DomainEnv) -> None:
     specs = [("7", 3), ("14", 5), ("38", 0)]
     first = [
         _transcript(r.messages) for r in run_episodes(env, OracleAgent(), ScriptedUser(), specs, score=outcome_reward)
@@ -149,13 +149,13 @@ def test_scripted_user_is_deterministic_across_processes() -> None:
     """Phrasing must not depend on hash randomisation (string hashing differs between processes)."""
     code = (
         "import json\n"
-        "from airline_rl.envs.agents import OracleAgent\n"
-        "from airline_rl.envs.episode import AirlineEnv\n"
-        "from airline_rl.envs.runner import run_episodes\n"
-        "from airline_rl.envs.users.scripted import ScriptedUser\n"
-        "from airline_rl.rewards.outcome import outcome_reward\n"
+        "from tau2_rl.envs.agents import OracleAgent\n"
+        "from tau2_rl.envs.episode import DomainEnv\n"
+        "from tau2_rl.envs.runner import run_episodes\n"
+        "from tau2_rl.envs.users.scripted import ScriptedUser\n"
+        "from tau2_rl.rewards.outcome import outcome_reward\n"
         "specs = [('7', 1), ('23', 2), ('9', 4)]\n"
-        "records = run_episodes(AirlineEnv(), OracleAgent(), ScriptedUser(), specs, score=outcome_reward)\n"
+        "records = run_episodes(DomainEnv(), OracleAgent(), ScriptedUser(), specs, score=outcome_reward)\n"
         "print(json.dumps([[m['content'] for m in r.messages if m['role'] == 'user'] for r in records]))\n"
     )
     outputs = []
@@ -170,7 +170,7 @@ def test_scripted_user_is_deterministic_across_processes() -> None:
     assert all(len(messages) >= 3 for messages in outputs[0])
 
 
-def test_scripted_user_seed_changes_only_phrasing(env: AirlineEnv) -> None:
+def test_scripted_user_seed_changes_only_phrasing(env: DomainEnv) -> None:
     rewards = set()
     acknowledgements = set()
     for seed in range(6):
@@ -181,7 +181,7 @@ def test_scripted_user_seed_changes_only_phrasing(env: AirlineEnv) -> None:
     assert len({a for a in acknowledgements if a.startswith("Yes")}) > 1  # the seed varies the wording of "yes"
 
 
-def test_scripted_user_opens_with_the_reason_for_the_call(env: AirlineEnv) -> None:
+def test_scripted_user_opens_with_the_reason_for_the_call(env: DomainEnv) -> None:
     episode = _start(env, ScriptedUser(), "0")
     assert episode.messages[-1] == {"role": "user", "content": "Hi! I want to cancel reservation EHGLP3."}
     assert to_first_person("The agent tells you that your flight allows you to bring bags.") == (
@@ -189,7 +189,7 @@ def test_scripted_user_opens_with_the_reason_for_the_call(env: AirlineEnv) -> No
     )
 
 
-def test_scripted_user_answers_id_questions_with_what_it_knows(env: AirlineEnv) -> None:
+def test_scripted_user_answers_id_questions_with_what_it_knows(env: DomainEnv) -> None:
     user = ScriptedUser()
     episode = _start(env, user, "0")
     reply = _say(episode, user, "Sure. Could you please provide your user id?")
@@ -212,14 +212,14 @@ def test_scripted_user_answers_id_questions_with_what_it_knows(env: AirlineEnv) 
         "Would you like me to go ahead and book this flight?",
     ],
 )
-def test_scripted_user_says_yes_to_a_confirmation_question(env: AirlineEnv, question: str) -> None:
+def test_scripted_user_says_yes_to_a_confirmation_question(env: DomainEnv, question: str) -> None:
     user = ScriptedUser()
     episode = _start(env, user, "0")
     reply = _say(episode, user, question)
     assert reply.content.lower().startswith("yes") and reply.termination is None
 
 
-def test_scripted_user_ends_on_closing_refusal_and_transfer(env: AirlineEnv) -> None:
+def test_scripted_user_ends_on_closing_refusal_and_transfer(env: DomainEnv) -> None:
     user = ScriptedUser()
     cases = [
         ("Your booking is done. Is there anything else I can help you with?", USER_STOP),
@@ -233,7 +233,7 @@ def test_scripted_user_ends_on_closing_refusal_and_transfer(env: AirlineEnv) -> 
         assert episode.record.termination == termination, text
 
 
-def test_scripted_user_answers_other_questions_from_the_scenario(env: AirlineEnv) -> None:
+def test_scripted_user_answers_other_questions_from_the_scenario(env: DomainEnv) -> None:
     user = ScriptedUser()
     episode = _start(env, user, "35")
     reply = _say(episode, user, "Which payment method would you like to use for the new flight?")
@@ -242,7 +242,7 @@ def test_scripted_user_answers_other_questions_from_the_scenario(env: AirlineEnv
     assert reply.content and reply.termination is None  # a neutral line, not a crash or a stop
 
 
-def test_scripted_user_stops_at_the_turn_cap_against_garbage(env: AirlineEnv) -> None:
+def test_scripted_user_stops_at_the_turn_cap_against_garbage(env: DomainEnv) -> None:
     class GarbageAgent:
         """An untrained policy: random characters, unclosed tags, questions, never a tool call."""
 
@@ -269,7 +269,7 @@ def test_scripted_user_stops_at_the_turn_cap_against_garbage(env: AirlineEnv) ->
     assert {r.task_id: r.reward["reward"] for r in records} == {"0": 1.0, "8": 0.0, "44": 0.0}
 
 
-def test_scripted_user_never_raises_on_odd_agent_turns(env: AirlineEnv) -> None:
+def test_scripted_user_never_raises_on_odd_agent_turns(env: DomainEnv) -> None:
     user = ScriptedUser()
     odd = ["", "   ", "?" * 5000, "<tool_call>{not json", "</tool_call>", "\x00\x01", "ÿ" * 3, "name? id? confirm?"]
     episode = _start(env, user, "44")

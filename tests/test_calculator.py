@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airline_rl.envs.calculator import MAX_EXPRESSION_CHARS, CalculationError, calculate
-from airline_rl.envs.episode import shared_base
-from airline_rl.envs.state import AirlineState
-from airline_rl.envs.tools import execute_tool
+from tau2_rl.envs.calculator import MAX_EXPRESSION_CHARS, CalculationError, calculate
+from tau2_rl.envs.episode import shared_base
+from tau2_rl.envs.state import EpisodeState
+from tau2_rl.envs.tools import execute_tool
 
 
 def tau2_calculate(expression: str) -> str:
@@ -160,7 +160,7 @@ def test_fuzz_only_calculation_errors(expression: str) -> None:
 
 
 def test_through_execute_tool() -> None:
-    state = AirlineState(shared_base())
+    state = EpisodeState(shared_base())
     result = execute_tool(state, "calculate", {"expression": "(1911 - 106) / 2"})
     assert (result.content, result.error) == ("902.5", False)
     result = execute_tool(state, "calculate", {"expression": "1/0"})

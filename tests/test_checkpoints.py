@@ -14,10 +14,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from airline_rl.files import honour_umask
-from airline_rl.run.checkpoints import SEAL_FILE, checkpoint_problem, newest_complete_checkpoint, seal_checkpoint
-from airline_rl.run.guard import RunGuardError, decide_resume, write_run_config
-from airline_rl.run.lock import OutputDirLock, OutputDirLockedError
+from tau2_rl.files import honour_umask
+from tau2_rl.run.checkpoints import SEAL_FILE, checkpoint_problem, newest_complete_checkpoint, seal_checkpoint
+from tau2_rl.run.guard import RunGuardError, decide_resume, write_run_config
+from tau2_rl.run.lock import OutputDirLock, OutputDirLockedError
 
 
 def _checkpoint(output_dir: Path, step: int, *, seal: bool = True) -> Path:
@@ -144,7 +144,7 @@ def test_a_run_begun_before_seals_resumes_its_unsealed_checkpoint_then_seals_fro
 
 HOLDER = """
 import sys, time
-from airline_rl.run.lock import OutputDirLock
+from tau2_rl.run.lock import OutputDirLock
 OutputDirLock(sys.argv[1]).acquire()
 print("held", flush=True)
 time.sleep(60)

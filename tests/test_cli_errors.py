@@ -1,4 +1,4 @@
-"""Bad input is one line, exit status 2, no traceback and no usage block (``airline_rl/run/cli.py``); evaluate.py exits
+"""Bad input is one line, exit status 2, no traceback and no usage block (``tau2_rl/run/cli.py``); evaluate.py exits
 non-zero when its results are not a finished evaluation."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 import evaluate
 import train_grpo
 import train_sft
-from airline_rl.envs.users.base import UserReply, UserSimulator
-from airline_rl.evaluation import evaluator as evaluator_module
+from tau2_rl.envs.users.base import UserReply, UserSimulator
+from tau2_rl.evaluation import evaluator as evaluator_module
 
 CPU = ["--use_cpu", "true", "--bf16", "false", "--report_to", "none"]
 
@@ -48,7 +48,7 @@ def test_train_sft_corrupt_arrow_dataset(tmp_path: Path, capsys) -> None:
 
 
 def test_train_sft_on_an_empty_or_foreign_dataset_is_one_line(tmp_path: Path, capsys) -> None:
-    from airline_rl.data.collect import rows_to_dataset
+    from tau2_rl.data.collect import rows_to_dataset
 
     rows_to_dataset([]).save_to_disk(str(tmp_path / "empty"))  # what a failed collection used to leave behind
     datasets.Dataset.from_dict({"text": ["hello"], "label": [1]}).save_to_disk(str(tmp_path / "foreign"))
@@ -85,7 +85,7 @@ def test_missing_config_file(script, prog, capsys) -> None:
 def test_collect_run_ablation_and_play_bad_input_is_one_line(tmp_path: Path, capsys) -> None:
     import collect_trajectories
     import play
-    from airline_rl.experiment import main as run_ablation_main
+    from tau2_rl.experiment import main as run_ablation_main
 
     assert one_line_exit(capsys, collect_trajectories.cli, ["--config", "missing.yaml"]) == (
         "collect_trajectories.py: error: --config missing.yaml: no such file"
@@ -149,7 +149,7 @@ def test_every_train_grpo_flag_error_has_the_same_shape(flags, message, capsys) 
 
 
 def test_a_prefixed_line_keeps_its_prefix_and_a_bare_one_gets_the_scripts() -> None:
-    from airline_rl.run.cli import error_line
+    from tau2_rl.run.cli import error_line
 
     assert error_line("error: --tasks: bad", "train_grpo.py") == "train_grpo.py: error: --tasks: bad"
     assert error_line("--tasks:\n bad", "train_sft.py") == "train_sft.py: error: --tasks: bad"
@@ -159,7 +159,7 @@ def test_a_prefixed_line_keeps_its_prefix_and_a_bare_one_gets_the_scripts() -> N
 
 def test_results_file_with_wrong_types_is_one_line(tmp_path: Path, capsys) -> None:
     argv = ["--model", "oracle", "--tasks", "0,1", "--num_samples", "1", "--output_dir", str(tmp_path),
-            "--progress", "false", "--protocol", "airline_rl"]  # fmt: skip
+            "--progress", "false", "--protocol", "tau2_rl"]  # fmt: skip
     assert evaluate.cli(argv) == 0
     path = tmp_path / "oracle" / "results.json"
     data = json.loads(path.read_text())
@@ -180,7 +180,7 @@ def test_results_file_with_a_repeated_or_out_of_range_sample_index_is_one_line(t
     """A hand-merged results.json with sample 0 twice: a resume would play sample 1 as missing and pass^1 would
     count 3 episodes for --num_samples 2."""
     argv = ["--model", "oracle", "--tasks", "0", "--num_samples", "2", "--output_dir", str(tmp_path),
-            "--progress", "false", "--protocol", "airline_rl"]  # fmt: skip
+            "--progress", "false", "--protocol", "tau2_rl"]  # fmt: skip
     assert evaluate.cli(argv) == 0
     path = tmp_path / "oracle" / "results.json"
     good = json.loads(path.read_text())
@@ -208,14 +208,14 @@ class DeadUser(UserSimulator):
 def test_evaluate_exits_non_zero_when_no_episode_could_be_scored(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setattr(evaluator_module, "get_user_simulator", lambda *a, **k: DeadUser())
     argv = ["--model", "oracle", "--tasks", "0,1", "--num_samples", "1", "--output_dir", str(tmp_path),
-            "--progress", "false", "--protocol", "airline_rl"]  # fmt: skip
+            "--progress", "false", "--protocol", "tau2_rl"]  # fmt: skip
     assert evaluate.cli(argv) == 1
     err = capsys.readouterr().err
     assert "no episode could be scored (2 user_error and 0 agent_error of 2)" in err
 
 
 def test_evaluate_ctrl_c_is_one_line_and_status_130(tmp_path: Path, capsys, monkeypatch) -> None:
-    from airline_rl.envs.users import get_user_simulator
+    from tau2_rl.envs.users import get_user_simulator
 
     class CtrlC(UserSimulator):
         """The scripted user, until a Ctrl-C lands in the middle of the evaluation."""
@@ -233,7 +233,7 @@ def test_evaluate_ctrl_c_is_one_line_and_status_130(tmp_path: Path, capsys, monk
 
     monkeypatch.setattr(evaluator_module, "get_user_simulator", lambda *a, **k: CtrlC())
     argv = ["--model", "oracle", "--tasks", "0,1", "--num_samples", "1", "--output_dir", str(tmp_path),
-            "--progress", "false", "--protocol", "airline_rl"]  # fmt: skip
+            "--progress", "false", "--protocol", "tau2_rl"]  # fmt: skip
     with pytest.raises(SystemExit) as info:
         evaluate.cli(argv)
     assert info.value.code == 130
@@ -245,7 +245,7 @@ def test_evaluate_ctrl_c_is_one_line_and_status_130(tmp_path: Path, capsys, monk
 
 def test_evaluate_exits_non_zero_when_results_are_incomplete(tmp_path: Path, capsys) -> None:
     argv = ["--model", "oracle", "--tasks", "0,1", "--num_samples", "1", "--output_dir", str(tmp_path),
-            "--progress", "false", "--protocol", "airline_rl"]  # fmt: skip
+            "--progress", "false", "--protocol", "tau2_rl"]  # fmt: skip
     assert evaluate.cli(argv) == 0
     path = tmp_path / "oracle" / "results.json"
     data = json.loads(path.read_text())
@@ -325,7 +325,7 @@ def test_num_generations_is_checked_against_the_training_batch_first(tmp_path: P
 
 def test_the_lost_peer_line_cuts_a_long_torch_message_at_a_word() -> None:
     """Issue 36.6: the line ended ``…before reporting an error. G)``, cut mid-word at 200 characters."""
-    from airline_rl.run.cli import lost_peer_message
+    from tau2_rl.run.cli import lost_peer_message
 
     text = "[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234 " + "word " * 60
     line = lost_peer_message(RuntimeError(text))

@@ -1,4 +1,4 @@
-"""Teacher trajectories → HF dataset (``airline_rl.data.collect``, ``collect_trajectories.py``), offline.
+"""Teacher trajectories → HF dataset (``tau2_rl.data.collect``, ``collect_trajectories.py``), offline.
 
 The oracle teacher plays against the scripted user; the ``openai`` teacher is tested against a real HTTP server on
 127.0.0.1 that answers like an OpenAI endpoint with structured ``tool_calls`` and plays the oracle behind it, so the
@@ -21,8 +21,8 @@ import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 from trl import TrlParser
 
-from airline_rl.configs import CollectArguments
-from airline_rl.data.collect import (
+from tau2_rl.configs import CollectArguments
+from tau2_rl.data.collect import (
     FEATURES,
     CollectError,
     attempt_path,
@@ -32,24 +32,24 @@ from airline_rl.data.collect import (
     load_trajectories,
     rows_to_dataset,
 )
-from airline_rl.data.teachers import OpenAITeacher, api_turn, openai_messages, reply_text
-from airline_rl.data.tiny_model import qwen2_5_chat_template
-from airline_rl.envs.agents import OracleAgent, get_agent
-from airline_rl.envs.episode import AirlineEnv
-from airline_rl.envs.runner import run_episodes
-from airline_rl.envs.splits import get_split
-from airline_rl.envs.tool_calls import parse_assistant_text
-from airline_rl.envs.users import get_user_simulator
-from airline_rl.envs.users.llm import EndpointUnreachableError
-from airline_rl.rewards.outcome import outcome_reward
+from tau2_rl.data.teachers import OpenAITeacher, api_turn, openai_messages, reply_text
+from tau2_rl.data.tiny_model import qwen2_5_chat_template
+from tau2_rl.envs.agents import OracleAgent, get_agent
+from tau2_rl.envs.episode import DomainEnv
+from tau2_rl.envs.runner import run_episodes
+from tau2_rl.envs.splits import get_split
+from tau2_rl.envs.tool_calls import parse_assistant_text
+from tau2_rl.envs.users import get_user_simulator
+from tau2_rl.envs.users.llm import EndpointUnreachableError
+from tau2_rl.rewards.outcome import outcome_reward
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TASKS = "1,27,49"  # covered tasks: two reads, one read, one read by reservation id
 
 
 @pytest.fixture(scope="module")
-def env() -> AirlineEnv:
-    return AirlineEnv()
+def env() -> DomainEnv:
+    return DomainEnv()
 
 
 def make_args(tmp_path: Path, **overrides: Any) -> CollectArguments:
@@ -64,7 +64,7 @@ def render_text(messages: list[dict], tools: list[dict]) -> str:
 # ------------------------------------------------------------------------------------------------ oracle teacher
 
 
-def test_oracle_collects_the_covered_tasks_by_default(tmp_path: Path, env: AirlineEnv) -> None:
+def test_oracle_collects_the_covered_tasks_by_default(tmp_path: Path, env: DomainEnv) -> None:
     result = collect(make_args(tmp_path))
     split = get_split("seed")
     assert result.tasks == list(split.covered) and result.covered_tasks == list(split.covered)
@@ -83,7 +83,7 @@ def test_oracle_collects_the_covered_tasks_by_default(tmp_path: Path, env: Airli
     assert load_trajectories("collect", hub_dir=tmp_path / "hub").num_rows == dataset.num_rows
 
 
-def test_round_trip_renders_identically(tmp_path: Path, env: AirlineEnv) -> None:
+def test_round_trip_renders_identically(tmp_path: Path, env: DomainEnv) -> None:
     records = run_episodes(
         env,
         get_agent("oracle"),
@@ -268,7 +268,7 @@ class OracleServer:
     turn get HTTP 500 before the oracle is asked (so a retry gets the same turn).
     """
 
-    def __init__(self, env: AirlineEnv, tasks: list[str], fail_first: int = 0, always_fail: bool = False) -> None:
+    def __init__(self, env: DomainEnv, tasks: list[str], fail_first: int = 0, always_fail: bool = False) -> None:
         self.env = env
         user = get_user_simulator("scripted")
         self.by_opening: dict[str, str] = {}
@@ -362,7 +362,7 @@ class OracleServer:
 
 
 @pytest.fixture
-def oracle_server(env: AirlineEnv) -> Iterator[Callable[..., OracleServer]]:
+def oracle_server(env: DomainEnv) -> Iterator[Callable[..., OracleServer]]:
     servers: list[OracleServer] = []
 
     def start(**kwargs: Any) -> OracleServer:
@@ -381,7 +381,7 @@ def openai_args(tmp_path: Path, server: OracleServer, **overrides: Any) -> Colle
     return make_args(tmp_path, **{**settings, **overrides})
 
 
-def test_openai_teacher_collects_what_the_oracle_would(tmp_path: Path, env: AirlineEnv, oracle_server) -> None:
+def test_openai_teacher_collects_what_the_oracle_would(tmp_path: Path, env: DomainEnv, oracle_server) -> None:
     server = oracle_server()
     result = collect(openai_args(tmp_path, server, teacher_concurrency=2))
     assert result.counts == {"kept": 3} and result.covered_tasks == ["1", "27", "49"]

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from airline_rl.configs import EvalArguments
-from airline_rl.evaluation import evaluator as evaluator_module
-from airline_rl.evaluation import run_evaluation
-from airline_rl.run.console import DropNoneLogs, silence_known_warnings
+from tau2_rl.configs import EvalArguments
+from tau2_rl.evaluation import evaluator as evaluator_module
+from tau2_rl.evaluation import run_evaluation
+from tau2_rl.run.console import DropNoneLogs, silence_known_warnings
 
 
 class RecordingBar:
@@ -30,7 +30,7 @@ class RecordingBar:
 def test_the_evaluation_bar_moves_per_episode_not_per_chunk(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(evaluator_module, "tqdm", RecordingBar)
     args = EvalArguments(output_dir=str(tmp_path), model="oracle", tasks="0,1,2,3,4,5,6,7", num_samples=1,
-                         batch_size=0, progress=True, bootstrap_samples=100, protocol="airline_rl")  # fmt: skip
+                         batch_size=0, progress=True, bootstrap_samples=100, protocol="tau2_rl")  # fmt: skip
     run_evaluation(args)
     assert sum(RecordingBar.updates) == 8
     assert len(RecordingBar.updates) > 1  # one chunk of 8 episodes, yet the bar moved as they finished
@@ -60,7 +60,7 @@ def test_a_step_line_says_when_its_time_includes_an_evaluation_and_a_save(monkey
     51.3) names the step they belong to."""
     from types import SimpleNamespace
 
-    from airline_rl.run import console
+    from tau2_rl.run import console
 
     clock = iter([0.0, 5.0, 155.0, 158.0, 184.0, 190.0])
     monkeypatch.setattr(console.time, "perf_counter", lambda: next(clock))
@@ -87,7 +87,7 @@ def test_a_step_line_says_when_its_time_includes_an_evaluation_and_a_save(monkey
 
 def test_the_run_ends_with_one_summary_line(tmp_path: Path) -> None:
     """Issue 23.5: the run's last line says where everything is and how the reward moved."""
-    from airline_rl.run.console import summary_line
+    from tau2_rl.run.console import summary_line
 
     (tmp_path / "checkpoint-8").mkdir()
     rewards = [0, 0, 1, 1, 1, 1, 1, 1]
@@ -102,7 +102,7 @@ def test_the_run_ends_with_one_summary_line(tmp_path: Path) -> None:
 
 def test_a_resumed_runs_summary_says_its_time_covers_the_resumed_steps_only(tmp_path: Path) -> None:
     """Issue 36.6: after a resume the summary read ``done: 32 steps in 7 min 25 s`` for 16 steps' time."""
-    from airline_rl.run.console import summary_line
+    from tau2_rl.run.console import summary_line
 
     history = [{"loss": 0.1, "step": s, "episode/outcome_reward": 0.5} for s in range(1, 33)]
     line = summary_line(history, str(tmp_path), None, None, 445.0, steps_done=32, resumed_from=16)
@@ -116,7 +116,7 @@ def test_a_ratio_of_max_steps_is_not_reported_as_a_mismatch_on_resume(caplog) ->
     from transformers.trainer_callback import TrainerState
     from transformers.trainer_utils import compare_trainer_and_checkpoint_args
 
-    from airline_rl.run.console import ratio_steps_are_no_mismatch
+    from tau2_rl.run.console import ratio_steps_are_no_mismatch
 
     ratio_steps_are_no_mismatch(max_steps=6)
     state = TrainerState(logging_steps=1, eval_steps=3, save_steps=2, train_batch_size=4)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from airline_rl.envs.data import DB_TABLES, DOMAIN_FILES, DomainDataError, GoldAction, Task, load_domain
+from tau2_rl.envs.data import DB_TABLES, DOMAIN_FILES, DomainDataError, GoldAction, Task, load_domain
 
 
 def test_load_real_domain() -> None:
@@ -37,7 +37,7 @@ def test_real_tasks_are_typed() -> None:
 def test_the_task_file_hash_quoted_in_the_docs_is_the_real_one() -> None:
     import re
 
-    from airline_rl.envs.data import domain_file_sha256
+    from tau2_rl.envs.data import domain_file_sha256
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "reproducing.md").read_text(encoding="utf-8")
     quoted = re.findall(r"sha256 `([0-9a-f]+)…([0-9a-f]+)`", text)

@@ -33,8 +33,8 @@ from typing import Any
 import pytest
 import yaml
 
-from airline_rl.run import dependencies as optional
-from airline_rl.run.deepspeed_cpu import DeepSpeedLaunchError, deepspeed_cpu_problem
+from tau2_rl.run import dependencies as optional
+from tau2_rl.run.deepspeed_cpu import DeepSpeedLaunchError, deepspeed_cpu_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "accelerate_configs"

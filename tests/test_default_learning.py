@@ -1,7 +1,7 @@
 """Proof that multi-turn GRPO learns on the real airline domain, for every variant, from the warmed default policy.
 
 Setting (the embedded default, shrunk): the tiny Qwen2 warmed up by SFT on a mixed-quality teacher
-(``airline_rl.data.default_policy``: for train tasks 3 and 40 the oracle's dialogue once and a declining agent's
+(``tau2_rl.data.default_policy``: for train tasks 3 and 40 the oracle's dialogue once and a declining agent's
 twice; built once per session in outputs/: tests/conftest.py), compact system prompt, the real tools, scripted user
 reward. Training: task 3 (the oracle needs 4 turns and 2 tool calls, ``get_reservation_details`` then
 ``get_user_details``, then says "4"; declining scores 0), two groups of 8 episodes per step sampled at temperature 1,
@@ -35,15 +35,15 @@ import torch
 from learning_controls import apply_control
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from airline_rl.backends import TransformersBackend
-from airline_rl.configs import VARIANTS, MultiTurnGRPOConfig
-from airline_rl.data.default_policy import build_default_policy, compact_env, default_policy_dir
-from airline_rl.envs.episode import AirlineEnv, EnvConfig
-from airline_rl.envs.runner import run_episodes
-from airline_rl.envs.users import get_user_simulator
-from airline_rl.rewards.outcome import outcome_reward
-from airline_rl.rollout import TokenPolicyAgent
-from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+from tau2_rl.backends import TransformersBackend
+from tau2_rl.configs import VARIANTS, MultiTurnGRPOConfig
+from tau2_rl.data.default_policy import build_default_policy, compact_env, default_policy_dir
+from tau2_rl.envs.episode import DomainEnv, EnvConfig
+from tau2_rl.envs.runner import run_episodes
+from tau2_rl.envs.users import get_user_simulator
+from tau2_rl.rewards.outcome import outcome_reward
+from tau2_rl.rollout import TokenPolicyAgent
+from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
 
@@ -80,8 +80,8 @@ class RecordingTrainer(MultiTurnGRPOTrainer):
             self.saturated_with_signal.append(logged[-1])
 
 
-def _env() -> AirlineEnv:
-    return compact_env(AirlineEnv(config=EnvConfig(max_turns=MAX_TURNS)))
+def _env() -> DomainEnv:
+    return compact_env(DomainEnv(config=EnvConfig(max_turns=MAX_TURNS)))
 
 
 def mean_reward(model, tokenizer, episodes: int) -> float:
@@ -165,7 +165,7 @@ def step_rewards(steps: list[list[tuple[float, int, int]]]) -> list[float]:
 
 CASES = [(variant, "v2") for variant in VARIANTS] + [("prm_lite", "reference"), ("joint", "reference")]
 """(variant, prm_rules): every variant with the default rule set, and the process-reward variants with the
-reference reward (airline_rl.rewards.prm.reference)."""
+reference reward (tau2_rl.rewards.prm.reference)."""
 
 
 CI_CASES = {("vanilla", "v2"), ("turn_discount", "v2")}

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from airline_rl.data import default_policy
-from airline_rl.data.tiny_model import BUILD_INFO_FILE
-from airline_rl.evaluation.learning_curve import heldout_tags, plot_learning_curve, quarter_gain, read_run_scalars
-from airline_rl.run.console import format_step_line
+from tau2_rl.data import default_policy
+from tau2_rl.data.tiny_model import BUILD_INFO_FILE
+from tau2_rl.evaluation.learning_curve import heldout_tags, plot_learning_curve, quarter_gain, read_run_scalars
+from tau2_rl.run.console import format_step_line
 
 
 @pytest.fixture
@@ -191,8 +191,8 @@ def test_warmup_data_mixes_the_teachers_and_steps_once_per_epoch(tmp_path, monke
     """The real ``_build`` up to SFT: collect each teacher of WARMUP_TEACHERS (its rows repeated by its weight) into
     one dataset, then train_sft on all of it (``--min_reward 0``, one optimiser step per epoch over all rows)."""
     import train_sft as real_train_sft
-    from airline_rl.data import tiny_model
-    from airline_rl.data.collect import decode_rows, load_trajectories
+    from tau2_rl.data import tiny_model
+    from tau2_rl.data.collect import decode_rows, load_trajectories
 
     seen = {}
 
@@ -224,7 +224,7 @@ def test_warmup_data_mixes_the_teachers_and_steps_once_per_epoch(tmp_path, monke
     info = json.loads((out / BUILD_INFO_FILE).read_text())
     assert info["params"]["teachers"] == {"oracle": 1, "noop": 2} and info["trajectories"] == 6
     # the policy records the prompt it was trained with, so evaluate.py and train_grpo.py prompt it the same way
-    from airline_rl.envs.prompt_style import PROMPT_STYLE_FILE, read_prompt_style
+    from tau2_rl.envs.prompt_style import PROMPT_STYLE_FILE, read_prompt_style
 
     assert read_prompt_style(out) == "compact" and PROMPT_STYLE_FILE in info["files"]
 
@@ -240,13 +240,13 @@ def test_a_real_build_leaves_the_callers_log_levels_and_random_state_alone(tmp_p
     import torch
     import transformers
 
-    ours = logging.getLogger("airline_rl")
+    ours = logging.getLogger("tau2_rl")
     level, verbosity = ours.level, transformers.utils.logging.get_verbosity()
     ours.setLevel(logging.INFO)
     try:
         random.seed(123), np.random.seed(123), torch.manual_seed(123)
         default_policy.build_default_policy(tmp_path / "policy", ["3"], epochs=1)
-        assert ours.level == logging.INFO and logging.getLogger("airline_rl.run.hub").isEnabledFor(logging.INFO)
+        assert ours.level == logging.INFO and logging.getLogger("tau2_rl.run.hub").isEnabledFor(logging.INFO)
         assert transformers.utils.logging.get_verbosity() == verbosity
         after = random.random(), float(np.random.random()), float(torch.rand(1))
         random.seed(123), np.random.seed(123), torch.manual_seed(123)
@@ -279,7 +279,7 @@ def test_a_stop_during_the_build_says_the_build_is_discarded(tmp_path, monkeypat
     2 epochs) with a stop signal at its first step."""
     import signal
 
-    from airline_rl.run import stop as graceful_stop
+    from tau2_rl.run import stop as graceful_stop
 
     original = graceful_stop.GracefulStop.on_step_begin
 
@@ -308,7 +308,7 @@ def test_the_build_prints_no_summary_of_its_scratch_sft(tmp_path, capsys, caplog
     import logging
 
     out = tmp_path / "policy"
-    with caplog.at_level(logging.WARNING, logger="airline_rl.data.default_policy"):
+    with caplog.at_level(logging.WARNING, logger="tau2_rl.data.default_policy"):
         default_policy.build_default_policy(out, ["3"], epochs=2)
     printed = capsys.readouterr().out
     assert "done:" not in printed and ".work-" not in printed, printed
@@ -317,7 +317,7 @@ def test_the_build_prints_no_summary_of_its_scratch_sft(tmp_path, capsys, caplog
 
 
 def test_the_summary_counts_the_steps_done_not_the_last_logged_one(tmp_path):
-    from airline_rl.run.console import summary_line
+    from tau2_rl.run.console import summary_line
 
     history = [{"step": 90, "loss": 0.5}]  # logging_steps 10 over a 96-step run
     assert summary_line(history, str(tmp_path), None, None, None, steps_done=96).startswith("done: 96 steps")

@@ -1,4 +1,4 @@
-"""The event-driven episode loop (``airline_rl.envs.runner``): who the agent is called with, and when.
+"""The event-driven episode loop (``tau2_rl.envs.runner``): who the agent is called with, and when.
 
 The users here answer after a set delay per episode (a timer per request), so the order of events is known: the
 tests assert which episodes share a call and in which order they finish, never how long anything took.
@@ -12,18 +12,18 @@ from concurrent.futures import Future
 
 import pytest
 
-from airline_rl.envs.episode import USER_ERROR, AirlineEnv, EnvConfig
-from airline_rl.envs.runner import AgentTurn, RunTimings, Schedule, run_episodes
-from airline_rl.envs.users import get_user_simulator
-from airline_rl.envs.users.base import UserReply, UserSimulator
-from airline_rl.rewards.outcome import outcome_reward
+from tau2_rl.envs.episode import USER_ERROR, DomainEnv, EnvConfig
+from tau2_rl.envs.runner import AgentTurn, RunTimings, Schedule, run_episodes
+from tau2_rl.envs.users import get_user_simulator
+from tau2_rl.envs.users.base import UserReply, UserSimulator
+from tau2_rl.rewards.outcome import outcome_reward
 
 SPECS = [("0", 0), ("1", 1), ("2", 2)]
 
 
 @pytest.fixture(scope="module")
-def env() -> AirlineEnv:
-    return AirlineEnv(config=EnvConfig(max_turns=3))
+def env() -> DomainEnv:
+    return DomainEnv(config=EnvConfig(max_turns=3))
 
 
 class Talker:
@@ -148,7 +148,7 @@ def test_an_interrupt_cancels_the_requests_in_flight(env) -> None:
 
 
 def test_a_bad_schedule_is_refused_naming_its_flag() -> None:
-    from airline_rl.configs import EnvArguments
+    from tau2_rl.configs import EnvArguments
 
     with pytest.raises(ValueError, match="--min_ready must be >= 1"):
         EnvArguments(min_ready=0).episode_schedule()
@@ -184,9 +184,9 @@ def test_the_policy_plays_the_same_episodes_in_both_schedules_against_reply_dela
     """The tiny policy (sampling, per-episode seeds, the evaluator's shared-prefix engine with turn caching) against
     the LLM user behind the stub with seeded log-normal delays: events and waves give the same token ids, messages
     and rewards, and the event-driven calls carry fewer episodes than the waves'."""
-    from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend
-    from airline_rl.envs.users.llm import LLMUser
-    from airline_rl.rollout import TokenPolicyAgent
+    from tau2_rl.backends.shared_prefix import SharedPrefixTransformersBackend
+    from tau2_rl.envs.users.llm import LLMUser
+    from tau2_rl.rollout import TokenPolicyAgent
 
     env = short_env(max_turns=4)
     tok = tiny_tokenizer
@@ -223,7 +223,7 @@ def test_ctrl_c_with_requests_in_flight_leaves_no_thread_socket_or_loop(env, stu
 
     import psutil
 
-    from airline_rl.envs.users.llm import LLMUser
+    from tau2_rl.envs.users.llm import LLMUser
 
     server = stub_server("hang", hang_s=60.0)
     user = LLMUser(base_url=server.base_url, model=server.model, timeout=60.0, max_retries=0)
@@ -239,7 +239,7 @@ def test_ctrl_c_with_requests_in_flight_leaves_no_thread_socket_or_loop(env, stu
         signal.pthread_kill(main, signal.SIGINT)  # a Ctrl-C
 
     # Python's own Ctrl-C handler for the test: under pytest -n 2 an earlier test on this worker may have left a
-    # trainer's graceful-stop handler installed (airline_rl/run/stop.py turns a first SIGINT into a flag), and then
+    # trainer's graceful-stop handler installed (tau2_rl/run/stop.py turns a first SIGINT into a flag), and then
     # the signal never raised here (session 22's fresh-clone CI: the episode waited out the stub's 60 s instead).
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     interrupt = threading.Thread(target=ctrl_c_once_the_request_hangs, daemon=True)
@@ -271,14 +271,14 @@ def test_a_policy_that_samples_per_call_is_said_once_to_depend_on_the_schedule(e
     the loop says once that transcripts depend on the schedule; with the scripted user or under waves, nothing."""
     import logging
 
-    from airline_rl.envs import runner
+    from tau2_rl.envs import runner
 
     class PerCall(Talker):
         schedule_invariant = False
         schedule_reason = "the policy samples per call (test)"
 
     runner._SAID.discard(PerCall.schedule_reason)
-    with caplog.at_level(logging.INFO, logger="airline_rl.envs.runner"):
+    with caplog.at_level(logging.INFO, logger="tau2_rl.envs.runner"):
         play(env, PerCall(), get_user_simulator("scripted"))
         play(env, PerCall(), DelayedUser({0: 0.0, 1: 0.0, 2: 0.0}), Schedule(mode="waves"))
         assert not [r for r in caplog.records if "depends on which episodes share" in r.message]

@@ -12,10 +12,10 @@ import torch
 from test_evaluate import env, one_torch_thread, tiny_args, tiny_model  # noqa: F401 (fixtures)
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from airline_rl.backends import TransformersBackend
-from airline_rl.evaluation import evaluator as evaluator_module
-from airline_rl.evaluation import run_evaluation
-from airline_rl.sampling import PerRowSampler
+from tau2_rl.backends import TransformersBackend
+from tau2_rl.evaluation import evaluator as evaluator_module
+from tau2_rl.evaluation import run_evaluation
+from tau2_rl.sampling import PerRowSampler
 
 
 def episodes(path: Path) -> dict[tuple[str, int], dict]:

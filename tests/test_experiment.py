@@ -1,4 +1,4 @@
-"""The ablation driver (airline_rl/experiment/, run_ablation.py): dry runs, completeness checks, skip and resume.
+"""The ablation driver (tau2_rl/experiment/, run_ablation.py): dry runs, completeness checks, skip and resume.
 
 The fast tests fake each stage's outputs or run tiny ``python -c`` stages; the slow test runs the whole driver end to
 end on CPU with the embedded default (tiny model, scripted user, oracle teacher) and then reruns it (all skipped).
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from airline_rl import experiment
-from airline_rl.experiment import (
+from tau2_rl import experiment
+from tau2_rl.experiment import (
     AblationArguments,
     ExperimentError,
     Stage,
@@ -540,7 +540,7 @@ def test_a_deepspeed_config_without_deepspeed_is_refused_in_one_line_naming_the_
 ) -> None:
     """accelerate's launcher would raise its own ImportError (11 lines, an unpinned ``pip3 install deepspeed``) in
     every training stage; the driver refuses before the first stage. A dry run still prints the plan."""
-    from airline_rl.run import dependencies
+    from tau2_rl.run import dependencies
 
     monkeypatch.setattr(dependencies, "is_installed", lambda module: False)
     argv = ["--output_dir", str(tmp_path), "--accelerate_config", "accelerate_configs/zero3.yaml"]

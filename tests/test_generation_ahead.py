@@ -18,11 +18,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from airline_rl.configs import MultiTurnGRPOConfig
-from airline_rl.envs.episode import AirlineEnv
-from airline_rl.envs.prompt_style import compact_env
-from airline_rl.envs.users import get_user_simulator
-from airline_rl.trainers.generation_ahead import (
+from tau2_rl.configs import MultiTurnGRPOConfig
+from tau2_rl.envs.episode import DomainEnv
+from tau2_rl.envs.prompt_style import compact_env
+from tau2_rl.envs.users import get_user_simulator
+from tau2_rl.trainers.generation_ahead import (
     BatchRequest,
     GenerationAhead,
     Lookahead,
@@ -91,8 +91,8 @@ def test_a_stop_says_which_discarded_batches_were_played_in_flight_or_only_queue
     """Issue 51.2: "3 batch(es) played or in flight ahead of step 11 discarded" at --max_staleness 1 counted the
     requests that were only queued. The worker counts the batches it started and finished; the trainer, those it
     took: of the requests never taken, the finished ones were played, the started ones in flight, the rest queued."""
-    from airline_rl.trainers.generation_ahead import Discarded, Progress
-    from airline_rl.trainers.multiturn_grpo import _AheadCallback
+    from tau2_rl.trainers.generation_ahead import Discarded, Progress
+    from tau2_rl.trainers.multiturn_grpo import _AheadCallback
 
     class Channel:
         def put(self, item):
@@ -110,10 +110,10 @@ def test_a_stop_says_which_discarded_batches_were_played_in_flight_or_only_queue
     ahead.requests, ahead.results, ahead.server_weights, ahead.stopped = Channel(), Channel(), None, False
     # 10 batches taken; the worker finished the 11th (unread), was playing the 12th, and the 13th waits for weights
     ahead.taken, ahead.progress = 10, Progress(SimpleNamespace(value=12), SimpleNamespace(value=11))
-    caplog.set_level("INFO", logger="airline_rl.trainers.multiturn_grpo")
+    caplog.set_level("INFO", logger="tau2_rl.trainers.multiturn_grpo")
     _AheadCallback(ahead).on_train_end(None, SimpleNamespace(global_step=10), None)
     assert ahead.discarded == Discarded(played=1, in_flight=1, queued=1)
-    assert [r.getMessage() for r in caplog.records if r.name == "airline_rl.trainers.multiturn_grpo"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "tau2_rl.trainers.multiturn_grpo"] == [
         "generation ahead: the 3 batch(es) requested ahead of step 10 are discarded: 1 played, 1 in flight, 1 only "
         "queued (never started); a resumed run plays them with its weights"
     ]
@@ -136,7 +136,7 @@ def test_generation_ahead_flags_are_checked(tmp_path, flags, message):
 
 def test_the_env_and_the_llm_user_pickle_as_their_recipes():
     """The worker process rebuilds them: the env with the prompt it showed, the user from its config."""
-    env = compact_env(AirlineEnv())
+    env = compact_env(DomainEnv())
     copy = pickle.loads(pickle.dumps(env))
     assert (copy.system_prompt, copy.tools, copy.config) == (env.system_prompt, env.tools, env.config)
     assert copy.reset("3", 7).messages == env.reset("3", 7).messages
@@ -330,8 +330,8 @@ def with_later_numerics(tree: Path) -> None:
     """The two deliberate changes of a run's figures made after issue 38 (session 21), applied to the extracted old
     tree as text patches, so that what is compared is still the synchronous loop itself: the episode seeds include
     ``--seed`` (``MultiTurnGRPOTrainer._episode_seed``), and on CPU TRL's fused head scores the labelled positions
-    only (``airline_rl.trainers.fused_head``). A patch that no longer applies fails here, loudly."""
-    path = tree / "airline_rl" / "trainers" / "multiturn_grpo.py"
+    only (``tau2_rl.trainers.fused_head``). A patch that no longer applies fails here, loudly."""
+    path = tree / "tau2_rl" / "trainers" / "multiturn_grpo.py"
     text = path.read_text(encoding="utf-8")
     seed = "        return (self.state.global_step * 1_000_003 + global_index) % (2**31)\n"
     assert text.count(seed) == 1 and text.count("import time\n") == 1
@@ -388,7 +388,7 @@ class _FakeGeneration:
 def _served_weights():
     import multiprocessing as mp
 
-    from airline_rl.trainers.generation_ahead import ServedWeights
+    from tau2_rl.trainers.generation_ahead import ServedWeights
 
     log: list = []
     trainer = SimpleNamespace(vllm_generation=_FakeGeneration(log), state=SimpleNamespace(global_step=0),
@@ -443,7 +443,7 @@ def test_a_worker_between_batches_lets_a_pending_push_go_first_but_not_for_long(
     (here a thread pushing after 0.1 s), and takes the lock at once when nothing is pending or after YIELD_S."""
     import threading
 
-    from airline_rl.trainers.generation_ahead import YIELD_S, take_the_server
+    from tau2_rl.trainers.generation_ahead import YIELD_S, take_the_server
 
     served, trainer, playing, version, log = _served_weights()
     assert playing.acquire(block=False)  # the worker plays
@@ -484,7 +484,7 @@ class _FakeClient:
 
 
 def test_the_server_backend_sends_one_seeded_request_per_episode_and_keeps_the_servers_logprobs():
-    from airline_rl.backends.vllm_server import VLLMServerBackend
+    from tau2_rl.backends.vllm_server import VLLMServerBackend
 
     client = _FakeClient()
     sampling = {"temperature": 0.7, "top_p": 0.9, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
@@ -518,8 +518,8 @@ def test_the_server_backend_sends_one_seeded_request_per_episode_and_keeps_the_s
 def test_generation_ahead_with_vllm_is_refused_or_taken_in_one_line(mode, processes, kind, message):
     from accelerate.utils import DistributedType
 
-    from airline_rl.run.sharding import LaunchError
-    from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+    from tau2_rl.run.sharding import LaunchError
+    from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
     trainer = SimpleNamespace(
         use_vllm=mode is not None, args=SimpleNamespace(max_staleness=1, vllm_mode=mode, async_correction="truncate"),
@@ -541,7 +541,7 @@ def _two_rank_pushes(rank: int, init_file: str, out: str) -> None:
 
     import torch.distributed as dist
 
-    from airline_rl.trainers.generation_ahead import PlayedBatch, ServedWeights
+    from tau2_rl.trainers.generation_ahead import PlayedBatch, ServedWeights
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     log: list = []
@@ -638,7 +638,7 @@ def test_the_behaviour_weight_comes_from_the_losss_own_forward_when_one_step_tra
     model's after it). With two iterations per batch TRL's own scoring-time forward stays."""
     from collections import defaultdict
 
-    from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+    from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
     proximal = torch.tensor([[-1.0, -1.0, -1.0, -1.0]])
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_sft import model_dir  # noqa: F401 (fixture)
 
-from airline_rl.run.guard import RUN_CONFIG_FILE
+from tau2_rl.run.guard import RUN_CONFIG_FILE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -172,7 +172,7 @@ def test_sigterm_with_user_requests_in_flight_checkpoints_and_stops(tmp_path: Pa
 def test_a_stop_signal_saves_and_stops_at_the_end_of_the_step() -> None:
     from transformers import TrainerControl, TrainerState
 
-    from airline_rl.run.stop import STOP_SIGNALS, GracefulStop
+    from tau2_rl.run.stop import STOP_SIGNALS, GracefulStop
 
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
@@ -200,13 +200,13 @@ def test_one_signal_delivered_twice_reads_as_one_and_a_later_one_as_again(
     The trainer got the one stop twice (the launcher's parent-death signal, once per launcher thread: see the next
     test); whatever relays it, a copy within ``RELAY_WINDOW_S`` says nothing, and the user's own second signal, later,
     one line."""
-    from airline_rl.run import stop as graceful_stop
-    from airline_rl.run.stop import STOP_SIGNALS, GracefulStop
+    from tau2_rl.run import stop as graceful_stop
+    from tau2_rl.run.stop import STOP_SIGNALS, GracefulStop
 
     clock = [100.0]
     monkeypatch.setattr(graceful_stop.time, "monotonic", lambda: clock[0])
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-    caplog.set_level("WARNING", logger="airline_rl.run.stop")
+    caplog.set_level("WARNING", logger="tau2_rl.run.stop")
     try:
         stop = GracefulStop().install()
         os.kill(os.getpid(), signal.SIGTERM)
@@ -214,13 +214,13 @@ def test_one_signal_delivered_twice_reads_as_one_and_a_later_one_as_again(
         os.kill(os.getpid(), signal.SIGTERM)
         clock[0] += 0.05  # and one more by another path (a group signal and its relay, a SIGUSR1 whose launcher died)
         os.kill(os.getpid(), signal.SIGUSR1)
-        lines = [record.getMessage() for record in caplog.records if record.name == "airline_rl.run.stop"]
+        lines = [record.getMessage() for record in caplog.records if record.name == "tau2_rl.run.stop"]
         assert len(lines) == 1 and lines[0].startswith("SIGTERM received: saving a checkpoint"), lines
         assert stop.signal_name == "SIGTERM"
         clock[0] += graceful_stop.RELAY_WINDOW_S  # the user's second signal
         os.kill(os.getpid(), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGTERM)
-        lines = [record.getMessage() for record in caplog.records if record.name == "airline_rl.run.stop"]
+        lines = [record.getMessage() for record in caplog.records if record.name == "tau2_rl.run.stop"]
         assert len(lines) == 2 and lines[1].startswith("SIGTERM again: already stopping"), lines
     finally:
         for sig, handler in previous.items():
@@ -263,7 +263,7 @@ def test_a_launchers_death_relays_the_parent_death_signal_once_per_launcher_thre
 def test_a_step_longer_than_half_of_torchruns_grace_warns_once_naming_the_setting(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from airline_rl.run.stop import GracefulStop
+    from tau2_rl.run.stop import GracefulStop
 
     for name in ("TORCHELASTIC_RUN_ID", "PET_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
@@ -287,7 +287,7 @@ def test_torch_reads_the_shutdown_timeout_this_project_documents(monkeypatch: py
     """A guard for torch upgrades: the variable the docs and the ablation driver set is the one torchrun reads."""
     from torch.distributed.launcher.api import LaunchConfig
 
-    from airline_rl.run.torchrun import SHUTDOWN_TIMEOUT_ENV
+    from tau2_rl.run.torchrun import SHUTDOWN_TIMEOUT_ENV
 
     monkeypatch.setenv(SHUTDOWN_TIMEOUT_ENV, "900")
     assert LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2).shutdown_timeout == 900
@@ -297,8 +297,8 @@ def test_a_first_ctrl_c_stops_like_sigterm_and_a_second_stops_at_once(monkeypatc
     """Issue 23.4: Ctrl-C printed two KeyboardInterrupt tracebacks and lost every step since the last checkpoint."""
     from transformers import TrainerControl, TrainerState
 
-    from airline_rl.run import stop as graceful_stop
-    from airline_rl.run.stop import EXIT_INTERRUPTED, STOP_SIGNALS, GracefulStop
+    from tau2_rl.run import stop as graceful_stop
+    from tau2_rl.run.stop import EXIT_INTERRUPTED, STOP_SIGNALS, GracefulStop
 
     class StoppedNow(Exception):
         pass
@@ -388,3 +388,24 @@ def test_ctrl_c_in_a_terminal_checkpoints_prints_one_line_and_a_second_stops_at_
     assert "KeyboardInterrupt" not in text, text[-3000:]
     assert "SIGINT again: stopped at once without a checkpoint" in text, text[-3000:]
     assert not list((tmp_path / "twice").glob("checkpoint-*")) and code != 0
+
+
+def test_a_training_that_raises_gives_the_stop_signals_back() -> None:
+    """``train_or_stop`` installs the graceful-stop handlers; a training that raises never reaches ``on_train_end``,
+    and its handlers stayed on the process (session 22's CI: a later in-process test's Ctrl-C became a stop flag)."""
+    from tau2_rl.run.stop import STOP_SIGNALS, train_or_stop
+
+    class Failing:
+        accelerator = None
+
+        def add_callback(self, callback: object) -> None:
+            self.callback = callback
+
+        def train(self, resume_from_checkpoint: str | None = None) -> None:
+            assert signal.getsignal(signal.SIGINT) == self.callback._handle  # installed while training
+            raise RuntimeError("the step failed")
+
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    with pytest.raises(RuntimeError, match="the step failed"):
+        train_or_stop(Failing(), None)
+    assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == previous

@@ -1,4 +1,4 @@
-"""Held-out pass^k inside GRPO training (``airline_rl.evaluation.heldout``) with the tiny model on CPU: an eval step
+"""Held-out pass^k inside GRPO training (``tau2_rl.evaluation.heldout``) with the tiny model on CPU: an eval step
 plays the held-out tasks through the evaluator's episode loop and results format, logs ``eval/pass^1`` and friends
 to TensorBoard, writes a results file that compare mode reads, and never rewrites a complete one. ~15 s.
 
@@ -14,14 +14,14 @@ from pathlib import Path
 import datasets
 import pytest
 
-from airline_rl.configs import EnvArguments, MultiTurnGRPOConfig
-from airline_rl.envs.splits import Split, get_split
-from airline_rl.envs.users import get_user_simulator
-from airline_rl.evaluation import run_compare
-from airline_rl.evaluation.evaluator import episode_seed
-from airline_rl.evaluation.heldout import HeldoutEvaluation, build_heldout, heldout_task_ids, log_values
-from airline_rl.evaluation.results import ConfigMismatchError
-from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+from tau2_rl.configs import EnvArguments, MultiTurnGRPOConfig
+from tau2_rl.envs.splits import Split, get_split
+from tau2_rl.envs.users import get_user_simulator
+from tau2_rl.evaluation import run_compare
+from tau2_rl.evaluation.evaluator import episode_seed
+from tau2_rl.evaluation.heldout import HeldoutEvaluation, build_heldout, heldout_task_ids, log_values
+from tau2_rl.evaluation.results import ConfigMismatchError
+from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -235,17 +235,17 @@ import datasets
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from airline_rl.configs import EnvArguments, MultiTurnGRPOConfig
-from airline_rl.envs.episode import AirlineEnv, EnvConfig
-from airline_rl.envs.splits import Split
-from airline_rl.envs.users import get_user_simulator
-from airline_rl.evaluation.heldout import build_heldout
-from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+from tau2_rl.configs import EnvArguments, MultiTurnGRPOConfig
+from tau2_rl.envs.episode import DomainEnv, EnvConfig
+from tau2_rl.envs.splits import Split
+from tau2_rl.envs.users import get_user_simulator
+from tau2_rl.evaluation.heldout import build_heldout
+from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
 torch.set_num_threads(1)
 model_dir, out = sys.argv[1], Path(sys.argv[2])
 tokenizer = AutoTokenizer.from_pretrained(model_dir)
-env = AirlineEnv(config=EnvConfig(max_turns=2))
+env = DomainEnv(config=EnvConfig(max_turns=2))
 env.system_prompt, env.tools = "You are an airline customer service agent.", []
 args = MultiTurnGRPOConfig(
     output_dir=str(out / "run"), variant="vanilla", per_device_train_batch_size=4, per_device_eval_batch_size=2,
@@ -264,7 +264,7 @@ trainer = MultiTurnGRPOTrainer(
 logs = trainer.evaluate()
 rank = trainer.accelerator.process_index
 (out / f"logs-{rank}.json").write_text(json.dumps({**logs, "world": trainer.accelerator.num_processes}))
-from airline_rl.run.start import leave_distributed_run
+from tau2_rl.run.start import leave_distributed_run
 leave_distributed_run()
 """
 

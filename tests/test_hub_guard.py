@@ -13,9 +13,9 @@ from test_sft import model_dir, short_dataset  # noqa: F401 (fixtures)
 
 import train_grpo
 import train_sft
-from airline_rl.configs import CollectArguments
-from airline_rl.data.collect import collect
-from airline_rl.run.hub import HubError, claim_hub_run, read_refs, record_revision, writer_id
+from tau2_rl.configs import CollectArguments
+from tau2_rl.data.collect import collect
+from tau2_rl.run.hub import HubError, claim_hub_run, read_refs, record_revision, writer_id
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,8 +109,8 @@ def test_json_written_atomically_honours_the_umask(tmp_path: Path, umask: int) -
     import os
     import stat
 
-    from airline_rl.envs.users.llm import ReplyCache
-    from airline_rl.run.hub import write_json_atomic
+    from tau2_rl.envs.users.llm import ReplyCache
+    from tau2_rl.run.hub import write_json_atomic
 
     saved = os.umask(umask)
     try:
@@ -157,7 +157,7 @@ class _FakeTrainer:
 def test_a_half_exported_revision_is_never_listed_in_refs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An export that dies mid-save, or between removing a step's old revision and renaming its new one into place,
     leaves refs.json listing only whole revisions; a failed re-export keeps the old revision listed and intact."""
-    from airline_rl.run import hub
+    from tau2_rl.run import hub
 
     trainer, run_dir = _FakeTrainer(tmp_path / "out"), tmp_path / "hub" / "r"
     hub.export_revision(trainer, tmp_path / "hub", "r", 1, {})

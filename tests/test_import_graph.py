@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "airline_rl"
+PACKAGE = Path(__file__).resolve().parents[1] / "tau2_rl"
 
 
 def _module_name(path: Path) -> str:
@@ -106,17 +106,17 @@ def test_circles_are_found() -> None:
 
 def test_no_module_imports_itself_through_others() -> None:
     graph = import_graph()
-    assert "airline_rl.evaluation.heldout" in graph and "airline_rl.trainers.multiturn_grpo" in graph
-    assert "airline_rl.evaluation.heldout" in graph["airline_rl.trainers.multiturn_grpo"]  # the edge that stays
+    assert "tau2_rl.evaluation.heldout" in graph and "tau2_rl.trainers.multiturn_grpo" in graph
+    assert "tau2_rl.evaluation.heldout" in graph["tau2_rl.trainers.multiturn_grpo"]  # the edge that stays
     assert circles(graph) == []
 
 
 def test_late_imports_close_no_circle_either() -> None:
     """The worker (``generation_ahead``) and the trainer (``multiturn_grpo``) imported each other, the worker late:
-    what both need (``policy_max_context``) now lives below both, in ``airline_rl.rollout``."""
+    what both need (``policy_max_context``) now lives below both, in ``tau2_rl.rollout``."""
     graph = import_graph(late=True)
-    assert "airline_rl.trainers.generation_ahead" in graph["airline_rl.trainers.multiturn_grpo"]
-    assert "airline_rl.rollout" in graph["airline_rl.trainers.generation_ahead"]
+    assert "tau2_rl.trainers.generation_ahead" in graph["tau2_rl.trainers.multiturn_grpo"]
+    assert "tau2_rl.rollout" in graph["tau2_rl.trainers.generation_ahead"]
     assert circles(graph) == []
 
 
@@ -133,12 +133,12 @@ def test_the_domain_does_not_import_the_run_machinery() -> None:
     """``envs/`` and ``rewards/`` are the airline domain; ``run/`` (flags, console, guards, hub, sharding) sits
     above them and is free to change without touching what an episode or a reward is."""
     graph = import_graph()
-    assert "airline_rl.run.training_run" in graph and "airline_rl.envs.runner" in graph
+    assert "tau2_rl.run.training_run" in graph and "tau2_rl.envs.runner" in graph
     offending = {
-        name: sorted(_into(targets, "airline_rl.run"))
-        for domain in ("airline_rl.envs", "airline_rl.rewards")
+        name: sorted(_into(targets, "tau2_rl.run"))
+        for domain in ("tau2_rl.envs", "tau2_rl.rewards")
         for name, targets in _imports_of(graph, domain).items()
-        if _into(targets, "airline_rl.run")
+        if _into(targets, "tau2_rl.run")
     }
     assert offending == {}
 
@@ -148,9 +148,9 @@ def test_the_environment_imports_neither_rewards_nor_trainers() -> None:
     make the layers one. The episode loop gets its scorer from its caller (``run_episodes(..., score=...)``)."""
     graph = import_graph()
     offending = {
-        name: sorted(_into(targets, "airline_rl.rewards") | _into(targets, "airline_rl.trainers"))
-        for name, targets in _imports_of(graph, "airline_rl.envs").items()
-        if _into(targets, "airline_rl.rewards") | _into(targets, "airline_rl.trainers")
+        name: sorted(_into(targets, "tau2_rl.rewards") | _into(targets, "tau2_rl.trainers"))
+        for name, targets in _imports_of(graph, "tau2_rl.envs").items()
+        if _into(targets, "tau2_rl.rewards") | _into(targets, "tau2_rl.trainers")
     }
     assert offending == {}
 
@@ -158,7 +158,7 @@ def test_the_environment_imports_neither_rewards_nor_trainers() -> None:
 def test_configs_do_not_import_the_trainers() -> None:
     """The configs are read by every script and by the trainers; the variant table they check lives beside them."""
     graph = import_graph()
-    assert _into(graph["airline_rl.configs"], "airline_rl.trainers") == set()
+    assert _into(graph["tau2_rl.configs"], "tau2_rl.trainers") == set()
 
 
 def test_the_package_root_holds_no_run_plumbing() -> None:
@@ -176,14 +176,14 @@ def test_the_run_machinery_reaches_into_neither_evaluation_nor_the_driver() -> N
     for path in sorted((PACKAGE / "run").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                ("airline_rl.evaluation", "airline_rl.experiment")
+                ("tau2_rl.evaluation", "tau2_rl.experiment")
             ):
                 offending.setdefault(path.name, []).append(node.module)
     assert offending == {}
 
 
 def test_the_driver_and_the_configs_share_one_variant_table() -> None:
-    from airline_rl import configs, experiment, variants
+    from tau2_rl import configs, experiment, variants
 
     assert configs.VARIANTS is variants.VARIANTS
     assert experiment.ALL_VARIANTS == tuple(variants.VARIANTS) == ("vanilla", "turn_discount", "prm_lite", "lata",

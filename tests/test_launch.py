@@ -1,4 +1,4 @@
-"""``python launch.py`` (``airline_rl/run/launch.py``): accelerate launch's flags, with one line where accelerate
+"""``python launch.py`` (``tau2_rl/run/launch.py``): accelerate launch's flags, with one line where accelerate
 would print a traceback. The process-level checks (a node that never joins, SIGTERM waiting for the checkpoint)
 are slow tests in tests/test_sharded.py."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from airline_rl.run import launch
+from tau2_rl.run import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,7 @@ def test_the_trainers_exit_status_comes_back_without_a_launcher_traceback(tmp_pa
 def test_a_deepspeed_config_without_deepspeed_is_one_line_naming_the_pin(monkeypatch, capsys) -> None:
     import accelerate.commands.launch as accelerate_launch
 
-    from airline_rl.run import dependencies
+    from tau2_rl.run import dependencies
 
     monkeypatch.setattr(accelerate_launch, "is_deepspeed_available", lambda: False)
     monkeypatch.setattr(dependencies, "is_installed", lambda module: False)  # as on a machine without it

@@ -22,9 +22,9 @@ import torch
 from learning_controls import apply_control
 from transformers import AutoModelForCausalLM
 
-from airline_rl.configs import VARIANTS, MultiTurnGRPOConfig
-from airline_rl.envs.users import get_user_simulator
-from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+from tau2_rl.configs import VARIANTS, MultiTurnGRPOConfig
+from tau2_rl.envs.users import get_user_simulator
+from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
 

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 from openai_stub_server import STOP_REPLY, StubServer, marker
 
-from airline_rl.envs.episode import USER_ERROR, USER_STOP, AirlineEnv, EnvConfig, Episode
-from airline_rl.envs.users import USER_SIMULATORS, get_user_simulator
-from airline_rl.envs.users.llm import EMPTY_AGENT_TURN, EndpointUnreachableError, LLMUser, LLMUserConfig, user_view
+from tau2_rl.envs.episode import USER_ERROR, USER_STOP, DomainEnv, EnvConfig, Episode
+from tau2_rl.envs.users import USER_SIMULATORS, get_user_simulator
+from tau2_rl.envs.users.llm import EMPTY_AGENT_TURN, EndpointUnreachableError, LLMUser, LLMUserConfig, user_view
 
 
 @pytest.fixture(scope="module")
-def env() -> AirlineEnv:
-    return AirlineEnv()
+def env() -> DomainEnv:
+    return DomainEnv()
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def make_user() -> Iterator[Callable[..., LLMUser]]:
         user.close()
 
 
-def waiting_episode(env: AirlineEnv, text: str | None = None, task_id: str = "0", seed: int = 0) -> Episode:
+def waiting_episode(env: DomainEnv, text: str | None = None, task_id: str = "0", seed: int = 0) -> Episode:
     """An episode whose user must answer: the greeting, then optionally one more agent message."""
     episode = env.reset(task_id, seed)
     if text is not None:
@@ -70,7 +70,7 @@ def loop_threads() -> int:
     return sum(thread.name == "llm-user-loop" for thread in threading.enumerate())
 
 
-def test_full_episode_until_stop(env: AirlineEnv, stub: Callable[..., StubServer], make_user) -> None:
+def test_full_episode_until_stop(env: DomainEnv, stub: Callable[..., StubServer], make_user) -> None:
     server = stub("stop", stop_after=2)
     user = make_user(server, seed=100)
     episode = env.reset("0", seed=5)
@@ -109,7 +109,7 @@ def test_full_episode_until_stop(env: AirlineEnv, stub: Callable[..., StubServer
     assert "Let me look you up." in seen and env.system_prompt[:40] not in seen
 
 
-def test_user_view_roles_merging_and_empty_agent_turn(env: AirlineEnv) -> None:
+def test_user_view_roles_merging_and_empty_agent_turn(env: DomainEnv) -> None:
     episode = env.reset("0")
     episode.user_response("I want to cancel.")
     episode.env_response('<tool_call>{"name": "get_user_details", "arguments": {"user_id": "x"}}</tool_call>')
@@ -128,7 +128,7 @@ def test_user_view_roles_merging_and_empty_agent_turn(env: AirlineEnv) -> None:
     assert user_view(episode)[-1] == {"role": "user", "content": EMPTY_AGENT_TURN}
 
 
-def test_concurrency_limit_is_respected(env: AirlineEnv, stub: Callable[..., StubServer], make_user) -> None:
+def test_concurrency_limit_is_respected(env: DomainEnv, stub: Callable[..., StubServer], make_user) -> None:
     server = stub("slow", delay_s=0.15)
     episodes = [waiting_episode(env, seed=i) for i in range(9)]
     replies = make_user(server, concurrency=3).reply_batch(episodes)
@@ -145,7 +145,7 @@ def test_concurrency_limit_is_respected(env: AirlineEnv, stub: Callable[..., Stu
     ]
 
 
-def test_slow_request_does_not_block_the_rest(env: AirlineEnv, stub: Callable[..., StubServer], make_user) -> None:
+def test_slow_request_does_not_block_the_rest(env: DomainEnv, stub: Callable[..., StubServer], make_user) -> None:
     server = stub("echo", delay_s=1.0)
     episodes = [waiting_episode(env, f"Please hold. {marker('slow')}")]
     episodes += [waiting_episode(env, f"Fast question {i}?") for i in range(10)]
@@ -160,7 +160,7 @@ def test_slow_request_does_not_block_the_rest(env: AirlineEnv, stub: Callable[..
 
 
 def test_error_episode_fails_after_retries_others_unaffected(
-    env: AirlineEnv, stub: Callable[..., StubServer], make_user
+    env: DomainEnv, stub: Callable[..., StubServer], make_user
 ) -> None:
     server = stub("echo")
     episodes = [
@@ -182,7 +182,7 @@ def test_error_episode_fails_after_retries_others_unaffected(
     assert episodes[1].record.termination == USER_ERROR and "HTTP 500" in episodes[1].record.user_error
 
 
-def test_hanging_request_times_out_within_bound(env: AirlineEnv, stub: Callable[..., StubServer], make_user) -> None:
+def test_hanging_request_times_out_within_bound(env: DomainEnv, stub: Callable[..., StubServer], make_user) -> None:
     server = stub("echo", hang_s=30.0)
     episodes = [waiting_episode(env, f"Hello? {marker('hang')}"), waiting_episode(env, "Are you there?")]
     user = make_user(server, timeout=0.4, max_retries=1, backoff=0.05)
@@ -195,7 +195,7 @@ def test_hanging_request_times_out_within_bound(env: AirlineEnv, stub: Callable[
     assert user.stats()["failures"] == 1
 
 
-def test_empty_reply_is_retried_then_fails(env: AirlineEnv, stub: Callable[..., StubServer], make_user) -> None:
+def test_empty_reply_is_retried_then_fails(env: DomainEnv, stub: Callable[..., StubServer], make_user) -> None:
     server = stub("empty")
     user = make_user(server, max_retries=1)
     reply = user.reply(waiting_episode(env))
@@ -205,7 +205,7 @@ def test_empty_reply_is_retried_then_fails(env: AirlineEnv, stub: Callable[..., 
 
 
 def test_replay_cache_hit_sends_no_request(
-    env: AirlineEnv, stub: Callable[..., StubServer], make_user, tmp_path: Path
+    env: DomainEnv, stub: Callable[..., StubServer], make_user, tmp_path: Path
 ) -> None:
     server = stub("echo")
     cache_dir = tmp_path / "cache"
@@ -233,7 +233,7 @@ def test_replay_cache_hit_sends_no_request(
     assert len([path for path in cache_dir.rglob("*.json")]) == 4  # failures are never cached
 
 
-def test_tau2_keeps_the_replys_whitespace_airline_rl_strips_it(
+def test_tau2_keeps_the_replys_whitespace_tau2_rl_strips_it(
     stub: Callable[..., StubServer], make_user, tmp_path: Path
 ) -> None:
     """τ²'s UserSimulator takes the endpoint's content as it is; so does the ``tau2`` protocol (the replay cache
@@ -241,16 +241,16 @@ def test_tau2_keeps_the_replys_whitespace_airline_rl_strips_it(
     server = stub("echo")
     text = "A" * 79 + " tail"  # echo quotes 80 characters: the reply ends in a space
     replies = {}
-    for protocol in ("tau2", "airline_rl"):
-        env = AirlineEnv(None, EnvConfig(protocol=protocol))
+    for protocol in ("tau2", "tau2_rl"):
+        env = DomainEnv(None, EnvConfig(protocol=protocol))
         user = make_user(server, cache_dir=str(tmp_path / "cache"))
         replies[protocol] = user.reply(waiting_episode(env, text)).content
-    assert replies["tau2"].endswith("A ") and replies["airline_rl"] == replies["tau2"].rstrip()
+    assert replies["tau2"].endswith("A ") and replies["tau2_rl"] == replies["tau2"].rstrip()
     assert server.requests == 2  # one cache key per protocol
     assert sorted(p.read_text(encoding="utf-8").count('A "') for p in (tmp_path / "cache").rglob("*.json")) == [0, 1]
 
 
-def test_stats_counts_and_resets(env: AirlineEnv, stub: Callable[..., StubServer], make_user) -> None:
+def test_stats_counts_and_resets(env: DomainEnv, stub: Callable[..., StubServer], make_user) -> None:
     server = stub("echo")
     user = make_user(server)
     user.reply_batch([waiting_episode(env, f"Question {i}?") for i in range(3)])
@@ -299,7 +299,7 @@ def test_check_endpoint(stub: Callable[..., StubServer], make_user) -> None:
 
 
 def test_works_inside_a_running_loop_and_threads_without_leaking(
-    env: AirlineEnv, stub: Callable[..., StubServer], make_user
+    env: DomainEnv, stub: Callable[..., StubServer], make_user
 ) -> None:
     server = stub("echo")
     user = make_user(server)
@@ -345,7 +345,7 @@ def test_registry(stub: Callable[..., StubServer]) -> None:
         get_user_simulator("gpt-user")
 
 
-def test_endpoint_down_or_wrong_path_gives_user_errors(env: AirlineEnv, stub: Callable[..., StubServer]) -> None:
+def test_endpoint_down_or_wrong_path_gives_user_errors(env: DomainEnv, stub: Callable[..., StubServer]) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -385,7 +385,7 @@ def test_the_stub_server_runs_by_hand_and_an_evaluation_uses_it(tmp_path: Path) 
         done = subprocess.run(
             [sys.executable, str(repo / "evaluate.py"), "--model", "oracle", "--tasks", "0", "--num_samples", "1",
              "--user_simulator", "llm", "--user_base_url", base_url, "--user_model", "stub-model",
-             "--output_dir", str(tmp_path), "--progress", "false", "--protocol", "airline_rl"],
+             "--output_dir", str(tmp_path), "--progress", "false", "--protocol", "tau2_rl"],
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]  # every episode scored (user errors would make it 1)

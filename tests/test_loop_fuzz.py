@@ -18,13 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_tool_call_parsing import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, turn_text
 
-from airline_rl.envs.episode import AirlineEnv, EnvConfig
-from airline_rl.envs.runner import run_episodes
-from airline_rl.envs.tools import TOOL_NAMES
-from airline_rl.envs.users import get_user_simulator
-from airline_rl.envs.users.base import UserReply, UserSimulator
-from airline_rl.rewards.outcome import outcome_reward
-from airline_rl.rollout import TokenPolicyAgent
+from tau2_rl.envs.episode import DomainEnv, EnvConfig
+from tau2_rl.envs.runner import run_episodes
+from tau2_rl.envs.tools import TOOL_NAMES
+from tau2_rl.envs.users import get_user_simulator
+from tau2_rl.envs.users.base import UserReply, UserSimulator
+from tau2_rl.rewards.outcome import outcome_reward
+from tau2_rl.rollout import TokenPolicyAgent
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -93,7 +93,7 @@ class HostileUser(UserSimulator):
         return self.inner.reply(episode)
 
 
-ENV = AirlineEnv(config=EnvConfig(max_turns=5, max_tool_errors=4))
+ENV = DomainEnv(config=EnvConfig(max_turns=5, max_tool_errors=4))
 
 
 def play_fuzzed(tokenizer, data: st.DataObject, seed: int) -> int:
@@ -142,7 +142,7 @@ def test_lone_surrogate_in_a_tool_argument_does_not_crash_the_loop(tiny_tokenize
         def generate(self, prompts, max_new_tokens):
             return [ids] * len(prompts), None
 
-    env = AirlineEnv(config=EnvConfig(max_turns=3))
+    env = DomainEnv(config=EnvConfig(max_turns=3))
     agent = TokenPolicyAgent(Repeat(), tokenizer, env.tools, [tokenizer.eos_token_id], 10**5, 512, 10**9)
     (record,) = run_episodes(env, agent, get_user_simulator("scripted"), [("0", 0)], score=outcome_reward)
     assert record.termination == "max_turns" and len(record.tool_calls) == 3

@@ -1,4 +1,4 @@
-"""Render-Twice-Diff assistant masks (``airline_rl.render.assistant_mask_rows``) across TRL's bundled chat templates.
+"""Render-Twice-Diff assistant masks (``tau2_rl.render.assistant_mask_rows``) across TRL's bundled chat templates.
 
 Each template gets a tokenizer trained in-process on the airline domain (``build_tiny_tokenizer``) with the family's
 special tokens added. The mask must cover exactly each assistant turn's text and its end-of-turn token, and nothing of
@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from airline_rl.data.collect import rows_to_dataset
-from airline_rl.data.tiny_model import build_tiny_tokenizer
-from airline_rl.envs.agents import get_agent
-from airline_rl.envs.episode import AirlineEnv
-from airline_rl.envs.runner import run_episodes
-from airline_rl.envs.users import get_user_simulator
-from airline_rl.render import (
+from tau2_rl.data.collect import rows_to_dataset
+from tau2_rl.data.tiny_model import build_tiny_tokenizer
+from tau2_rl.envs.agents import get_agent
+from tau2_rl.envs.episode import DomainEnv
+from tau2_rl.envs.runner import run_episodes
+from tau2_rl.envs.users import get_user_simulator
+from tau2_rl.render import (
     TemplateNotPrefixPreserving,
     UnmaskableTurn,
     assistant_mask_rows,
@@ -35,9 +35,9 @@ from airline_rl.render import (
     render,
     trained_turns,
 )
-from airline_rl.rewards.outcome import outcome_reward
-from airline_rl.rollout import TokenPolicyAgent, episode_tensors
-from airline_rl.trainers.sft import prepare_sft_dataset
+from tau2_rl.rewards.outcome import outcome_reward
+from tau2_rl.rollout import TokenPolicyAgent, episode_tensors
+from tau2_rl.trainers.sft import prepare_sft_dataset
 
 LLAMA_SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>"]
 
@@ -294,7 +294,7 @@ def test_fallback_rows_are_counted_in_a_warning(make_tokenizer, caplog: pytest.L
         {"task_id": "1", "messages": QWEN3_TWO_QUERIES, "tools": TOOLS, "reward": 1.0},
         {"task_id": "3", "messages": MULTI_CALL, "tools": TOOLS, "reward": 1.0},
     ]
-    with caplog.at_level(logging.WARNING, logger="airline_rl"):
+    with caplog.at_level(logging.WARNING, logger="tau2_rl"):
         dataset, report = prepare_sft_dataset(rows_to_dataset(rows), tokenizer)
     assert report.per_turn_conversations == 2 and report.per_turn_rows == 3 + 4 == len(dataset)
     assert "2 conversations were split into 7 per-turn rows" in caplog.text
@@ -320,7 +320,7 @@ def test_sft_row_equals_the_rl_rollout_of_the_same_episode(make_tokenizer) -> No
     """The oracle's episode, replayed by ``TokenPolicyAgent`` sampling exactly the SFT row's assistant tokens, gives
     the same token ids and the same mask: SFT and RL see one tokenisation of the conversation."""
     tokenizer = make_tokenizer("qwen2_5.jinja")
-    env = AirlineEnv()
+    env = DomainEnv()
     (record,) = run_episodes(
         env, get_agent("oracle"), get_user_simulator("scripted"), [("1", 0)], score=outcome_reward
     )

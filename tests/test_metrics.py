@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from airline_rl.evaluation.metrics import (
+from tau2_rl.evaluation.metrics import (
     bootstrap_pass1,
     compute_metrics,
     generalization_pass1,

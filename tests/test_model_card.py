@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from airline_rl.data.tiny_model import build_tiny_model
-from airline_rl.trainers.sft import export_model_dir
+from tau2_rl.data.tiny_model import build_tiny_model
+from tau2_rl.trainers.sft import export_model_dir
 
 
 def snippet(readme: Path) -> str:
@@ -30,8 +30,8 @@ def test_the_model_card_snippet_loads_the_revision(tmp_path: Path, monkeypatch, 
 
 
 def test_the_card_names_the_domain_it_was_trained_on() -> None:
-    from airline_rl.run.hub import model_card
-    from airline_rl.trainers.sft import model_card as sft_card
+    from tau2_rl.run.hub import model_card
+    from tau2_rl.trainers.sft import model_card as sft_card
 
     airline = model_card("r", 2, {"config": {"variant": "joint"}})
     assert "tags: [trl, grpo, tau2-bench, airline, tool-calling]" in airline

@@ -177,7 +177,7 @@ def test_two_process_grpo_with_vllm_colocated(tmp_path: Path) -> None:
     ranks = run_two_ranks(tmp_path, model, env, extra)
     check_two_ranks(tmp_path, ranks)
     # One process playing both ranks' rows (per_device_train_batch_size 4): the same episodes of step 1, token for
-    # token, as each turn samples with its own vLLM request seed (airline_rl/backends/vllm_seeds.py).
+    # token, as each turn samples with its own vLLM request seed (tau2_rl/backends/vllm_seeds.py).
     one = run_two_ranks(tmp_path / "one", model, cpu_env(plugin, ROOT, threads_bind="0"),
                         [*extra, "--per_device_train_batch_size", "4"], launch=ONE_PROCESS, ranks=(0,))  # fmt: skip
     assert step_one_episodes(one) == step_one_episodes(ranks) and len(step_one_episodes(ranks)) == 4

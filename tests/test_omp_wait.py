@@ -1,4 +1,4 @@
-"""OpenMP's wait policy for generation ahead (airline_rl/run/omp_wait.py): read from the command line and the recipe
+"""OpenMP's wait policy for generation ahead (tau2_rl/run/omp_wait.py): read from the command line and the recipe
 before torch loads, set only for --max_staleness >= 1, never over a value the user exported."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from airline_rl.run import omp_wait
+from tau2_rl.run import omp_wait
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def _policy_in_a_fresh_interpreter(argv: list[str], exported: str | None) -> str
     if exported is not None:
         env[omp_wait.VARIABLE] = exported
     code = (
-        "import os, sys; from airline_rl.run.omp_wait import passive_waits_for_generation_ahead as p; "
+        "import os, sys; from tau2_rl.run.omp_wait import passive_waits_for_generation_ahead as p; "
         f"p({argv!r}); import torch; print(os.environ.get('OMP_WAIT_POLICY', 'unset'))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
@@ -73,6 +73,6 @@ def test_train_grpo_sets_it_before_anything_imports_torch():
     source = (ROOT / "train_grpo.py").read_text().splitlines()
     call = next(i for i, line in enumerate(source) if line.startswith("passive_waits_for_generation_ahead()"))
     first_heavy = next(
-        i for i, line in enumerate(source) if line.startswith(("from trl", "import torch", "from airline_rl.c"))
+        i for i, line in enumerate(source) if line.startswith(("from trl", "import torch", "from tau2_rl.c"))
     )
     assert call < first_heavy

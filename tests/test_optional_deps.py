@@ -44,12 +44,12 @@ importlib.util.find_spec = find_spec
 
 root = Path({root!r})
 sys.path.insert(0, str(root))
-import airline_rl
+import tau2_rl
 
-modules = sorted(m.name for m in pkgutil.walk_packages(airline_rl.__path__, "airline_rl."))
+modules = sorted(m.name for m in pkgutil.walk_packages(tau2_rl.__path__, "tau2_rl."))
 scripts = ["train_grpo", "train_sft", "evaluate", "collect_trajectories", "play", "plot_run", "run_ablation"]
 scripts += ["scripts." + p.stem for p in sorted((root / "scripts").glob("*.py")) if p.stem != "__init__"]
-for name in ["airline_rl", *modules, *scripts]:
+for name in ["tau2_rl", *modules, *scripts]:
     importlib.import_module(name)
 
 import evaluate, train_grpo, train_sft

@@ -16,12 +16,12 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 import train_grpo
-from airline_rl import experiment
-from airline_rl.run.precision import check_update_precision, fp32_master_weights, lost_update_fraction
-from airline_rl.run.update_monitor import METRIC, UpdateFractionCallback, add_update_monitor
-from airline_rl.trainers import multiturn_grpo
 from benchmarks import update_fidelity
 from benchmarks.update_fidelity import fixed_batch, small_model
+from tau2_rl import experiment
+from tau2_rl.run.precision import check_update_precision, fp32_master_weights, lost_update_fraction
+from tau2_rl.run.update_monitor import METRIC, UpdateFractionCallback, add_update_monitor
+from tau2_rl.trainers import multiturn_grpo
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -67,7 +67,7 @@ def test_check_refuses_bf16_weights_that_would_not_move(tmp_path, caplog) -> Non
     message = str(refused.value)
     assert message.startswith("error: 9") and "\n" not in message  # "error: 9x% of the trainable weights ..."
     assert "accelerate_configs/zero2_offload.yaml" in message and "--allow_rounded_updates true" in message
-    with caplog.at_level(logging.WARNING, logger="airline_rl.run.precision"):
+    with caplog.at_level(logging.WARNING, logger="tau2_rl.run.precision"):
         assert check_update_precision(trainer, allow=True) > 0.9
     assert "--allow_rounded_updates true" in caplog.text
     assert check_update_precision(_trainer(tmp_path, torch.float32, 1e-6), allow=False) == 0.0
@@ -100,7 +100,7 @@ def test_monitor_logs_the_changed_fraction(tmp_path) -> None:
 def test_monitor_warns_when_steps_round_away(tmp_path, caplog) -> None:
     trainer = _trainer(tmp_path, torch.bfloat16, 1e-6)
     add_update_monitor(trainer)
-    with caplog.at_level(logging.WARNING, logger="airline_rl.run.update_monitor"):
+    with caplog.at_level(logging.WARNING, logger="tau2_rl.run.update_monitor"):
         trainer.train()
     fractions = [entry[METRIC] for entry in trainer.state.log_history if METRIC in entry]
     assert len(fractions) == 3 and max(fractions) < 0.1
@@ -148,7 +148,7 @@ def test_the_reference_launches_keep_fp32_master_weights() -> None:
 
 
 def test_train_grpo_refuses_bf16_at_1e6_before_training(tmp_path, tiny_model_dir, short_env, monkeypatch) -> None:
-    monkeypatch.setattr(train_grpo, "AirlineEnv", lambda data_dir=None, config=None: short_env(config.max_turns))
+    monkeypatch.setattr(train_grpo, "DomainEnv", lambda data_dir=None, config=None: short_env(config.max_turns))
     trained = []
     monkeypatch.setattr(multiturn_grpo.MultiTurnGRPOTrainer, "train", lambda self, **kw: trained.append(1))
     flags = [  # shrunk like cpu_smoke.yaml: one task, 4 episodes of 2 turns
@@ -168,7 +168,7 @@ def test_train_sft_refuses_bf16_at_1e5_before_training(tmp_path, tiny_model_dir,
 
     monkeypatch.chdir(tmp_path)  # the embedded default collects oracle trajectories into ./hub
     trained = []
-    monkeypatch.setattr(train_sft.AirlineSFTTrainer, "train", lambda self, **kw: trained.append(1))
+    monkeypatch.setattr(train_sft.ShardedSFTTrainer, "train", lambda self, **kw: trained.append(1))
     argv = [
         "--model_name_or_path", str(tiny_model_dir), "--tasks", "0", "--use_cpu", "true", "--bf16", "false",
         "--output_dir", str(tmp_path / "sft"), "--hub_dir", str(tmp_path / "hub"), "--max_steps", "1",
@@ -186,7 +186,7 @@ def test_monitor_does_not_blame_rounding_for_a_zero_gradient(tmp_path, caplog) -
     trainer = _trainer(tmp_path, torch.float32, 1e-4)
     callback = UpdateFractionCallback(trainer)
     state = trainer.state
-    with caplog.at_level(logging.WARNING, logger="airline_rl.run.update_monitor"):
+    with caplog.at_level(logging.WARNING, logger="tau2_rl.run.update_monitor"):
         for step in (1, 2, 3):
             state.global_step, callback.fraction = step, 0.0
             callback.on_log(trainer.args, state, trainer.control, logs={"grad_norm": 0.0})
@@ -203,7 +203,7 @@ def test_monitor_says_when_a_low_step_had_near_zero_loss_instead_of_blaming_prec
     trainer = _trainer(tmp_path, torch.float32, 1e-4)
     callback = UpdateFractionCallback(trainer)
     state = trainer.state
-    with caplog.at_level(logging.WARNING, logger="airline_rl.run.update_monitor"):
+    with caplog.at_level(logging.WARNING, logger="tau2_rl.run.update_monitor"):
         for step in (1, 2):
             state.global_step, callback.fraction = step, 0.304
             logs = {"loss": 1e-9, "grad_norm": 2e-7, "frac_reward_zero_std": 1.0}

@@ -1,6 +1,6 @@
 """Prefix reuse must not change what greedy decoding produces: the shared-prefix backend's batched waves (the
 evaluator's engine, benchmarks/rollout_bench.py) equal one episode at a time with plain ``generate``, and the
-trainer's rollouts through ``airline_rl.backends.trl_prefix`` equal TRL's own generation call. No timing here: the
+trainer's rollouts through ``tau2_rl.backends.trl_prefix`` equal TRL's own generation call. No timing here: the
 benchmark measures speed.
 
 Shrunk (each marked where set): 4 episodes, at most 3 turns of 8 tokens, and 16 turns in the slow variants (turn
@@ -15,17 +15,17 @@ import datasets
 import pytest
 import torch
 
-from airline_rl.backends import TransformersBackend, trl_prefix
-from airline_rl.backends import shared_prefix as shared_prefix_module
-from airline_rl.backends.attention import grouped_decode_attention
-from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend
-from airline_rl.configs import MultiTurnGRPOConfig
-from airline_rl.envs.episode import AirlineEnv, EnvConfig
-from airline_rl.envs.runner import run_episodes
-from airline_rl.envs.users import get_user_simulator
-from airline_rl.rewards.outcome import outcome_reward
-from airline_rl.rollout import TokenPolicyAgent
-from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+from tau2_rl.backends import TransformersBackend, trl_prefix
+from tau2_rl.backends import shared_prefix as shared_prefix_module
+from tau2_rl.backends.attention import grouped_decode_attention
+from tau2_rl.backends.shared_prefix import SharedPrefixTransformersBackend
+from tau2_rl.configs import MultiTurnGRPOConfig
+from tau2_rl.envs.episode import DomainEnv, EnvConfig
+from tau2_rl.envs.runner import run_episodes
+from tau2_rl.envs.users import get_user_simulator
+from tau2_rl.rewards.outcome import outcome_reward
+from tau2_rl.rollout import TokenPolicyAgent
+from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -94,7 +94,7 @@ def test_wave_batched_prefix_reuse_equals_one_at_a_time_plain_generate(tiny_mode
     from transformers import AutoModelForCausalLM
 
     tok = tiny_tokenizer
-    env = AirlineEnv(config=EnvConfig(max_turns=max_turns))  # the real ~7k-token prompt
+    env = DomainEnv(config=EnvConfig(max_turns=max_turns))  # the real ~7k-token prompt
     forced = {"forced_eos_token_id": tok.eos_token_id}  # every 8-token turn ends the turn: full multi-turn episodes
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     plain = TransformersBackend(model, tok, temperature=0.0, prefix_cache=False, generation_kwargs=forced)
@@ -127,7 +127,7 @@ def test_wave_batched_prefix_reuse_equals_one_at_a_time_plain_generate(tiny_mode
 def _trainer(tmp_path, model_dir, tokenizer, prefix_reuse: bool, max_turns: int = 3) -> MultiTurnGRPOTrainer:
     from transformers import AutoModelForCausalLM
 
-    env = AirlineEnv(config=EnvConfig(max_turns=max_turns))  # shrunk from 30
+    env = DomainEnv(config=EnvConfig(max_turns=max_turns))  # shrunk from 30
     env.tools = []  # shrunk: the policy text alone (thousands of tokens) is the shared prefix
     args = MultiTurnGRPOConfig(
         output_dir=str(tmp_path / "out"),
@@ -193,7 +193,7 @@ def test_trainer_keeps_trls_call_when_the_decoding_rule_reads_the_prompt(tmp_pat
 
 
 def test_the_trl_internals_the_prefix_path_relies_on_still_exist(tmp_path, tiny_model_dir, tiny_tokenizer):
-    """Pinned to trl==1.16.0: ``airline_rl.backends.trl_prefix`` reads these; a TRL upgrade must keep them."""
+    """Pinned to trl==1.16.0: ``tau2_rl.backends.trl_prefix`` reads these; a TRL upgrade must keep them."""
     import inspect
 
     from trl.models.utils import unwrap_model_for_generation

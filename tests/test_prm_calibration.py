@@ -1,6 +1,6 @@
 """PRM-Lite against its behaviour corpus: the acceptance conditions of the redesign, the labels, and robustness.
 
-The corpus (``airline_rl.rewards.prm.corpus``) is built once per module: scripted behaviours × 50 tasks × the scripted
+The corpus (``tau2_rl.rewards.prm.corpus``) is built once per module: scripted behaviours × 50 tasks × the scripted
 user, offline, a couple of seconds. The fuzz tests feed the scorer hostile records built from the parser fuzz
 strategies of ``tests/test_tool_call_parsing.py``.
 """
@@ -19,13 +19,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airline_rl.envs.behaviours import corrupt_arguments, get_behaviour
-from airline_rl.envs.episode import AirlineEnv, EpisodeRecord, ToolCallRecord, TurnRecord
-from airline_rl.rewards.prm import RULES, auc, detectors, engine, rules, score_episode, spearman
-from airline_rl.rewards.prm.conversations import import_conversations
-from airline_rl.rewards.prm.corpus import Trajectory, build_corpus
-from airline_rl.rewards.prm.engine import PRM_RULE_SETS
-from airline_rl.rewards.prm.report import (
+from tau2_rl.envs.behaviours import corrupt_arguments, get_behaviour
+from tau2_rl.envs.episode import DomainEnv, EpisodeRecord, ToolCallRecord, TurnRecord
+from tau2_rl.rewards.prm import RULES, auc, detectors, engine, rules, score_episode, spearman
+from tau2_rl.rewards.prm.conversations import import_conversations
+from tau2_rl.rewards.prm.corpus import Trajectory, build_corpus
+from tau2_rl.rewards.prm.engine import PRM_RULE_SETS
+from tau2_rl.rewards.prm.report import (
     CALIBRATION_END,
     CALIBRATION_START,
     REAL_TASK_MAP,
@@ -35,10 +35,10 @@ from airline_rl.rewards.prm.report import (
     headline,
     real_headline,
 )
-from airline_rl.rewards.prm.stats import Calibration, RealCalibration, best_auc, calibrate, calibrate_real
+from tau2_rl.rewards.prm.stats import Calibration, RealCalibration, best_auc, calibrate, calibrate_real
 from tests.test_tool_call_parsing import json_values, turn_text
 
-ENV = AirlineEnv()
+ENV = DomainEnv()
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_rules_never_read_gold() -> None:
         tree = ast.parse(inspect.getsource(module))
         imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-        forbidden = {"airline_rl.envs.data", "airline_rl.rewards.outcome", "airline_rl.rewards.prm.corpus"}
+        forbidden = {"tau2_rl.envs.data", "tau2_rl.rewards.outcome", "tau2_rl.rewards.prm.corpus"}
         assert not imported & forbidden, module.__name__
 
 
@@ -175,7 +175,7 @@ def test_docs_report_matches_the_corpus(
     corpus: list[Trajectory], calibration: Calibration, real: dict[str, RealCalibration]
 ) -> None:
     """docs/prm_lite.md carries the reports generated from the current rules, the corpus and the real set
-    (regenerate with ``python -m airline_rl.rewards.prm --update-docs docs/prm_lite.md``)."""
+    (regenerate with ``python -m tau2_rl.rewards.prm --update-docs docs/prm_lite.md``)."""
     text = (Path(__file__).resolve().parents[1] / "docs" / "prm_lite.md").read_text(encoding="utf-8")
     block = text.split(CALIBRATION_START, 1)[1].split(CALIBRATION_END, 1)[0]
     corpus_cals = {name: calibrate(corpus, rules=name, env=ENV) for name in PRM_RULE_SETS}
@@ -390,7 +390,7 @@ def _write(tmp_path: Path, name: str, value: object) -> Path:
 
 
 def test_importer_names_file_conversation_and_field(tmp_path: Path) -> None:
-    from airline_rl.rewards.prm.conversations import ConversationFileError
+    from tau2_rl.rewards.prm.conversations import ConversationFileError
 
     task_map = _write(tmp_path, "map.json", {"0": {"tau2_task": "20"}, "1": "19", "2": {"tau2_task": "no-such"}})
     hello = {"role": "user", "content": "Hi, I am mia_li_3668."}
@@ -439,7 +439,7 @@ def test_importer_names_file_conversation_and_field(tmp_path: Path) -> None:
 
 
 def test_report_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], real: dict[str, RealCalibration]) -> None:
-    from airline_rl.rewards.prm.report import main
+    from tau2_rl.rewards.prm.report import main
 
     args = ["--trajectories", str(REAL_TRAJECTORIES), "--task_map", str(REAL_TASK_MAP)]
     assert main(args) == 0
@@ -466,10 +466,10 @@ def test_rule_modules_read_no_task_trajectory_or_gold_file() -> None:
     """The rule modules read only the trajectory: no file access at all, no task / trajectory / corpus / outcome
     module, and no string in the code (docstrings aside: they show examples) that names a user or a reservation of
     the real calibration set."""
-    from airline_rl.rewards.prm import consent, policy
+    from tau2_rl.rewards.prm import consent, policy
 
-    forbidden_modules = {"airline_rl.envs.data", "airline_rl.rewards.outcome", "airline_rl.rewards.prm.corpus",
-                         "airline_rl.rewards.prm.conversations", "airline_rl.rewards.prm.report"}  # fmt: skip
+    forbidden_modules = {"tau2_rl.envs.data", "tau2_rl.rewards.outcome", "tau2_rl.rewards.prm.corpus",
+                         "tau2_rl.rewards.prm.conversations", "tau2_rl.rewards.prm.report"}  # fmt: skip
     conversations = json.loads(REAL_TRAJECTORIES.read_text(encoding="utf-8"))
     ids = {entry["user_id"] for entry in json.loads(REAL_TASK_MAP.read_text(encoding="utf-8")).values()}
     for conversation in conversations:
@@ -497,7 +497,7 @@ def test_rule_modules_read_no_task_trajectory_or_gold_file() -> None:
 
 
 def test_within_group_signal() -> None:
-    from airline_rl.rewards.prm.stats import within_group_signal
+    from tau2_rl.rewards.prm.stats import within_group_signal
 
     scores = [0.3, 0.1, -0.2, 0.0, 0.5, 0.5, 0.2, 0.1]
     outcomes = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]

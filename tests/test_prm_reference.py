@@ -12,18 +12,18 @@ from typing import Any
 
 import pytest
 
-from airline_rl.envs.data import GoldAction
-from airline_rl.envs.episode import AGENT_STOP, AirlineEnv, EpisodeRecord
-from airline_rl.envs.tool_calls import format_tool_call
-from airline_rl.rewards.outcome import matches_gold
-from airline_rl.rewards.prm import detectors, engine, policy, reference, rules, score_episode
-from airline_rl.rewards.prm.corpus import Trajectory, build_corpus
-from airline_rl.rewards.prm.engine import PRM_RULE_SETS, REFERENCE_SETS
-from airline_rl.rewards.prm.reference import MAX_CREDITED_READS, REFERENCE_TERMS, write_order_matters
-from airline_rl.rewards.prm.report import REAL_TASK_MAP, REAL_TRAJECTORIES, main
-from airline_rl.rewards.prm.stats import calibrate
+from tau2_rl.envs.data import GoldAction
+from tau2_rl.envs.episode import AGENT_STOP, DomainEnv, EpisodeRecord
+from tau2_rl.envs.tool_calls import format_tool_call
+from tau2_rl.rewards.outcome import matches_gold
+from tau2_rl.rewards.prm import detectors, engine, policy, reference, rules, score_episode
+from tau2_rl.rewards.prm.corpus import Trajectory, build_corpus
+from tau2_rl.rewards.prm.engine import PRM_RULE_SETS, REFERENCE_SETS
+from tau2_rl.rewards.prm.reference import MAX_CREDITED_READS, REFERENCE_TERMS, write_order_matters
+from tau2_rl.rewards.prm.report import REAL_TASK_MAP, REAL_TRAJECTORIES, main
+from tau2_rl.rewards.prm.stats import calibrate
 
-ENV = AirlineEnv()
+ENV = DomainEnv()
 TASK = "15"  # one gold write (update_reservation_flights on M05KNL), no required info
 INFO_TASK = "11"  # one gold write and communicate_info ("5244")
 
@@ -183,8 +183,8 @@ def test_only_the_reference_module_reads_gold_data() -> None:
         return found | {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
 
     for module in (detectors, rules, policy):
-        assert "airline_rl.rewards.prm.reference" not in imports(module), module.__name__
-    assert "airline_rl.rewards.prm.reference" in imports(engine)
+        assert "tau2_rl.rewards.prm.reference" not in imports(module), module.__name__
+    assert "tau2_rl.rewards.prm.reference" in imports(engine)
     source = inspect.getsource(reference)
     assert "open(" not in source and "json" not in imports(reference) and "pathlib" not in imports(reference)
 

@@ -1,4 +1,4 @@
-"""A process that built a gloo group destroys it at a normal exit (``airline_rl.run.start``), while the interpreter
+"""A process that built a gloo group destroys it at a normal exit (``tau2_rl.run.start``), while the interpreter
 is whole: leaving it to finalization aborted finished runs in CI (``terminate called without an active exception``)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = """
 import atexit, os, sys
 import torch.distributed as dist
-from airline_rl.run.start import release_process_group_at_exit
+from tau2_rl.run.start import release_process_group_at_exit
 
 def report():  # registered first, so it runs after the release (atexit runs last-in, first-out)
     print("initialized at exit:", dist.is_initialized(), flush=True)
@@ -45,7 +45,7 @@ TWO_RANKS = """
 import atexit, os, sys
 from pathlib import Path
 import torch, torch.distributed as dist
-from airline_rl.run.start import leave_distributed_run, release_process_group_at_exit
+from tau2_rl.run.start import leave_distributed_run, release_process_group_at_exit
 
 out = Path(sys.argv[1])
 dist.init_process_group("gloo")

@@ -1,4 +1,4 @@
-"""The system prompt a policy was trained with travels with its weights (airline_rl/envs/prompt_style.py)."""
+"""The system prompt a policy was trained with travels with its weights (tau2_rl/envs/prompt_style.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from test_evaluate import env, load, tiny_args, tiny_model  # noqa: F401 (fixtures)
 
-from airline_rl.envs.episode import AirlineEnv
-from airline_rl.envs.prompt_style import (
+from tau2_rl.envs.episode import DomainEnv
+from tau2_rl.envs.prompt_style import (
     COMPACT_SYSTEM_PROMPT,
     PROMPT_STYLE_FILE,
     compact_env,
@@ -18,9 +18,9 @@ from airline_rl.envs.prompt_style import (
     use_compact_prompt,
     write_prompt_style,
 )
-from airline_rl.evaluation import EvaluationError, run_evaluation
-from airline_rl.evaluation import evaluator as evaluator_module
-from airline_rl.evaluation.results import ConfigMismatchError
+from tau2_rl.evaluation import EvaluationError, run_evaluation
+from tau2_rl.evaluation import evaluator as evaluator_module
+from tau2_rl.evaluation.results import ConfigMismatchError
 
 
 def test_recorded_style_round_trips_and_the_flag_wins(tmp_path: Path) -> None:
@@ -41,7 +41,7 @@ def test_recorded_style_round_trips_and_the_flag_wins(tmp_path: Path) -> None:
 
 
 def test_compact_env_keeps_the_tools_running() -> None:
-    compact = compact_env(AirlineEnv())
+    compact = compact_env(DomainEnv())
     assert compact.system_prompt == COMPACT_SYSTEM_PROMPT and compact.tools == []
     episode = compact.reset("0")
     assert episode.messages[0]["content"] == COMPACT_SYSTEM_PROMPT
@@ -92,3 +92,28 @@ def test_revisions_trained_with_different_prompts_are_not_evaluated_together(tmp
     with pytest.raises(EvaluationError, match="different system prompts"):
         run_evaluation(tiny_args(tmp_path / "eval", "mixed", steps="1,2", tasks="0", num_samples=1,
                                  hub_dir=str(tmp_path / "hub")))  # fmt: skip
+
+
+def test_files_written_before_the_package_rename_are_read_as_todays(tmp_path: Path) -> None:
+    """The package (and with it the training protocol's name and the prompt file's) was ``airline_rl``: a model
+    directory, a results.json and a τ² export written then still resume, compare and load."""
+    import evaluate
+    from tau2_rl.envs.prompt_style import LEGACY_PROMPT_STYLE_FILE
+    from tau2_rl.evaluation.results import config_differences
+
+    (tmp_path / LEGACY_PROMPT_STYLE_FILE).write_text('{"system_prompt": "compact"}')
+    assert read_prompt_style(tmp_path) == "compact"
+    write_prompt_style(tmp_path, compact=False)  # today's file wins over the old one
+    assert read_prompt_style(tmp_path) == "full"
+
+    assert config_differences({"protocol": "airline_rl"}, {"protocol": "tau2_rl"}) == []
+    assert config_differences({}, {"protocol": "tau2_rl"}) == []  # before the protocol was recorded at all
+    assert config_differences({"protocol": "airline_rl"}, {"protocol": "tau2"}) == [
+        "protocol: file has 'tau2_rl', this run has 'tau2'"
+    ]
+
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"metrics": {"valid_episodes": 1, "episodes": 1}}))
+    rejected = {"task_id": "3", "sample": 0, "error": "bad message"}
+    (tmp_path / evaluate.TAU2_INCOMPLETE_FILE).write_text(json.dumps({"airline_rl": {"rejected": [rejected]}}))
+    assert "rejected 1 conversation(s): task 3 sample 0 (bad message)" in evaluate.unfinished(results)

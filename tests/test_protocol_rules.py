@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import pytest
 
-from airline_rl.envs.episode import AirlineEnv, EnvConfig, Episode, shared_base
-from airline_rl.envs.protocol import PROTOCOLS, get_protocol
-from airline_rl.envs.tool_calls import format_tool_call
-from airline_rl.envs.users.base import agent_messages_since_user
+from tau2_rl.envs.episode import DomainEnv, EnvConfig, Episode, shared_base
+from tau2_rl.envs.protocol import PROTOCOLS, get_protocol
+from tau2_rl.envs.tool_calls import format_tool_call
+from tau2_rl.envs.users.base import agent_messages_since_user
 
 READ = format_tool_call("get_user_details", {"user_id": "mia_li_3668"})
 BAD = format_tool_call("no_such_tool", {})
 
 
 def episode(max_steps: int = 200, max_tool_errors: int = 10) -> Episode:
-    domain = AirlineEnv().domain  # the airline_rl env only lends the domain: no τ² prompt is built
+    domain = DomainEnv().domain  # the tau2_rl env only lends the domain: no τ² prompt is built
     config = EnvConfig(protocol="tau2", max_steps=max_steps, max_tool_errors=max_tool_errors)
     return Episode(domain.get_task("0"), shared_base(), "system", 0, config)
 
@@ -87,8 +87,8 @@ def test_a_turn_with_a_malformed_block_is_text_for_the_user() -> None:
     assert agent_messages_since_user(e) == [(READ + "\n" + text).strip()]
 
 
-def test_airline_rl_keeps_its_own_rules() -> None:
-    rules = PROTOCOLS["airline_rl"]
+def test_tau2_rl_keeps_its_own_rules() -> None:
+    rules = PROTOCOLS["tau2_rl"]
     assert rules.agent_stop_token and rules.text_with_calls_reaches_user and not rules.counts_steps
-    with pytest.raises(ValueError, match="--protocol must be one of tau2, airline_rl"):
+    with pytest.raises(ValueError, match="--protocol must be one of tau2, tau2_rl"):
         get_protocol("tau3")

@@ -37,10 +37,10 @@ def test_grpo_recipe_parses(recipe: Path) -> None:
 
 def test_group_std_scaling_with_a_process_reward_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
     recipe = str(REPO_ROOT / "recipes" / "grpo" / "prm_lite.yaml")
-    with caplog.at_level("WARNING", logger="airline_rl.configs"):
+    with caplog.at_level("WARNING", logger="tau2_rl.configs"):
         train_grpo.make_parser().parse_args_and_config(args=["--config", recipe, *CPU_OVERRIDES])
     assert "--scale_rewards" not in caplog.text
-    with caplog.at_level("WARNING", logger="airline_rl.configs"):
+    with caplog.at_level("WARNING", logger="tau2_rl.configs"):
         train_grpo.make_parser().parse_args_and_config(
             args=["--config", recipe, *CPU_OVERRIDES, "--scale_rewards", "group"]
         )

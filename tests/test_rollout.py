@@ -1,4 +1,4 @@
-"""Token-in/token-out rollouts (``airline_rl.rollout.TokenPolicyAgent`` through ``run_episodes``), no model needed.
+"""Token-in/token-out rollouts (``tau2_rl.rollout.TokenPolicyAgent`` through ``run_episodes``), no model needed.
 
 A fake ``GenerationBackend`` "samples" exactly the tokens the chat template renders for scripted assistant messages
 (Hermes ``<tool_call>`` blocks as qwen2_5.jinja renders ``tool_calls``, closed by ``<|im_end|>``). Then the token
@@ -13,13 +13,13 @@ import random
 import pytest
 import torch
 
-from airline_rl.backends import TransformersBackend
-from airline_rl.envs.episode import TOKEN_BUDGET, AirlineEnv, EnvConfig
-from airline_rl.envs.runner import run_episodes
-from airline_rl.envs.users import get_user_simulator
-from airline_rl.render import render
-from airline_rl.rewards.outcome import outcome_reward
-from airline_rl.rollout import TokenPolicyAgent, episode_tensors
+from tau2_rl.backends import TransformersBackend
+from tau2_rl.envs.episode import TOKEN_BUDGET, DomainEnv, EnvConfig
+from tau2_rl.envs.runner import run_episodes
+from tau2_rl.envs.users import get_user_simulator
+from tau2_rl.render import render
+from tau2_rl.rewards.outcome import outcome_reward
+from tau2_rl.rollout import TokenPolicyAgent, episode_tensors
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -225,7 +225,7 @@ class RandomBackend:
 
 def test_malformed_model_turns_never_crash(tiny_tokenizer):
     tok = tiny_tokenizer
-    env = AirlineEnv(config=EnvConfig(max_turns=6))
+    env = DomainEnv(config=EnvConfig(max_turns=6))
     kinds = set()
     for seed in range(4):
         backend = RandomBackend(tok, seed)
@@ -370,7 +370,7 @@ def _waves(backend, prompts, rng, waves: int, new: int, seeds=None) -> list[list
 def test_turn_caching_equals_re_prefill_over_16_waves(tiny_model, tiny_tokenizer, airline_env, temperature):
     """16 waves through the turn cache == the same backend re-prefilling every history == plain ``generate`` one
     prompt at a time (greedy), token for token; sampling with per-row seeds draws the same tokens too."""
-    from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend
+    from tau2_rl.backends.shared_prefix import SharedPrefixTransformersBackend
 
     tok = tiny_tokenizer
     agent = TokenPolicyAgent(None, tok, airline_env.tools, [tok.eos_token_id], 1, 1)
@@ -406,7 +406,7 @@ class _OneAtATime:
 
 def test_turn_cache_cap_drops_the_oldest_and_transcripts_stay_equal(tiny_model, tiny_tokenizer, airline_env):
     """A cap below one wave's cached tokens: the oldest episodes are dropped and re-prefilled, nothing changes."""
-    from airline_rl.backends.shared_prefix import SharedPrefixTransformersBackend
+    from tau2_rl.backends.shared_prefix import SharedPrefixTransformersBackend
 
     tok = tiny_tokenizer
     agent = TokenPolicyAgent(None, tok, airline_env.tools, [tok.eos_token_id], 1, 1)

@@ -1,4 +1,4 @@
-"""Resume only the same run (``airline_rl/run/guard.py``): refuse another configuration's checkpoints, and make a rerun
+"""Resume only the same run (``tau2_rl/run/guard.py``): refuse another configuration's checkpoints, and make a rerun
 of a finished run a no-op, for ``train_sft.py`` and ``train_grpo.py``."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from test_sft import model_dir, run_train_sft, short_dataset  # noqa: F401 (fixtures)
 
 import train_grpo
-from airline_rl.run.checkpoints import seal_checkpoint
-from airline_rl.run.guard import RUN_CONFIG_FILE, RunGuardError, claim_output_dir, decide_resume, write_run_config
-from airline_rl.run.hub import read_refs
+from tau2_rl.run.checkpoints import seal_checkpoint
+from tau2_rl.run.guard import RUN_CONFIG_FILE, RunGuardError, claim_output_dir, decide_resume, write_run_config
+from tau2_rl.run.hub import read_refs
 
 FINGERPRINT = {"model": "/models/a", "variant": "joint", "tasks": ["0", "1"], "data_dir": None}
 LENGTH = {"max_steps": 4, "num_train_epochs": 3.0}

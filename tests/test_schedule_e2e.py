@@ -18,8 +18,8 @@ LATENCY = (0.05, 1.0)  # median 50 ms, σ 1: replies land in a different order t
 
 
 def test_evaluate_records_the_same_samples_in_both_schedules(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from airline_rl.configs import EvalArguments
-    from airline_rl.evaluation import run_evaluation
+    from tau2_rl.configs import EvalArguments
+    from tau2_rl.evaluation import run_evaluation
 
     samples, runs = {}, {}
     with StubServer("echo", latency=LATENCY) as server:
@@ -27,7 +27,7 @@ def test_evaluate_records_the_same_samples_in_both_schedules(tmp_path: Path, tin
             args = EvalArguments(
                 model=str(tiny_model_dir), tasks="0,18,27", num_samples=3, max_turn_tokens=8, max_new_tokens=96,
                 max_turns=4, device="cpu", dtype="float32", temperature=1.0, output_dir=str(tmp_path / mode),
-                progress=False, bootstrap_samples=200, protocol="airline_rl", save_messages=True,
+                progress=False, bootstrap_samples=200, protocol="tau2_rl", save_messages=True,
                 user_simulator="llm", user_base_url=server.base_url, user_model=server.model, schedule=mode,
             )  # fmt: skip
             (path,) = run_evaluation(args)

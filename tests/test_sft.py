@@ -15,13 +15,13 @@ from trl import SFTConfig, SFTTrainer
 
 import train_grpo
 import train_sft
-from airline_rl.configs import CollectArguments
-from airline_rl.data.collect import collect, decode_rows, load_trajectories, rows_to_dataset
-from airline_rl.data.tiny_model import build_tiny_model, qwen2_5_chat_template
-from airline_rl.envs.splits import get_split
-from airline_rl.render import assistant_mask_rows
-from airline_rl.run.hub import read_refs, resolve_model
-from airline_rl.trainers.sft import SFTDataError, prepare_sft_dataset, teacher_forced_accuracy, trainer_columns
+from tau2_rl.configs import CollectArguments
+from tau2_rl.data.collect import collect, decode_rows, load_trajectories, rows_to_dataset
+from tau2_rl.data.tiny_model import build_tiny_model, qwen2_5_chat_template
+from tau2_rl.envs.splits import get_split
+from tau2_rl.render import assistant_mask_rows
+from tau2_rl.run.hub import read_refs, resolve_model
+from tau2_rl.trainers.sft import SFTDataError, prepare_sft_dataset, teacher_forced_accuracy, trainer_columns
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOOLS = [
@@ -244,7 +244,7 @@ def test_train_sft_saves_a_model_grpo_can_start_from(tmp_path, model_dir, short_
     grpo_args = ["--config", str(REPO_ROOT / "recipes" / "grpo" / "cpu_smoke.yaml"), "--model_name_or_path",
                  str(tmp_path / "sft"), "--output_dir", str(tmp_path / "grpo")]  # fmt: skip
     script_args, training_args, model_args = train_grpo.make_parser().parse_args_and_config(args=grpo_args)
-    env = train_grpo.AirlineEnv()
+    env = train_grpo.DomainEnv()
     assert train_grpo.resolve_model_path(model_args, script_args, training_args.output_dir, env) == str(
         tmp_path / "sft"
     )

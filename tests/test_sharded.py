@@ -238,7 +238,7 @@ def untied_model(path: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from airline_rl.data.tiny_model import build_tiny_model
+    from tau2_rl.data.tiny_model import build_tiny_model
 
     tied = build_tiny_model(path.parent / "tiny-tied")
     model = AutoModelForCausalLM.from_pretrained(tied)
@@ -341,7 +341,7 @@ def launch_fails(argv: list[str], log: Path, probe: Path, **extra_env: str) -> s
 
 def broken(checkpoint: Path) -> str:
     """Why the rerun must skip ``checkpoint`` (asked before the rerun writes that step again over it)."""
-    from airline_rl.run.checkpoints import checkpoint_problem
+    from tau2_rl.run.checkpoints import checkpoint_problem
 
     why = checkpoint_problem(checkpoint, require_seal=True)
     assert why is not None, sorted(str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*"))
@@ -493,7 +493,7 @@ def fake_accelerator(kind: str, processes: int = 2, fsdp_version: int | None = N
 def test_the_shim_promotes_only_fsdp2_on_a_multi_process_cpu_group() -> None:
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-    from airline_rl.run.sharding import wants_cpu_fsdp2
+    from tau2_rl.run.sharding import wants_cpu_fsdp2
 
     two, one = FullyShardedDataParallelPlugin(fsdp_version=2), FullyShardedDataParallelPlugin(fsdp_version=1)
     assert wants_cpu_fsdp2(True, DistributedType.MULTI_CPU, two)
@@ -505,7 +505,7 @@ def test_the_shim_promotes_only_fsdp2_on_a_multi_process_cpu_group() -> None:
 def test_the_shim_patches_accelerator_state_only_while_active() -> None:
     from accelerate.state import AcceleratorState
 
-    from airline_rl.run.sharding import cpu_fsdp2
+    from tau2_rl.run.sharding import cpu_fsdp2
 
     original = AcceleratorState.__init__
     with cpu_fsdp2():
@@ -523,7 +523,7 @@ def test_the_shim_patches_accelerator_state_only_while_active() -> None:
     ],
 )
 def test_silent_downgrades_are_refused_in_one_line(monkeypatch, environ, accelerator, expected) -> None:
-    from airline_rl.run.sharding import LaunchError, check_launch
+    from tau2_rl.run.sharding import LaunchError, check_launch
 
     for name in ("WORLD_SIZE", "ACCELERATE_USE_FSDP", "FSDP_VERSION", "ACCELERATE_USE_DEEPSPEED"):
         monkeypatch.delenv(name, raising=False)
@@ -535,7 +535,7 @@ def test_silent_downgrades_are_refused_in_one_line(monkeypatch, environ, acceler
 
 
 def test_fsdp1_without_a_gpu_is_refused_before_accelerate_builds_anything(monkeypatch) -> None:
-    from airline_rl.run.sharding import LaunchError, check_launch_environment
+    from tau2_rl.run.sharding import LaunchError, check_launch_environment
 
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "1")
@@ -546,7 +546,7 @@ def test_fsdp1_without_a_gpu_is_refused_before_accelerate_builds_anything(monkey
 
 
 def test_launches_that_are_what_they_say_pass(monkeypatch) -> None:
-    from airline_rl.run.sharding import check_launch
+    from tau2_rl.run.sharding import check_launch
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
@@ -557,7 +557,7 @@ def test_launches_that_are_what_they_say_pass(monkeypatch) -> None:
 
 
 def test_which_launches_generate_with_sharded_parameters() -> None:
-    from airline_rl.run.sharding import parameters_sharded_for_generation as sharded
+    from tau2_rl.run.sharding import parameters_sharded_for_generation as sharded
 
     assert sharded(fake_accelerator("FSDP", fsdp_version=1))
     assert not sharded(fake_accelerator("FSDP", fsdp_version=2))  # gathered once per rollout round
@@ -570,7 +570,7 @@ def test_which_launches_generate_with_sharded_parameters() -> None:
 def test_episode_seeds_follow_the_global_row_index() -> None:
     from types import SimpleNamespace
 
-    from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+    from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
     def seeds(process: int, processes: int, rows: int, seed: int = 42, step: int = 3) -> list[int]:
         accelerator = SimpleNamespace(process_index=process, num_processes=processes)
@@ -590,7 +590,7 @@ def test_a_rows_tokens_do_not_depend_on_its_batch_under_trls_generation_config(t
     tokens alone or beside others (what makes 2 × 8 rows play what 1 × 16 rows play)."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    from airline_rl.backends import TransformersBackend
+    from tau2_rl.backends import TransformersBackend
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     config = GenerationConfig(do_sample=True, temperature=1.0, top_p=0.95, top_k=50, min_p=0.01)
@@ -609,7 +609,7 @@ def test_a_rows_tokens_do_not_depend_on_its_batch_under_trls_generation_config(t
 def test_per_row_sampler_applies_top_k_and_min_p() -> None:
     import torch
 
-    from airline_rl.sampling import PerRowSampler
+    from tau2_rl.sampling import PerRowSampler
 
     scores = torch.tensor([[0.0, 3.0, 2.9, -5.0]] * 64)
     picked = PerRowSampler(list(range(64)), 1.0, top_k=2)(None, scores).argmax(-1)
@@ -622,13 +622,13 @@ def test_forcing_prefix_reuse_where_it_cannot_run_is_refused(tmp_path, tiny_mode
     import datasets
     from transformers import AutoModelForCausalLM
 
-    from airline_rl.configs import MultiTurnGRPOConfig
-    from airline_rl.envs.episode import AirlineEnv
-    from airline_rl.envs.users import get_user_simulator
-    from airline_rl.run.sharding import LaunchError
-    from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+    from tau2_rl.configs import MultiTurnGRPOConfig
+    from tau2_rl.envs.episode import DomainEnv
+    from tau2_rl.envs.users import get_user_simulator
+    from tau2_rl.run.sharding import LaunchError
+    from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
-    env = AirlineEnv()
+    env = DomainEnv()
     args = MultiTurnGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
                                rollout_prefix_reuse=True, repetition_penalty=1.2, report_to="none", use_cpu=True,
                                bf16=False)  # fmt: skip
@@ -640,7 +640,7 @@ def test_forcing_prefix_reuse_where_it_cannot_run_is_refused(tmp_path, tiny_mode
 
 
 def test_the_internals_the_sharding_code_relies_on_still_exist() -> None:
-    """Pinned (accelerate 1.15, transformers 5.17, torch 2.13): ``airline_rl.run.sharding`` reads or wraps these."""
+    """Pinned (accelerate 1.15, transformers 5.17, torch 2.13): ``tau2_rl.run.sharding`` reads or wraps these."""
     import inspect
 
     import accelerate
@@ -685,7 +685,7 @@ def test_a_node_whose_rank_dies_ends_the_other_node_at_once_with_one_line(tmp_pa
 
 
 def test_the_default_policy_build_sees_no_launcher_variables() -> None:
-    from airline_rl.data.default_policy import single_process_env
+    from tau2_rl.data.default_policy import single_process_env
 
     launched = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
                 "ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "TORCHELASTIC_RUN_ID": "x", "PATH": "/bin",
@@ -702,7 +702,7 @@ def test_a_gathered_state_dict_saves_the_tensors_a_plain_save_does(tmp_path: Pat
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from airline_rl.run.hub import without_tied_copies
+    from tau2_rl.run.hub import without_tied_copies
 
     config = Qwen2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                          intermediate_size=32, vocab_size=64, tie_word_embeddings=tied)  # fmt: skip

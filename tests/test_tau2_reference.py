@@ -18,9 +18,9 @@ from typing import Any
 import pydantic
 import pytest
 
-from airline_rl.envs.episode import shared_base
-from airline_rl.envs.state import AirlineState, naive_db_hash
-from airline_rl.envs.tools import execute_tool
+from tau2_rl.envs.episode import shared_base
+from tau2_rl.envs.state import EpisodeState, naive_db_hash
+from tau2_rl.envs.tools import execute_tool
 
 REFERENCE = Path(__file__).parent / "data" / "tau2_reference.json"
 _PYDANTIC_URL = re.compile(r"https://errors\.pydantic\.dev/\d+\.\d+/")
@@ -49,7 +49,7 @@ def _replay(reference: dict[str, Any]) -> list[dict[str, Any]]:
     base = shared_base()
     rows = []
     for sequence in reference["sequences"]:
-        state = AirlineState(base)
+        state = EpisodeState(base)
         for index, call in enumerate(sequence["calls"]):
             arguments = json.loads(json.dumps(call["arguments"]))
             result = execute_tool(state, call["name"], arguments)
@@ -124,7 +124,7 @@ def test_database_hashes_are_tau2s(replay: list[dict[str, Any]], reference: dict
     for row in replay:
         if row.get("final"):
             assert row["db_hash"] == finals[row["sequence"]], row["sequence"]
-            state: AirlineState = row["state"]
+            state: EpisodeState = row["state"]
             assert row["db_hash"] == naive_db_hash(state.materialize())  # the incremental hash is the full one
         elif "db_hash" in row:
             assert row["db_hash"] == row["call"]["db_hash"], (row["sequence"], row["index"], row["call"]["name"])

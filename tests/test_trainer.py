@@ -22,13 +22,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import train_grpo
-from airline_rl.configs import VARIANTS, MultiTurnGRPOConfig
-from airline_rl.envs.prompt_style import COMPACT_SYSTEM_PROMPT, read_prompt_style, write_prompt_style
-from airline_rl.envs.users import get_user_simulator
-from airline_rl.run.guard import RUN_CONFIG_FILE
-from airline_rl.run.hub import HubError, ensure_writable, resolve_model
-from airline_rl.trainers import multiturn_grpo
-from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+from tau2_rl.configs import VARIANTS, MultiTurnGRPOConfig
+from tau2_rl.envs.prompt_style import COMPACT_SYSTEM_PROMPT, read_prompt_style, write_prompt_style
+from tau2_rl.envs.users import get_user_simulator
+from tau2_rl.run.guard import RUN_CONFIG_FILE
+from tau2_rl.run.hub import HubError, ensure_writable, resolve_model
+from tau2_rl.trainers import multiturn_grpo
+from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -201,9 +201,9 @@ def test_one_step_updates_parameters_with_environment_tokens_masked(
 def test_within_group_signal_metrics_are_logged(tmp_path, tiny_model, tiny_tokenizer, short_env):
     """prm/within_group_auc, prm/sign_agreement and prm/rule/<id>/corr over the groups with mixed outcomes (groups
     are num_generations consecutive episodes): a process score that ranks a group's success first is a signal."""
-    from airline_rl.envs.episode import EpisodeRecord
-    from airline_rl.envs.runner import RunTimings
-    from airline_rl.rewards.prm import PRMResult
+    from tau2_rl.envs.episode import EpisodeRecord
+    from tau2_rl.envs.runner import RunTimings
+    from tau2_rl.rewards.prm import PRMResult
 
     trainer = make_trainer(tmp_path, "joint", tiny_model, tiny_tokenizer, short_env, prm_rules="v1")
     assert trainer.args.prm_rules == "v1"
@@ -232,7 +232,7 @@ def test_within_group_signal_metrics_are_logged(tmp_path, tiny_model, tiny_token
 def test_reference_rules_score_rollouts_against_the_envs_task(tmp_path, tiny_model, tiny_tokenizer, short_env):
     """prm_rules reference: the trainer passes its environment, so each episode is scored against its own task's gold
     actions (the reward the variant adds is that score)."""
-    from airline_rl.rewards.prm import REFERENCE_TERMS, score_episode
+    from tau2_rl.rewards.prm import REFERENCE_TERMS, score_episode
 
     trainer = make_trainer(tmp_path, "prm_lite", tiny_model, tiny_tokenizer, short_env, reward_funcs=None,
                            prm_rules="reference")  # fmt: skip
@@ -262,7 +262,7 @@ def test_episode_without_policy_turn_gets_a_masked_placeholder(tmp_path, tiny_mo
         name = "failing"
 
         def reply_batch(self, episodes):
-            from airline_rl.envs.users.base import UserReply
+            from tau2_rl.envs.users.base import UserReply
 
             return [UserReply(error="endpoint down") for _ in episodes]
 
@@ -301,7 +301,7 @@ def cli(tmp_path: Path, model_dir: Path, *extra: str) -> list[str]:
 
 
 def test_train_resume_and_hub_export(tmp_path, tiny_model_dir, short_env, monkeypatch):
-    monkeypatch.setattr(train_grpo, "AirlineEnv", lambda data_dir=None, config=None: short_env(config.max_turns))
+    monkeypatch.setattr(train_grpo, "DomainEnv", lambda data_dir=None, config=None: short_env(config.max_turns))
 
     def outcome(completions, **kwargs):  # τ²'s reward is 0 for a random policy: use one that moves the weights
         return assistant_chars(completions)
@@ -363,7 +363,7 @@ def test_train_resume_and_hub_export(tmp_path, tiny_model_dir, short_env, monkey
 
 def test_a_model_trained_with_the_compact_prompt_keeps_it(tmp_path, tiny_model_dir, short_env, monkeypatch):
     """GRPO from a model whose directory records the compact prompt trains with it and records it in its exports."""
-    monkeypatch.setattr(train_grpo, "AirlineEnv", lambda data_dir=None, config=None: short_env(config.max_turns))
+    monkeypatch.setattr(train_grpo, "DomainEnv", lambda data_dir=None, config=None: short_env(config.max_turns))
     seen: list[str] = []
     original_init = MultiTurnGRPOTrainer.__init__
 
@@ -490,7 +490,7 @@ def test_train_grpo_cli_prints_one_line_errors(tmp_path, flags, message):
 def test_lora_training_exports_a_loadable_adapter(tmp_path, tiny_model_dir, short_env, monkeypatch):
     """LoRA through ModelConfig (--use_peft): only adapter weights train, and the hub revision (the adapter, whose
     config points at the local base model) loads offline with from_pretrained and resolves for evaluate.py."""
-    monkeypatch.setattr(train_grpo, "AirlineEnv", lambda data_dir=None, config=None: short_env(config.max_turns))
+    monkeypatch.setattr(train_grpo, "DomainEnv", lambda data_dir=None, config=None: short_env(config.max_turns))
     monkeypatch.setattr(multiturn_grpo, "outcome", lambda completions, **kwargs: assistant_chars(completions))
     flags = cli(tmp_path, tiny_model_dir, "--use_peft", "true", "--lora_r", "4", "--lora_alpha", "8")
     flags[flags.index("--max_steps") + 1] = "1"  # shrunk: one step is enough to move the adapter

@@ -6,7 +6,7 @@ import inspect
 import trl
 from trl import GRPOTrainer
 
-from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
 EXPECTED = {
     "_generate": ["self", "prompts"],
@@ -135,14 +135,14 @@ def test_vllm_sleep_mode_attributes_we_toggle_exist():
 
 
 def test_on_cpu_the_fused_head_scores_only_the_labelled_positions_with_the_same_log_probs():
-    """``airline_rl.trainers.fused_head``: TRL's fused LM head takes its "only labelled rows" branch from
+    """``tau2_rl.trainers.fused_head``: TRL's fused LM head takes its "only labelled rows" branch from
     ``trl.trainer.utils._use_triton``; switched on for CPU, the labelled positions get the log-probabilities (and
     entropies, and input gradients) of the every-position branch, and the others 0 as before."""
     import torch
     import trl.trainer.utils as trl_utils
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from airline_rl.trainers.fused_head import score_labelled_positions_on_cpu
+    from tau2_rl.trainers.fused_head import score_labelled_positions_on_cpu
 
     source = inspect.getsource(trl_utils.add_fused_lm_head)
     assert "compact = _use_triton(hidden_states.device)" in source and "hidden_states[mask] if compact" in source
@@ -180,7 +180,7 @@ def test_on_cpu_the_fused_head_scores_only_the_labelled_positions_with_the_same_
     for a, b in zip(every, labelled, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert (labelled[0][~valid] == 0).all() and (labelled[0][valid] != 0).all()
-    from airline_rl.trainers.sft import AirlineSFTTrainer  # both trainers switch it before building their heads
+    from tau2_rl.trainers.sft import ShardedSFTTrainer  # both trainers switch it before building their heads
 
-    for trainer in (MultiTurnGRPOTrainer, AirlineSFTTrainer):
+    for trainer in (MultiTurnGRPOTrainer, ShardedSFTTrainer):
         assert "score_labelled_positions_on_cpu()" in inspect.getsource(trainer.__init__), trainer

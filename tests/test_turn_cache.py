@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from airline_rl.backends.turn_cache import FINGERPRINT, CachedTurn, TurnCache
+from tau2_rl.backends.turn_cache import FINGERPRINT, CachedTurn, TurnCache
 
 
 def _entry(tokens: list[int], born: int = 0) -> CachedTurn:
@@ -40,7 +40,7 @@ def test_a_prompt_that_rewrites_its_history_reuses_the_common_part_and_says_so_o
     cache.add(_entry(history))
     cache.commit()
     rewritten = history[:25] + [5] * 20  # the template re-rendered earlier turns differently
-    with caplog.at_level(logging.WARNING, logger="airline_rl.backends.turn_cache"):
+    with caplog.at_level(logging.WARNING, logger="tau2_rl.backends.turn_cache"):
         entry, reused = cache.lookup(rewritten)
         cache.lookup(rewritten)
     assert entry is not None and reused == 25
@@ -86,7 +86,7 @@ def test_an_episode_left_out_of_a_call_keeps_its_entry():
 
 
 def test_a_negative_cap_is_an_error_naming_its_flag(tmp_path):
-    from airline_rl.configs import EvalArguments, MultiTurnGRPOConfig
+    from tau2_rl.configs import EvalArguments, MultiTurnGRPOConfig
 
     with pytest.raises(ValueError, match="--turn_cache_tokens must be >= 0"):
         EvalArguments(turn_cache_tokens=-1)

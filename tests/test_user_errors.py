@@ -20,9 +20,9 @@ from openai_stub_server import StubServer
 from test_trainer import REPO_ROOT, make_trainer
 from transformers import AutoModelForCausalLM, TrainerCallback
 
-from airline_rl.envs.users import get_user_simulator
-from airline_rl.envs.users.base import UserReply, UserSimulator
-from airline_rl.run.console import format_step_line, summary_line
+from tau2_rl.envs.users import get_user_simulator
+from tau2_rl.envs.users.base import UserReply, UserSimulator
+from tau2_rl.run.console import format_step_line, summary_line
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

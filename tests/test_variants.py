@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from airline_rl.configs import VARIANTS, MultiTurnGRPOConfig
-from airline_rl.trainers.variants import (
+from tau2_rl.configs import VARIANTS, MultiTurnGRPOConfig
+from tau2_rl.trainers.variants import (
     bound_turn_credit,
     token_advantages,
     token_weights,

@@ -2,7 +2,7 @@
 CPU with vLLM's CPU build (CI's vLLM stage: ``pytest -m vllm``).
 
 The policy is served by ``scripts/serve_policy_vllm.py`` (TRL's ``trl vllm-serve`` command line); the rollout
-worker samples on it through TRL's ``VLLMClient`` (``airline_rl/backends/vllm_server.py``) while the trainer trains.
+worker samples on it through TRL's ``VLLMClient`` (``tau2_rl/backends/vllm_server.py``) while the trainer trains.
 What CPU cannot run is the NCCL weight transfer into the server: the probe driver (``GRPO_PROBE_NO_WEIGHT_TRANSFER``)
 opens no communicator and records each push instead of sending it, so the server keeps its first weights. The test
 checks the plumbing around it: the worker's batches, their staleness, the pushes at batch boundaries, and that the

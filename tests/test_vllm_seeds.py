@@ -1,4 +1,4 @@
-"""Per-request seeds for TRL's colocated vLLM engine (``airline_rl/backends/vllm_seeds.py``), without vLLM: the
+"""Per-request seeds for TRL's colocated vLLM engine (``tau2_rl/backends/vllm_seeds.py``), without vLLM: the
 engine and its ``SamplingParams`` are stand-ins with vLLM's interface (``clone``, ``seed``, ``generate``). The real
 engine's side, the same episodes played in one batch or two giving the same tokens, runs in CI's vLLM stage
 (``tests/test_vllm.py``)."""
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from airline_rl.backends import vllm_seeds
+from tau2_rl.backends import vllm_seeds
 
 
 class Params:

@@ -31,7 +31,7 @@ import pytest
 from openai_stub_server import StubServer
 from tau2_harness import compare_harnesses, load
 
-from airline_rl.envs.protocol import tau2_available
+from tau2_rl.envs.protocol import tau2_available
 from tests.test_vllm import free_port
 from tests.vllm_cpu import GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, cpu_env, plugin_dir
 
@@ -149,9 +149,9 @@ def test_the_served_policy_scores_as_the_local_vllm_backend(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from airline_rl.data.teachers import openai_messages
-    from airline_rl.envs.episode import AirlineEnv, EnvConfig
-    from airline_rl.render import environment_suffix_ids, prompt_text
+    from tau2_rl.data.teachers import openai_messages
+    from tau2_rl.envs.episode import DomainEnv, EnvConfig
+    from tau2_rl.render import environment_suffix_ids, prompt_text
 
     out = work / "local"
     with StubServer("user_scenario", model="stub-user", stop_after=USER_STOP_AFTER) as user:
@@ -176,7 +176,7 @@ def test_the_served_policy_scores_as_the_local_vllm_backend(
     assert local["metrics"]["pass_hat_k"] == served["metrics"]["pass_hat_k"]
     # The first agent turn of every episode: the served request, as the server renders it, is the local prompt.
     tokenizer = AutoTokenizer.from_pretrained(policy)
-    env = AirlineEnv(None, EnvConfig(protocol="tau2"))
+    env = DomainEnv(None, EnvConfig(protocol="tau2"))
     for task_id, task in served["tasks"].items():
         greeting, first = task["samples"][0]["messages"][:2]  # results.json leaves the system prompt out
         assert (greeting["role"], first["role"]) == ("assistant", "user")

@@ -6,7 +6,7 @@ names themselves are pinned against TRL's source in tests/test_trl_hooks.py.
 
 from types import SimpleNamespace
 
-from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
 
 class RecordingEngine:

@@ -31,8 +31,8 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-PLUGIN_DIST = "airline_rl_test_vllm_cpu"
-PLUGIN_NAME = "airline_rl_plain_cpu_linear"
+PLUGIN_DIST = "tau2_rl_test_vllm_cpu"
+PLUGIN_NAME = "tau2_rl_plain_cpu_linear"
 
 # The tiny model for vLLM: hidden 256 / 4 heads (head size 64), the same build as scripts/gpu_smoke.sh's.
 TINY_VLLM_MODEL = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2}
@@ -49,7 +49,7 @@ def plain_cpu_linear() -> None:
     from vllm.model_executor.layers import utils
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu() or getattr(utils, "_airline_rl_plain", False):
+    if not current_platform.is_cpu() or getattr(utils, "_tau2_rl_plain", False):
         return
     original = utils.dispatch_cpu_unquantized_gemm
 
@@ -60,7 +60,7 @@ def plain_cpu_linear() -> None:
         layer.cpu_linear = torch.nn.functional.linear
 
     utils.dispatch_cpu_unquantized_gemm = dispatch
-    utils._airline_rl_plain = True
+    utils._tau2_rl_plain = True
 
 
 def plugin_dir(root: Path) -> Path:

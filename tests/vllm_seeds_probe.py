@@ -5,7 +5,7 @@
 Everything between the episode loop and the engine is the code a GPU run takes: ``run_episodes`` and the trainer's
 ``TokenPolicyAgent`` over ``TrainerBackend`` (which sets the per-request seeds), TRL's own
 ``GRPOTrainer._generate_single_turn`` and ``VLLMGeneration.generate`` (colocate mode), and a ``vllm.LLM`` wrapped by
-``airline_rl.backends.vllm_seeds``. Only the trainer object around them is a stand-in (no model to train: the
+``tau2_rl.backends.vllm_seeds``. Only the trainer object around them is a stand-in (no model to train: the
 engine's weights are the checkpoint's). It writes each episode's completion token ids, per batch layout, and the
 same episodes played batch-seeded (TRL's path without the wrapper) for comparison.
 
@@ -30,13 +30,13 @@ from trl import GRPOTrainer  # noqa: E402
 from trl.generation.vllm_generation import VLLMGeneration  # noqa: E402
 from vllm import LLM  # noqa: E402
 
-from airline_rl.backends import VLLMBackend, vllm_seeds  # noqa: E402
-from airline_rl.envs.episode import AirlineEnv, EnvConfig  # noqa: E402
-from airline_rl.envs.runner import RunTimings, Schedule, run_episodes  # noqa: E402
-from airline_rl.envs.users.scripted import ScriptedUser  # noqa: E402
-from airline_rl.rewards.outcome import outcome_reward  # noqa: E402
-from airline_rl.rollout import TokenPolicyAgent  # noqa: E402
-from airline_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer, TrainerBackend  # noqa: E402
+from tau2_rl.backends import VLLMBackend, vllm_seeds  # noqa: E402
+from tau2_rl.envs.episode import DomainEnv, EnvConfig  # noqa: E402
+from tau2_rl.envs.runner import RunTimings, Schedule, run_episodes  # noqa: E402
+from tau2_rl.envs.users.scripted import ScriptedUser  # noqa: E402
+from tau2_rl.rewards.outcome import outcome_reward  # noqa: E402
+from tau2_rl.rollout import TokenPolicyAgent  # noqa: E402
+from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer, TrainerBackend  # noqa: E402
 
 EPISODES = 16
 TASKS = ["0", "1", "3", "4"]
@@ -64,7 +64,7 @@ def stand_in_trainer(llm: LLM, tokenizer) -> SimpleNamespace:
 
 
 def play(
-    env: AirlineEnv,
+    env: DomainEnv,
     trainer: SimpleNamespace,
     tokenizer,
     rows: range,
@@ -118,9 +118,9 @@ def evaluator_backend(engine: vllm_seeds.SeededLLM) -> VLLMBackend:
     return backend
 
 
-def schedules(env: AirlineEnv, trainer: SimpleNamespace, engine, tokenizer) -> dict[str, dict]:
+def schedules(env: DomainEnv, trainer: SimpleNamespace, engine, tokenizer) -> dict[str, dict]:
     """Waves vs events against the LLM user with reply delays, on the trainer's and the evaluator's vLLM paths."""
-    from airline_rl.envs.users.llm import LLMUser
+    from tau2_rl.envs.users.llm import LLMUser
     from tests.openai_stub_server import StubServer
 
     found: dict[str, dict] = {}
@@ -144,14 +144,14 @@ if __name__ == "__main__":
     engine = vllm_seeds.SeededLLM(LLM(model=model, seed=0, gpu_memory_utilization=0.2, max_model_len=MAX_LEN,
                                       max_num_batched_tokens=MAX_LEN, enable_prefix_caching=True))  # fmt: skip
     trainer = stand_in_trainer(engine, tokenizer)
-    env = AirlineEnv()
+    env = DomainEnv()
     whole = play(env, trainer, tokenizer, range(EPISODES), seeded=True)
     halves = {**play(env, trainer, tokenizer, range(EPISODES // 2), seeded=True),
               **play(env, trainer, tokenizer, range(EPISODES // 2, EPISODES), seeded=True)}  # fmt: skip
     unseeded_whole = play(env, trainer, tokenizer, range(EPISODES), seeded=False)
     unseeded_halves = {**play(env, trainer, tokenizer, range(EPISODES // 2), seeded=False),
                        **play(env, trainer, tokenizer, range(EPISODES // 2, EPISODES), seeded=False)}  # fmt: skip
-    short = AirlineEnv(config=EnvConfig(max_turns=4))
+    short = DomainEnv(config=EnvConfig(max_turns=4))
     out.write_text(json.dumps({"whole": whole, "halves": halves, "unseeded_whole": unseeded_whole,
                                "unseeded_halves": unseeded_halves,
                                "schedules": schedules(short, trainer, engine, tokenizer)}))  # fmt: skip

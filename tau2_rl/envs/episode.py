@@ -1,0 +1,327 @@
+"""One episode: the live conversation with its database view, and the record that rewards and metrics read.
+
+Vocabulary (after willccbb/verifiers): ``DomainEnv.reset(task)`` gives an ``Episode``; ``episode.env_response(text)``
+applies one assistant turn (runs its tool calls in order) and says whether the user must answer next;
+``episode.user_response(reply)`` applies the user's answer; ``episode.is_completed`` tells when to stop. The
+``EpisodeRecord`` keeps everything PRM-Lite, the metrics and the trainer need, so nobody re-parses the messages.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tau2_rl.domains import get_domain
+from tau2_rl.envs.data import Domain, Task, load_domain
+from tau2_rl.envs.protocol import (
+    TAU2_RL,
+    Protocol,
+    agent_system_prompt,
+    agent_tool_schemas,
+    get_protocol,
+    protocol_rules,
+)
+from tau2_rl.envs.state import CanonicalBase, EpisodeState
+from tau2_rl.envs.text import clean_text, clean_value
+from tau2_rl.envs.tool_calls import ParsedTurn, parse_assistant_text
+from tau2_rl.envs.tools import execute_tool
+
+logger = logging.getLogger(__name__)
+
+GREETING = "Hi! How can I help you today?"
+"""τ²'s fixed first agent message; the simulated user answers it with the reason for the call."""
+
+# Termination reasons. Only the first group lets an episode earn reward: τ² scores a conversation only when it ended
+# by the agent's stop token or by one of the user's stop tokens (###STOP###, ###TRANSFER###, ###OUT-OF-SCOPE### are
+# all τ²'s USER_STOP). A call to transfer_to_human_agents ends nothing by itself; the user answers the transfer.
+USER_STOP, USER_TRANSFER, USER_OUT_OF_SCOPE = "user_stop", "user_transfer", "user_out_of_scope"
+AGENT_STOP = "agent_stop"
+MAX_TURNS, MAX_TOOL_ERRORS, TOKEN_BUDGET, USER_ERROR = "max_turns", "max_tool_errors", "token_budget", "user_error"
+MAX_STEPS, AGENT_ERROR = "max_steps", "agent_error"  # protocol tau2: τ²'s step cap; an empty agent message
+REWARDABLE_TERMINATIONS = frozenset({USER_STOP, USER_TRANSFER, USER_OUT_OF_SCOPE, AGENT_STOP})
+AGENT_STOP_TOKEN = "###STOP###"
+
+
+@dataclass
+class ToolCallRecord:
+    """One executed (or rejected) tool call."""
+
+    turn: int
+    name: str
+    arguments: dict[str, Any] | None
+    result: str
+    error: bool
+    error_kind: str | None = None  # "parse", "unknown_tool", "bad_arguments", "execution"
+    is_write: bool = False
+
+
+@dataclass
+class TurnRecord:
+    """One assistant turn: what was generated, what the user saw, which calls it made."""
+
+    index: int
+    raw_text: str
+    message: str
+    tool_call_indices: list[int] = field(default_factory=list)
+    last_user_message: str = ""
+    num_policy_tokens: int | None = None
+    truncated: bool = False
+
+
+@dataclass
+class EpisodeRecord:
+    """Everything about a finished episode that rewards, PRM-Lite, metrics and datasets read."""
+
+    task_id: str
+    seed: int
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[ToolCallRecord] = field(default_factory=list)
+    turns: list[TurnRecord] = field(default_factory=list)
+    termination: str | None = None
+    user_error: str | None = None
+    reward: dict[str, Any] | None = None
+    agent_error: str | None = None  # a served agent's requests failed: not the policy's doing, not scored
+
+    @property
+    def num_tool_calls(self) -> int:
+        return len(self.tool_calls)
+
+    @property
+    def num_tool_errors(self) -> int:
+        return sum(call.error for call in self.tool_calls)
+
+    @property
+    def truncated(self) -> bool:
+        return self.termination == TOKEN_BUDGET
+
+    def agent_messages(self) -> list[str]:
+        """Texts the agent showed the user (what τ²'s COMMUNICATE check searches)."""
+        return [turn.message for turn in self.turns if turn.message]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class EnvConfig:
+    """The protocol (tau2_rl.envs.protocol) and the episode limits.
+
+    ``tau2_rl`` caps assistant turns (``max_turns``); ``tau2`` caps τ²'s orchestrator steps (``max_steps``: every
+    user message, agent message and environment response is one step; τ²'s default is 200). Both stop after
+    ``max_tool_errors`` failed tool calls (τ²'s ``max_errors``, default 10).
+    """
+
+    max_turns: int = 30
+    max_tool_errors: int = 10
+    protocol: str = TAU2_RL
+    max_steps: int = 200
+    domain: str = "airline"
+    """The τ² domain (``tau2_rl.domains``: its data, tools and database)."""
+
+
+class Episode:
+    """A live episode: conversation, private database view, per-episode agent and user state."""
+
+    def __init__(self, task: Task, base: CanonicalBase, system_prompt: str, seed: int, config: EnvConfig) -> None:
+        self.task = task
+        self.state = EpisodeState(base)
+        self._execute = execute_tool if base.domain == "airline" else get_domain(base.domain).execute_tool
+        self._write_tools = task.write_tools
+        self.seed = seed
+        self.config = config
+        self.record = EpisodeRecord(task_id=task.task_id, seed=seed)
+        self.record.messages.extend(
+            [{"role": "system", "content": system_prompt}, {"role": "assistant", "content": GREETING}]
+        )
+        self.agent_state: dict[str, Any] = {}
+        self.user_state: dict[str, Any] = {}
+        self.protocol: Protocol = protocol_rules(config.protocol)  # DomainEnv has checked the package
+        self.steps = 0  # τ²'s orchestrator step count (the greeting is not a step)
+        self._errors = 0
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return self.record.messages
+
+    @property
+    def is_completed(self) -> bool:
+        return self.record.termination is not None
+
+    def finish(self, termination: str) -> None:
+        if self.record.termination is None:
+            self.record.termination = termination
+
+    def _check_tau2_limits(self) -> None:
+        """τ²'s checks after a step whose message is not for the environment: the step cap, then the error cap; each
+        overrides a stop set in the same step (τ² assigns ``termination_reason`` again)."""
+        if self.steps >= self.config.max_steps:
+            self.record.termination = MAX_STEPS
+        if self._errors >= self.config.max_tool_errors:
+            self.record.termination = MAX_TOOL_ERRORS
+
+    def _last_user_message(self) -> str:
+        for message in reversed(self.messages):
+            if message["role"] == "user":
+                return message["content"]
+        return ""
+
+    def env_response(
+        self,
+        text: str,
+        num_policy_tokens: int | None = None,
+        truncated: bool = False,
+        api_message: ParsedTurn | None = None,
+    ) -> list[dict[str, Any]]:
+        """Applies one assistant turn; returns the tool messages it produced (empty: the user answers next).
+
+        Ends the episode on the agent's stop token, the turn or tool-error cap, or ``truncated`` (the policy ran out of
+        token budget mid-turn: nothing in that turn is executed). A transfer to a human agent is an ordinary tool call.
+        A turn in which the policy sampled no token (``num_policy_tokens == 0``: the budget was spent before it
+        started) is not a turn: no turn or message is recorded, the episode just ends as ``token_budget`` (so turn
+        counts and reasoning depth only see turns the policy actually took).
+
+        ``api_message``: a served agent's reply as its API returned it. Under a protocol that takes it as sent
+        (``tau2``, as τ²'s LLMAgent does) it replaces the parse of ``text``: its content unstripped, its structured
+        calls, and no tool call read out of the content.
+        """
+        if self.is_completed:
+            raise RuntimeError(f"episode of task {self.task.task_id} is already completed")
+        if num_policy_tokens == 0:
+            self.finish(TOKEN_BUDGET)
+            return []
+        text = clean_text(text) if isinstance(text, str) else text
+        turn = TurnRecord(
+            index=len(self.record.turns),
+            raw_text=text,
+            message="",
+            last_user_message=self._last_user_message(),
+            num_policy_tokens=num_policy_tokens,
+            truncated=truncated,
+        )
+        self.record.turns.append(turn)
+        if truncated:
+            self.messages.append({"role": "assistant", "content": text})
+            self.finish(TOKEN_BUDGET)
+            return []
+        as_sent = api_message is not None and self.protocol.api_messages_as_sent
+        parsed = copy.deepcopy(api_message) if as_sent else parse_assistant_text(text)
+        for call in parsed.tool_calls:  # JSON escapes such as "\ud800" decode to lone surrogates: never let them in
+            call.name, call.arguments = clean_text(call.name), clean_value(call.arguments)
+        malformed = any(call.parse_error is not None for call in parsed.tool_calls)
+        if malformed and self.protocol.malformed_calls_are_text:  # τ² gets the whole text as a message, no calls
+            parsed.tool_calls, parsed.text = [], parsed.text if as_sent else text.strip()
+        # what the COMMUNICATE check reads: τ² searches every agent message's text as it is
+        turn.message = parsed.text
+        if self.protocol.agent_stop_token:
+            turn.message = turn.message.replace(AGENT_STOP_TOKEN, "").strip()
+        if parsed.tool_calls and not malformed:
+            assistant: dict[str, Any] = {
+                "role": "assistant",
+                "content": parsed.text,
+                "tool_calls": [
+                    {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                    for call in parsed.tool_calls
+                ],
+            }
+        else:  # keep the raw text so the message renders as what was generated
+            assistant = {"role": "assistant", "content": text if parsed.tool_calls else parsed.text}
+        self.messages.append(assistant)
+        tool_messages = []
+        for call in parsed.tool_calls:
+            if call.parse_error is not None:
+                result, error, kind, arguments = f"Error: {call.parse_error}", True, "parse", None
+            else:
+                outcome = self._execute(self.state, call.name, call.arguments)
+                result, error, kind, arguments = outcome.content, outcome.error, outcome.error_kind, call.arguments
+            result = clean_text(result)
+            self.record.tool_calls.append(
+                ToolCallRecord(
+                    turn=turn.index,
+                    name=call.name,
+                    arguments=arguments,
+                    result=result,
+                    error=error,
+                    error_kind=kind,
+                    is_write=call.name in self._write_tools,
+                )
+            )
+            turn.tool_call_indices.append(len(self.record.tool_calls) - 1)
+            message = {"role": "tool", "name": call.name or "invalid_tool_call", "content": result}
+            self.messages.append(message)
+            tool_messages.append(message)
+            self._errors += error
+        if self.protocol.counts_steps:
+            self.steps += 1 + bool(tool_messages)  # the agent's message, then the environment's response
+            if not tool_messages and not parsed.text.strip():
+                self.finish(AGENT_ERROR)  # τ²: an empty message fails its validate(); the run is an agent error
+            else:
+                self._check_tau2_limits()
+        elif self.protocol.agent_stop_token and AGENT_STOP_TOKEN in parsed.text:
+            self.finish(AGENT_STOP)
+        elif self._errors >= self.config.max_tool_errors:
+            self.finish(MAX_TOOL_ERRORS)
+        elif len(self.record.turns) >= self.config.max_turns:
+            self.finish(MAX_TURNS)
+        return tool_messages
+
+    def agent_failed(self, error: str) -> None:
+        """The agent could not produce a turn (its endpoint kept failing): ends the episode as ``agent_error``
+        with the message kept, as τ²'s harness records an infrastructure failure; no turn is recorded."""
+        self.record.agent_error = clean_text(str(error))
+        self.finish(AGENT_ERROR)
+
+    def user_response(self, content: str, termination: str | None = None, error: str | None = None) -> None:
+        """Applies the user's reply (``termination`` from a stop token; ``error`` when the simulator failed)."""
+        if error is not None:
+            self.record.user_error = clean_text(str(error))
+            self.finish(USER_ERROR)
+            return
+        content = clean_text(content) if isinstance(content, str) else content
+        self.messages.append({"role": "user", "content": content})
+        if termination is not None:
+            self.finish(termination)
+        if self.protocol.counts_steps:
+            self.steps += 1
+            self._check_tau2_limits()
+
+
+class DomainEnv:
+    """The airline environment: one shared base database, fresh copy-on-write episodes."""
+
+    def __init__(self, data_dir: str | None = None, config: EnvConfig | None = None) -> None:
+        self.data_dir = data_dir
+        self.config = config or EnvConfig()
+        self.domain: Domain = load_domain(data_dir, self.config.domain)
+        self.base = shared_base(data_dir, self.config.domain)
+        self.protocol = get_protocol(self.config.protocol)
+        self.system_prompt = agent_system_prompt(self.config.protocol, self.domain.policy, self.config.domain)
+        self.tools = agent_tool_schemas(self.config.protocol, self.config.domain)  # τ²'s own under tau2
+
+    def reset(self, task_id: str | int, seed: int = 0) -> Episode:
+        """A fresh episode of ``task_id``; copies nothing from the base database."""
+        return Episode(self.domain.get_task(task_id), self.base, self.system_prompt, seed, self.config)
+
+    def __reduce__(self) -> tuple:
+        """Pickles as its recipe (data directory, config, the prompt it shows): a rollout worker process rebuilds
+        the same environment instead of receiving the database (which holds unpicklable hashes)."""
+        return (_rebuilt_env, (self.data_dir, self.config, self.system_prompt, self.tools))
+
+
+def _rebuilt_env(data_dir: str | None, config: EnvConfig, system_prompt: str, tools: list[dict]) -> DomainEnv:
+    env = DomainEnv(data_dir, config)
+    env.system_prompt, env.tools = system_prompt, tools
+    return env
+
+
+_BASES: dict[tuple[str | None, str], CanonicalBase] = {}
+
+
+def shared_base(data_dir: str | None = None, domain: str = "airline") -> CanonicalBase:
+    """The process-wide ``CanonicalBase`` of a domain's data directory (built once: ~0.1 s for the airline)."""
+    key = (data_dir, domain)
+    if key not in _BASES:
+        models = None if domain == "airline" else get_domain(domain).models()
+        _BASES[key] = CanonicalBase(load_domain(data_dir, domain).db, models, domain)
+    return _BASES[key]

