@@ -8,6 +8,7 @@ import math
 import os
 import pickle
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import torch
 
 from tau2_rl.configs import MultiTurnGRPOConfig
 from tau2_rl.envs.episode import DomainEnv
-from tau2_rl.envs.prompt_style import compact_env
+from tau2_rl.envs.prompt_style import LEGACY_PROMPT_STYLE_FILE, PROMPT_STYLE_FILE, compact_env
 from tau2_rl.envs.users import get_user_simulator
 from tau2_rl.trainers.generation_ahead import (
     BatchRequest,
@@ -313,6 +314,7 @@ def test_a_rollout_worker_killed_mid_run_stops_the_run_in_one_line_with_a_checkp
 
 
 BEFORE_GENERATION_AHEAD = "c22928a"  # the last commit before --max_staleness existed (issue 38)
+OLD_PACKAGE = "airline_rl"  # the package's name in that tree (tau2_rl since session 23)
 # wall-clock figures, which differ run to run
 TIMING = re.compile(r"time|timing|seconds|per_second|latency|idle_share|idle_fraction|in_flight|flos")
 
@@ -331,7 +333,7 @@ def with_later_numerics(tree: Path) -> None:
     tree as text patches, so that what is compared is still the synchronous loop itself: the episode seeds include
     ``--seed`` (``MultiTurnGRPOTrainer._episode_seed``), and on CPU TRL's fused head scores the labelled positions
     only (``tau2_rl.trainers.fused_head``). A patch that no longer applies fails here, loudly."""
-    path = tree / "tau2_rl" / "trainers" / "multiturn_grpo.py"
+    path = tree / OLD_PACKAGE / "trainers" / "multiturn_grpo.py"
     text = path.read_text(encoding="utf-8")
     seed = "        return (self.state.global_step * 1_000_003 + global_index) % (2**31)\n"
     assert text.count(seed) == 1 and text.count("import time\n") == 1
@@ -356,17 +358,25 @@ def test_max_staleness_0_is_the_run_from_before_generation_ahead_bit_for_bit(tmp
     archive = subprocess.run(["git", "archive", BEFORE_GENERATION_AHEAD], cwd=ROOT, capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
     with_later_numerics(old)
-    cache = default_policy_cache  # one default policy for both trees (this tree's build: the same in both)
 
-    def command(out: Path, *extra: str) -> list[str]:
+    def command(out: Path, cache: Path, *extra: str) -> list[str]:
         return [
             sys.executable, "train_grpo.py", "--config", "recipes/grpo/cpu_smoke.yaml", "--max_steps", "3",
             "--per_device_train_batch_size", "8", "--output_dir", str(out), "--hub_dir", f"{out}-hub",
             "--eval_strategy", "no", "--report_to", "none", "--warmup_cache_dir", str(cache), *extra,
         ]  # fmt: skip
 
-    now = _logged_steps(command(tmp_path / "now", "--max_staleness", "0"), ROOT, tmp_path / "now")
-    before = _logged_steps(command(tmp_path / "before-run"), old, tmp_path / "before-run")
+    # One default policy for both trees: this tree's build (the same in both), which the old tree finds under its
+    # own name for the prompt record (a copy of the build holding both names).
+    now_run = command(tmp_path / "now", default_policy_cache, "--max_staleness", "0")
+    now = _logged_steps(now_run, ROOT, tmp_path / "now")
+    old_cache = tmp_path / "old-cache"
+    for build in default_policy_cache.glob("default-policy-t*"):
+        shutil.copytree(build, old_cache / build.name)
+        record = old_cache / build.name / PROMPT_STYLE_FILE
+        if record.is_file():
+            shutil.copy(record, record.with_name(LEGACY_PROMPT_STYLE_FILE))
+    before = _logged_steps(command(tmp_path / "before-run", old_cache), old, tmp_path / "before-run")
     assert len(now) == 3 and all(entry["loss"] != 0.0 for entry in now)
     for step, (mine, theirs) in enumerate(zip(now, before, strict=True), start=1):
         assert mine.keys() == theirs.keys(), (step, mine.keys() ^ theirs.keys())
