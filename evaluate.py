@@ -35,7 +35,7 @@ from trl import TrlParser  # noqa: E402
 from tau2_rl.configs import EvalArguments  # noqa: E402
 from tau2_rl.evaluation import INPUT_ERRORS, run_compare, run_evaluation  # noqa: E402
 from tau2_rl.evaluation.evaluator import describe_results  # noqa: E402
-from tau2_rl.evaluation.tau2_export import TAU2_INCOMPLETE_FILE  # noqa: E402
+from tau2_rl.evaluation.tau2_export import TAU2_INCOMPLETE_FILE, own_part  # noqa: E402
 from tau2_rl.run.cli import EXIT_INTERRUPTED, INTERRUPTED_LINE, exit_with_line, parse_or_exit  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -60,9 +60,7 @@ def unfinished(path: Path) -> str | None:
     metrics = json.loads(path.read_text(encoding="utf-8"))["metrics"]
     tau2_partial = path.parent / TAU2_INCOMPLETE_FILE
     if tau2_partial.is_file():
-        data = json.loads(tau2_partial.read_text(encoding="utf-8"))
-        export = data.get("tau2_rl") or data.get("airline_rl") or {}  # airline_rl: the key before the rename
-        refused = export.get("rejected", [])
+        refused = own_part(json.loads(tau2_partial.read_text(encoding="utf-8"))).get("rejected", [])
         rejected = ", ".join(f"task {r['task_id']} sample {r['sample']} ({r['error']})" for r in refused)
         if rejected:
             return f"{tau2_partial}: τ²'s models rejected {len(refused)} conversation(s): {rejected}"

@@ -93,7 +93,8 @@ def fingerprint_value(config: Mapping[str, Any], key: str) -> Any:
     if key == "system_prompt" and key not in config and config.get("agent") == "model":
         return "full"
     if key == "protocol":
-        return LEGACY_PROTOCOLS.get(config.get(key, TAU2_RL), config.get(key, TAU2_RL))
+        protocol = config.get(key, TAU2_RL)
+        return LEGACY_PROTOCOLS.get(protocol, protocol)
     if key == "domain" and key not in config:
         return "airline"
     return config.get(key)

@@ -34,6 +34,14 @@ logger = logging.getLogger(__name__)
 
 TAU2_RESULTS_FILE = "tau2_results.json"
 TAU2_INCOMPLETE_FILE = "tau2_results.incomplete.json"
+OWN_KEY = "tau2_rl"
+"""The file's key for what is ours (τ²'s models ignore it); ``airline_rl`` before the package's rename."""
+LEGACY_OWN_KEYS = ("airline_rl",)
+
+
+def own_part(data: dict[str, Any]) -> dict[str, Any]:
+    """The file's own part (``OWN_KEY``, or its name before the rename); empty when there is none."""
+    return next((data[key] for key in (OWN_KEY, *LEGACY_OWN_KEYS) if key in data), {})
 
 
 def tau2_messages(record: EpisodeRecord) -> list[dict[str, Any]]:
@@ -211,7 +219,7 @@ class Tau2Results:
             "simulations": [simulation for _, simulation in simulations],
         }
         self._models.Results.model_validate(data)  # what τ²'s own loader will accept
-        data["tau2_rl"] = {
+        data[OWN_KEY] = {
             **self.about,
             "complete": self.complete,
             "episodes": len(self.simulations),
