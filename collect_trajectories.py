@@ -1,4 +1,4 @@
-"""Collect teacher trajectories on the τ²-bench airline domain into an HF dataset (see tau2_rl/data/collect.py).
+"""Collect teacher trajectories on τ²-bench's domains into an HF dataset (see tau2_rl/data/collect.py).
 
     # the embedded default: the oracle (gold actions) on the covered train tasks of the seed split, scripted user
     python collect_trajectories.py

@@ -1,4 +1,4 @@
-"""Evaluate a policy on the τ²-bench airline tasks, or compare evaluations (see docs/metrics.md).
+"""Evaluate a policy on τ²-bench's tasks (one domain or several), or compare evaluations (see docs/metrics.md).
 
     # the scripted baselines (no model): the oracle must score 1.0, noop shows what refusing everything earns
     python evaluate.py --model oracle --num_samples 1

@@ -2,6 +2,7 @@
 
     python play.py --agent oracle --user scripted            # all 50 airline tasks; the oracle must pass every one
     python play.py --domain retail                           # all 114 retail tasks, the same check
+    python play.py --domain airline,retail                   # both: 164 tasks keyed <domain>/<id>
     python play.py --agent noop --tasks 0,1,2 --data_dir DIR
 
 The oracle/scripted pairing is the end-to-end check of tools, state, reward and simulator; it needs no GPU or network.
@@ -13,10 +14,10 @@ import argparse
 import logging
 import sys
 
-from tau2_rl.domains import DOMAINS
+from tau2_rl.domains import DEFAULT_DOMAIN, DOMAINS, UnknownDomainError, parse_domains
 from tau2_rl.envs.agents import AGENTS, get_agent
 from tau2_rl.envs.data import DomainDataError
-from tau2_rl.envs.episode import DomainEnv, EnvConfig
+from tau2_rl.envs.multi import run_env
 from tau2_rl.envs.runner import run_episodes
 from tau2_rl.envs.users.base import UserSimulator
 from tau2_rl.envs.users.scripted import ScriptedUser
@@ -33,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--agent", default="oracle", help=f"scripted agent: {', '.join(sorted(AGENTS))}")
     parser.add_argument("--user", default="scripted", help=f"user simulator: {', '.join(sorted(USERS))}")
     parser.add_argument("--tasks", default=None, help="comma-separated task ids (default: all tasks)")
-    parser.add_argument("--domain", default="airline", help=f"τ² domain: {', '.join(DOMAINS)}")
+    domains = ", ".join(DOMAINS)
+    parser.add_argument("--domain", default=DEFAULT_DOMAIN, help=f"τ² domain(s), comma-separated: {domains}")
     parser.add_argument("--data_dir", default=None, help="directory with the domain's files (default: package)")
     parser.add_argument("--seed", type=int, default=0, help="episode seed (the scripted user's phrasing)")
     parser.add_argument("--max_user_turns", type=int, default=15, help="scripted user's turn cap")
@@ -51,19 +53,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown user simulator {args.user!r}; valid users: {', '.join(sorted(USERS))}")
     if args.max_user_turns < 2:
         parser.error(f"--max_user_turns must be at least 2, got {args.max_user_turns}")
-    if args.domain not in DOMAINS:
-        parser.error(f"unknown domain {args.domain!r} (--domain); valid domains: {', '.join(DOMAINS)}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        env = DomainEnv(args.data_dir, EnvConfig(domain=args.domain))
-    except DomainDataError as err:
+        env = run_env(parse_domains(args.domain), args.data_dir)
+    except (DomainDataError, UnknownDomainError) as err:
         parser.error(str(err))
-    all_ids = list(env.domain.tasks)
+    all_ids = env.task_keys
     if args.tasks is None:
         task_ids = all_ids
     else:
         task_ids = [t.strip() for t in args.tasks.split(",") if t.strip()]
-        unknown = [t for t in task_ids if t not in env.domain.tasks]
+        known = set(all_ids)
+        unknown = [t for t in task_ids if t not in known]
         if unknown or not task_ids:
             parser.error(
                 f"unknown task id(s) {unknown or args.tasks!r}; valid ids are {all_ids[0]}..{all_ids[-1]} "

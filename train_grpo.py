@@ -1,4 +1,4 @@
-"""Multi-turn GRPO on the τ²-bench airline domain with one of five loss variants.
+"""Multi-turn GRPO on τ²-bench's domains with one of five loss variants.
 
     # the embedded default: tiny random-weight Qwen2 + scripted user, on CPU, a few minutes
     accelerate launch --config_file accelerate_configs/cpu.yaml train_grpo.py --config recipes/grpo/cpu_smoke.yaml
@@ -22,9 +22,7 @@ from trl import ModelConfig, TrlParser, get_peft_config
 
 from tau2_rl.configs import GRPOScriptArguments, MultiTurnGRPOConfig
 from tau2_rl.data import base_model
-from tau2_rl.envs.episode import DomainEnv
-from tau2_rl.envs.prompt_style import compact_env, write_prompt_style
-from tau2_rl.envs.splits import split_for
+from tau2_rl.envs.prompt_style import write_prompt_style
 from tau2_rl.envs.users import check_user_endpoint, get_user_simulator
 from tau2_rl.evaluation.heldout import build_heldout
 from tau2_rl.run.cli import parse_or_exit, run_main
@@ -37,6 +35,7 @@ from tau2_rl.trainers.grpo_run import (
     compact_prompt,
     hub_card_config,
     resolve_model_path,
+    run_environment,
     run_fingerprint,
     stop_for_user_errors,
     stop_for_worker_failure,
@@ -51,15 +50,12 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     run = TrainingRun.begin(training_args, script_args.hub_dir, logger, exit_on_input_errors=True)
     # Everything the user can get wrong is checked before any model is built or loaded; each message names its flag.
     try:
-        env = DomainEnv(script_args.data_dir, script_args.env_config())
         compact = compact_prompt(script_args, model_args)
-        if compact:
-            compact_env(env)
-        train_dataset = task_dataset(script_args, env, env.system_prompt)
+        env, split = run_environment(script_args, compact)  # --domain, --data_dir, --split
+        train_dataset = task_dataset(script_args, env, split)
         user = get_user_simulator(script_args.user_simulator, **script_args.user_kwargs())
         check_user_endpoint(user, timeout=min(10.0, float(script_args.user_timeout)))  # as evaluate.py does
         run.claim_hub(overwrite=script_args.overwrite_hub)
-        split = split_for(env.domain, script_args.split, script_args.split_file)
         schedule = script_args.episode_schedule()
         heldout = build_heldout(script_args, training_args, env, user, split, run.run_name)  # None: no evaluation
     except (HubError, KeyError, ValueError, ConnectionError) as err:  # --data_dir, --split, --tasks, --user_*
@@ -68,7 +64,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     model_path = resolve_model_path(model_args, script_args, training_args.output_dir, env)
     logger.info("policy model: %s; variant: %s; user simulator: %s", model_path, training_args.variant, user.name)
     task_ids = list(dict.fromkeys(train_dataset["task_id"]))
-    fingerprint = run_fingerprint(script_args, training_args, model_args, model_path, task_ids, compact)
+    fingerprint = run_fingerprint(script_args, training_args, model_args, model_path, task_ids, compact, env, split)
     if not run.claim_output_dir(fingerprint, overwrite=script_args.overwrite_output_dir):
         return  # a rerun of a finished run trains nothing and leaves the hub's main alone
 
@@ -96,7 +92,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
             raise SystemExit(f"error: {err}") from None
     install_first(trainer, DropNoneLogs())
     hub = LocalHubCallback(trainer, script_args.hub_dir, run.run_name, hub_card_config(
-        script_args, training_args, model_path, compact))  # fmt: skip
+        script_args, training_args, model_path, compact, env, split))  # fmt: skip
     trainer.add_callback(hub)
     run.guard(trainer, allow_rounded_updates=script_args.allow_rounded_updates)
     step_lines = use_step_lines(trainer, str(Path(script_args.hub_dir) / run.run_name))
@@ -110,9 +106,8 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
     run.save_metrics(trainer, result)
     save_consolidated(trainer, training_args.output_dir)  # a plain HF model, also under FSDP's sharded checkpoints
     if trainer.is_world_process_zero():
-        write_prompt_style(
-            training_args.output_dir, compact, script_args.domain
-        )  # evaluate.py prompts the model as it was trained
+        specs = [member.spec for member in env.members]  # evaluate.py prompts the model as it was trained
+        write_prompt_style(training_args.output_dir, compact, specs)
     exported = hub.export(trainer.state)
     if trainer.is_world_process_zero():
         if exported is not None:

@@ -1,4 +1,4 @@
-"""SFT warm-up on teacher trajectories of the τ²-bench airline domain (TRL's SFTTrainer, assistant-token masks).
+"""SFT warm-up on teacher trajectories of τ²-bench's domains (TRL's SFTTrainer, assistant-token masks).
 
     # the embedded default: tiny random-weight Qwen2 + oracle trajectories of the covered tasks, CPU, a few minutes
     accelerate launch --config_file accelerate_configs/cpu.yaml train_sft.py --config recipes/sft/cpu_smoke.yaml
@@ -24,9 +24,10 @@ from trl import ModelConfig, SFTConfig, TrlParser, get_peft_config
 from tau2_rl.configs import SFTScriptArguments
 from tau2_rl.data import base_model
 from tau2_rl.data.collect import CollectError, parse_task_list, select_tasks
+from tau2_rl.domains import UnknownDomainError
 from tau2_rl.envs.data import DomainDataError
-from tau2_rl.envs.episode import DomainEnv
-from tau2_rl.envs.splits import SplitError, split_for
+from tau2_rl.envs.multi import RunEnv, run_env, run_split
+from tau2_rl.envs.splits import SplitError
 from tau2_rl.run.cli import parse_or_exit, run_main
 from tau2_rl.run.guard import RunGuardError
 from tau2_rl.run.hub import HubError, write_json_atomic
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_model_path(
-    model_args: ModelConfig, script_args: SFTScriptArguments, output_dir: str, env: DomainEnv
+    model_args: ModelConfig, script_args: SFTScriptArguments, output_dir: str, env: RunEnv
 ) -> str:
     """The model to fine-tune: the given path, or the embedded tiny model (built once and cached)."""
     if model_args.model_name_or_path:
@@ -57,15 +58,15 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         base_model.check_local_model(model_args.model_name_or_path)
     run.claim_hub(overwrite=script_args.overwrite_hub)  # another run's export would be replaced by this one's
 
-    env = DomainEnv(script_args.data_dir, script_args.env_config())
-    split = split_for(env.domain, script_args.split, script_args.split_file)
+    env = run_env(script_args.domain_specs(), script_args.data_dir, script_args.env_config())
+    split = run_split(env, script_args.split, script_args.split_file)
     if script_args.tasks is not None:  # an unknown id is named here, not reported later as an empty dataset
-        select_tasks(parse_task_list(script_args.tasks), split, env.domain.tasks, allow_test_tasks=True)
+        select_tasks(parse_task_list(script_args.tasks), split, env.task_keys, allow_test_tasks=True)
     with training_args.main_process_first(desc="teacher trajectories"):  # the default collects them once
         trajectories = resolve_dataset(script_args)
     model_path = resolve_model_path(model_args, script_args, training_args.output_dir, env)
     tokenizer = base_model.load_tokenizer(model_path, model_args)
-    fingerprint = run_fingerprint(script_args, training_args, model_args, model_path)
+    fingerprint = run_fingerprint(script_args, training_args, model_args, model_path, env, split)
     if not run.claim_output_dir(fingerprint, overwrite=script_args.overwrite_output_dir):
         return {"complete": True, "message": run.complete_message}  # a rerun trains and exports nothing
 
@@ -106,6 +107,8 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
             report,
             peft_config is not None,
             seconds,
+            env,
+            split,
             resumed_from=run.resumed_step,
         )
         logger.info("local hub revision: %s", exported)
@@ -120,7 +123,7 @@ def make_parser() -> TrlParser:
 
 
 PROG = "train_sft.py"
-INPUT_ERRORS = (SFTDataError, CollectError, HubError, SplitError, RunGuardError, DomainDataError)
+INPUT_ERRORS = (SFTDataError, CollectError, HubError, SplitError, RunGuardError, DomainDataError, UnknownDomainError)
 
 
 def cli(argv: list[str] | None = None) -> dict:

@@ -32,12 +32,20 @@ from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tau2_rl.domains import get_domain  # noqa: E402
+from tau2_rl.domains.airline.models import FlightDB  # noqa: E402
+from tau2_rl.domains.airline.tools import execute_tool  # noqa: E402
 from tau2_rl.envs.data import Task, load_domain  # noqa: E402
 from tau2_rl.envs.episode import shared_base  # noqa: E402
-from tau2_rl.envs.models import FlightDB, dump  # noqa: E402
-from tau2_rl.envs.state import CanonicalBase, EpisodeState, naive_db_hash  # noqa: E402
-from tau2_rl.envs.tools import execute_tool  # noqa: E402
+from tau2_rl.envs.state import (  # noqa: E402
+    CanonicalBase,
+    EpisodeState,
+    dump,
+    naive_db_hash,
+)
 from tau2_rl.rewards.outcome import gold_db_hash  # noqa: E402
+
+AIRLINE = get_domain("airline")
 
 JsonDict = dict[str, Any]
 
@@ -120,9 +128,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     args.tasks = args.tasks or 50
 
-    domain = load_domain()
+    domain = load_domain(AIRLINE)
     t0 = time.perf_counter()
-    base = shared_base()
+    base = shared_base(AIRLINE)
     build_s = time.perf_counter() - t0
     tasks = sorted(domain.tasks.values(), key=lambda t: int(t.task_id))[: args.tasks]
 
@@ -199,11 +207,11 @@ def retail_bench(args: argparse.Namespace) -> None:
     from tau2.domains.retail.environment import get_environment
     from tau2.domains.retail.utils import RETAIL_DB_PATH
 
-    from tau2_rl.domains import execute_tool as domain_tool
-
-    domain = load_domain(None, args.domain)
+    spec = get_domain(args.domain)
+    domain_tool = spec.execute_tool
+    domain = load_domain(spec)
     t0 = time.perf_counter()
-    base = shared_base(None, args.domain)
+    base = shared_base(spec)
     build_s = time.perf_counter() - t0
     tasks = sorted(domain.tasks.values(), key=lambda t: int(t.task_id))[: args.tasks]
     t0 = time.perf_counter()

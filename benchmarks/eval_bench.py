@@ -33,14 +33,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tau2_rl.configs import EvalArguments  # noqa: E402
 from tau2_rl.data.tiny_model import build_tiny_model  # noqa: E402
+from tau2_rl.domains import get_domain  # noqa: E402
+from tau2_rl.domains.airline.tools import TOOL_SCHEMAS  # noqa: E402
 from tau2_rl.envs.episode import DomainEnv  # noqa: E402
 from tau2_rl.envs.splits import get_split  # noqa: E402
-from tau2_rl.envs.tools import TOOL_SCHEMAS  # noqa: E402
 from tau2_rl.evaluation import run_evaluation  # noqa: E402
+
+AIRLINE = get_domain("airline")
 
 
 def tiny_model(directory: Path) -> Path:
-    env = DomainEnv()
+    env = DomainEnv(AIRLINE)
     return build_tiny_model(directory, vocab_size=1024, extra_texts=[env.system_prompt, *map(str, TOOL_SCHEMAS)])
 
 
@@ -95,7 +98,7 @@ def main() -> None:
         torch.set_num_threads(options.threads)
     logging.basicConfig(level=logging.WARNING)
 
-    tasks = options.tasks.split(",") if options.tasks else list(get_split("seed").test)
+    tasks = options.tasks.split(",") if options.tasks else list(get_split("seed", AIRLINE.split_file()).test)
     prefix = "off" if options.no_prefix_cache else "materialised" if options.materialised_prefix else "shared"
     with tempfile.TemporaryDirectory(prefix="eval-bench-") as tmp:
         model = tiny_model(Path(options.model_dir or Path(tmp) / "tiny-1024"))

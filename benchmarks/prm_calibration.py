@@ -20,13 +20,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tau2_rl.domains import get_domain  # noqa: E402
 from tau2_rl.envs.episode import DomainEnv  # noqa: E402
 from tau2_rl.rewards.prm.conversations import ConversationFileError, import_conversations  # noqa: E402
 from tau2_rl.rewards.prm.corpus import build_corpus  # noqa: E402
 from tau2_rl.rewards.prm.engine import PRM_RULE_SETS  # noqa: E402
-from tau2_rl.rewards.prm.report import REAL_TASK_MAP, REAL_TRAJECTORIES, headline, real_headline  # noqa: E402
+from tau2_rl.rewards.prm.report import headline, real_headline  # noqa: E402
 from tau2_rl.rewards.prm.rules import DEFAULT_RULE_SET, get_rule  # noqa: E402
 from tau2_rl.rewards.prm.stats import calibrate, calibrate_real  # noqa: E402
+
+AIRLINE = get_domain("airline")
 
 ABLATED_RULES = ("P9", "P10", "P11", "B8")
 """The v2 rules written from the real set: the benchmark shows what each carries there."""
@@ -46,10 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="episode seed of every corpus trajectory")
     parser.add_argument("--tasks", default=None, help="comma-separated corpus task ids (default: all)")
     parser.add_argument("--rules", action="store_true", help="also print each rule's fire rates")
-    parser.add_argument("--trajectories", default=str(REAL_TRAJECTORIES), help="real conversations (JSON list)")
-    parser.add_argument("--task_map", default=str(REAL_TASK_MAP), help="source task id -> τ² task id (JSON)")
+    real_trajectories, real_task_map = AIRLINE.prm_terms().real_set
+    parser.add_argument("--trajectories", default=real_trajectories, help="real conversations (JSON list)")
+    parser.add_argument("--task_map", default=real_task_map, help="source task id -> τ² task id (JSON)")
     args = parser.parse_args(argv)
-    env = DomainEnv()
+    env = DomainEnv(AIRLINE)
     task_ids = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     if task_ids:
         unknown = [t for t in task_ids if t not in env.domain.tasks]
@@ -98,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         base = get_rule(rule_id).weight
         for scale in WEIGHT_SCALES:
             weight = base * scale or 0.0  # no "-0.000"
-            cal = calibrate_real(imported, writes, weights={rule_id: weight})
+            cal = calibrate_real(imported, writes, weights={rule_id: weight}, env=env)
             print(f"  {rule_id} at {weight:+.3f}: per-task AUC {cal.per_task_auc:.3f}, "
                   f"no-write {cal.no_write_auc:.3f}")  # fmt: skip
     print(f"real-set per-task AUC: {real_headline(real[DEFAULT_RULE_SET])}")

@@ -41,6 +41,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from tau2_rl.domains import get_domain  # noqa: E402
 from tau2_rl.envs.splits import get_split  # noqa: E402
 from tau2_rl.evaluation.learning_curve import quarter_gain, read_run_scalars  # noqa: E402
 
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = [train(work, seeds[0], heldout=True)]
     build_info = work / POLICY_NAME / "build_info.json"
     build_s = json.loads(build_info.read_text())["build_seconds"] if build_info.is_file() else None
-    test_tasks = ",".join(get_split("seed").test)
+    test_tasks = ",".join(get_split("seed", get_domain("airline").split_file()).test)
     policy, trained = str(work / POLICY_NAME), runs[0]["name"]
     evals = {
         "default": evaluate(work, "default", "--model", policy),

@@ -143,13 +143,16 @@ from tau2_rl.backends import TransformersBackend  # noqa: E402
 from tau2_rl.backends.shared_prefix import SharedPrefixTransformersBackend  # noqa: E402
 from tau2_rl.backends.turn_cache import DEFAULT_MAX_TOKENS  # noqa: E402
 from tau2_rl.data.tiny_model import build_tiny_model, default_tiny_model_dir  # noqa: E402
+from tau2_rl.domains import get_domain  # noqa: E402
+from tau2_rl.domains.airline.tools import TERMINAL_TOOLS, TOOL_SCHEMAS, WRITE_TOOLS  # noqa: E402
 from tau2_rl.envs.episode import DomainEnv, EnvConfig  # noqa: E402
 from tau2_rl.envs.runner import RunTimings, run_episodes  # noqa: E402
 from tau2_rl.envs.tool_calls import format_tool_call  # noqa: E402
-from tau2_rl.envs.tools import TERMINAL_TOOLS, TOOL_SCHEMAS, WRITE_TOOLS  # noqa: E402
 from tau2_rl.envs.users import get_user_simulator  # noqa: E402
 from tau2_rl.rewards.outcome import outcome_reward
 from tau2_rl.rollout import TokenPolicyAgent  # noqa: E402
+
+AIRLINE = get_domain("airline")
 
 
 class TimedBackend:
@@ -291,7 +294,7 @@ def raw_generate_seconds(model, tokenizer, prompts: list[list[int]], max_new_tok
 def first_wave_prompts(env, tokenizer, specs, turn_tokens: int) -> list[list[int]]:
     """Each episode's prompt at its first policy turn (system prompt, greeting, the user's opening message)."""
     eos = tokenizer.eos_token_id
-    agent = TokenPolicyAgent(None, tokenizer, env.tools, [eos], 8192, turn_tokens)
+    agent = TokenPolicyAgent(None, tokenizer, [eos], 8192, turn_tokens)
     prompts = []
     for task_id, seed in specs:
         episode = env.reset(task_id, seed)
@@ -319,7 +322,7 @@ def decode_ms_per_step(model, tokenizer, kind: str, prompts: list[list[int]], tu
 def _warm_up(model, tokenizer, env, turn_tokens: int) -> tuple[Any, Any]:
     backend = TimedBackend(engine_backend(model, tokenizer, "prefix"))
     eos = tokenizer.eos_token_id
-    return backend, TokenPolicyAgent(backend, tokenizer, env.tools, [eos], 8192, turn_tokens)
+    return backend, TokenPolicyAgent(backend, tokenizer, [eos], 8192, turn_tokens)
 
 
 class GoldCallAgent:
@@ -368,12 +371,12 @@ def horizon_sweep(model, tokenizer, specs, horizons: list[int], args) -> None:
     results: dict[tuple[int, str], tuple] = {}
     for _ in range(args.repeats):  # round robin, best of N: load bursts on a shared machine hit every mode
         for horizon in horizons:
-            env = DomainEnv(config=EnvConfig(max_turns=horizon))
+            env = DomainEnv(AIRLINE, config=EnvConfig(max_turns=horizon))
             for name, tokens in modes.items():
 
                 def make(tokens: int = tokens, env: DomainEnv = env) -> tuple[Any, Any]:
                     backend = TimedBackend(engine_backend(model, tokenizer, "prefix", turn_cache_tokens=tokens))
-                    agent = TokenPolicyAgent(backend, tokenizer, env.tools, [eos], context, args.turn_tokens, context)
+                    agent = TokenPolicyAgent(backend, tokenizer, [eos], context, args.turn_tokens, context)
                     return backend, GoldCallAgent(agent) if args.observations == "tau2" else agent
 
                 run = play(env, tokenizer, make, specs, batched=True, max_user_turns=horizon + 1)
@@ -465,7 +468,7 @@ def latency_comparison(model, tokenizer, specs, args) -> None:
     latency = args.latency
     eos = tokenizer.eos_token_id
     context = model.config.max_position_embeddings
-    env = DomainEnv(config=EnvConfig(max_turns=args.max_turns))
+    env = DomainEnv(AIRLINE, config=EnvConfig(max_turns=args.max_turns))
     schedules = {"waves": Schedule(mode="waves")}
     for ready, window in args.event_settings:
         schedules[f"events {ready}:{window:g}"] = Schedule(min_ready=ready, batch_window=window)
@@ -482,12 +485,12 @@ def latency_comparison(model, tokenizer, specs, args) -> None:
         def engine() -> tuple[Any, Any]:
             backend = SharedPrefixTransformersBackend(model, tokenizer, temperature=1.0, eos_token_ids=[eos],
                                                       generation_kwargs={"forced_eos_token_id": eos})  # fmt: skip
-            agent = TokenPolicyAgent(backend, tokenizer, env.tools, [eos], context, args.turn_tokens, context,
+            agent = TokenPolicyAgent(backend, tokenizer, [eos], context, args.turn_tokens, context,
                                      per_episode_seeds=True)  # fmt: skip
             return backend, agent
 
         def rollouts() -> tuple[Any, Any]:
-            backend, agent = trainer.policy_agent(env.tools)
+            backend, agent = trainer.policy_agent()
             return backend, agent
 
         engines = {"evaluator engine": engine, "trainer rollouts": rollouts}
@@ -638,7 +641,7 @@ def main() -> None:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
 
-    env = DomainEnv(config=EnvConfig(max_turns=4))
+    env = DomainEnv(AIRLINE, config=EnvConfig(max_turns=4))
     model_dir = args.model_dir or build_tiny_model(
         default_tiny_model_dir("outputs"), extra_texts=[env.system_prompt, *(str(s) for s in TOOL_SCHEMAS)]
     )
@@ -666,12 +669,12 @@ def main() -> None:
         def make() -> tuple[Any, Any]:
             if kind.startswith("trl"):
                 trainer = trainers[kind]
-                inner, agent = trainer.policy_agent(env.tools)
+                inner, agent = trainer.policy_agent()
                 backend = TimedBackend(inner)
                 agent.backend = backend
                 return backend, agent
             backend = TimedBackend(engine_backend(model, tokenizer, kind), raw=raw)
-            return backend, TokenPolicyAgent(backend, tokenizer, env.tools, [eos], 8192, args.turn_tokens, context)
+            return backend, TokenPolicyAgent(backend, tokenizer, [eos], 8192, args.turn_tokens, context)
 
         return make
 

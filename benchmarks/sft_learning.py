@@ -34,6 +34,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from tau2_rl.backends import TransformersBackend  # noqa: E402
 from tau2_rl.configs import CollectArguments  # noqa: E402
 from tau2_rl.data.collect import collect, decode_rows, load_trajectories  # noqa: E402
+from tau2_rl.domains import get_domain  # noqa: E402
 from tau2_rl.envs.agents import get_agent  # noqa: E402
 from tau2_rl.envs.episode import DomainEnv  # noqa: E402
 from tau2_rl.envs.runner import run_episodes  # noqa: E402
@@ -42,6 +43,8 @@ from tau2_rl.envs.users import get_user_simulator  # noqa: E402
 from tau2_rl.rewards.outcome import outcome_reward
 from tau2_rl.rollout import TokenPolicyAgent  # noqa: E402
 from tau2_rl.trainers.sft import prepare_sft_dataset, teacher_forced_accuracy  # noqa: E402
+
+AIRLINE = get_domain("airline")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TASKS = "27,49"  # covered tasks whose gold begins with a tool call
@@ -54,12 +57,11 @@ def greedy_rollouts(
     whether the whole conversation equals the teacher's (``reference``: messages by task)."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    env = DomainEnv()
+    env = DomainEnv(AIRLINE)
     backend = TransformersBackend(model, tokenizer, temperature=0.0, eos_token_ids=[tokenizer.eos_token_id])
     agent = TokenPolicyAgent(
         backend,
         tokenizer,
-        env.tools,
         eos_token_ids=[tokenizer.eos_token_id],
         max_completion_length=8192,
         max_turn_tokens=max_turn_tokens,
@@ -135,7 +137,7 @@ def run(
     script_args, training_args, model_args = train_sft.make_parser().parse_args_and_config(args=argv)
 
     # Before: the freshly built tiny model on the same tokenised rows.
-    env = DomainEnv()
+    env = DomainEnv(AIRLINE)
     split = get_split(script_args.split)
     base = train_sft.resolve_model_path(model_args, script_args, training_args.output_dir, env)
     tokenizer = AutoTokenizer.from_pretrained(base)

@@ -36,6 +36,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from tau2_rl.domains import get_domain
+
+AIRLINE = get_domain("airline")
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "tests" / "data" / "tau2_reference.json"
 MAX_INLINE_CHARS = 500  # longer observations are stored as sha256 + length + head, to keep the file small
@@ -428,12 +432,12 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
 
 def check(path: Path) -> dict[str, float]:
     sys.path.insert(0, str(ROOT))
+    from tau2_rl.domains.airline.tools import execute_tool
     from tau2_rl.envs.episode import shared_base
     from tau2_rl.envs.state import EpisodeState
-    from tau2_rl.envs.tools import execute_tool
 
     reference = json.loads(path.read_text())
-    base = shared_base()
+    base = shared_base(AIRLINE)
     calls = same = same_flag = hashes = same_hash = sequences = same_final = 0
     for sequence in reference["sequences"]:
         state = EpisodeState(base)

@@ -20,8 +20,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the package and the stub serv
 
 from openai_stub_server import StubServer  # noqa: E402
 
+from tau2_rl.domains import get_domain  # noqa: E402
 from tau2_rl.envs.episode import DomainEnv, Episode  # noqa: E402
 from tau2_rl.envs.users.llm import LLMUser  # noqa: E402
+
+AIRLINE = get_domain("airline")
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +61,7 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.2, help="Seconds the stub server takes per reply.")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    env = DomainEnv()
+    env = DomainEnv(AIRLINE)
     with StubServer("slow", delay_s=args.delay) as server:
         server.reset_counters()
         concurrent = timed_wave(server, env, args.episodes, concurrency=args.episodes)

@@ -15,6 +15,10 @@ import os
 import sys
 from pathlib import Path
 
+from tau2_rl.domains import get_domain
+
+AIRLINE = get_domain("airline")
+
 if __package__ in (None, ""):  # run as a file: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -34,12 +38,12 @@ def make_parser() -> argparse.ArgumentParser:
 def build(args: argparse.Namespace) -> Path:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from tau2_rl.data.tiny_model import build_tiny_model
+    from tau2_rl.domains.airline.tools import TOOL_SCHEMAS
     from tau2_rl.envs.episode import DomainEnv, EnvConfig
-    from tau2_rl.envs.tools import TOOL_SCHEMAS
 
     if args.hidden_size % args.num_attention_heads:
         raise SystemExit(f"--hidden_size {args.hidden_size} must be a multiple of --num_attention_heads")
-    env = DomainEnv(args.data_dir, EnvConfig())
+    env = DomainEnv(AIRLINE, args.data_dir, EnvConfig())
     extra = [env.system_prompt, *(str(schema) for schema in TOOL_SCHEMAS)]
     return build_tiny_model(
         args.output_dir,

@@ -27,6 +27,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tau2_rl.domains import DEFAULT_DOMAIN, DOMAINS, get_domain  # noqa: E402
 from tau2_rl.envs.protocol import ProtocolUnavailableError, tau2_reference  # noqa: E402
 from tau2_rl.evaluation.tau2_harness import TAU2_SEED, compare_results, run_tau2_harness  # noqa: E402
 
@@ -46,7 +47,10 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--user_api_key_env", default=None, help="Environment variable holding the user's API key.")
     parser.add_argument("--num_trials", type=int, default=1, help="Trials per task (τ²'s leaderboard: 4).")
     parser.add_argument("--seed", type=int, default=TAU2_SEED, help="τ²'s --seed (its per-trial request seeds).")
-    parser.add_argument("--tasks", default=None, help="Comma-separated task ids (default: all 50).")
+    parser.add_argument("--domain", default=DEFAULT_DOMAIN, help=f"τ² domain: {', '.join(DOMAINS)}")
+    parser.add_argument("--data_dir", default=None, help="The domain's files, as evaluate.py's --data_dir (default: "
+                        "the installed package's)")
+    parser.add_argument("--tasks", default=None, help="Comma-separated task ids (default: all of the domain's).")
     parser.add_argument("--concurrency", type=int, default=4, help="Simulations in flight (τ²'s --max-concurrency).")
     parser.add_argument("--output_dir", required=True, help="Where τ²'s results file goes (tau2_harness.json).")
     parser.add_argument(
@@ -75,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--num_trials and --concurrency must be >= 1")
     try:
         tau2_reference()
+        spec = get_domain(args.domain)
         ours = compare_path(args.compare) if args.compare else None
     except (ProtocolUnavailableError, ValueError) as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
@@ -92,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         num_trials=args.num_trials,
         concurrency=args.concurrency,
+        spec=spec,
+        data_dir=args.data_dir,
         **keys,
     )
     theirs = out / "tau2_harness.json"

@@ -1,1 +1,1 @@
-"""tau2_rl: multi-turn GRPO for tool-calling agents on the tau2-bench airline domain, built on TRL."""
+"""tau2_rl: multi-turn GRPO for tool-calling agents on τ²-bench's domains, built on TRL."""

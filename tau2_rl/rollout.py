@@ -4,8 +4,9 @@
 single-turn generation inside the trainer; a transformers model or a vLLM engine in the evaluator), token-in /
 token-out:
 
-1. the prompt is the chat template applied to the system prompt and the fixed greeting, cut after the greeting's
-   end-of-turn token (identical for every episode, so prefix caches and TRL's grouping work);
+1. the prompt is the chat template applied to the system prompt, the episode's tool schemas (``episode.tools``: its
+   domain's) and the fixed greeting, cut after the greeting's end-of-turn token (identical for every episode of a
+   domain, so prefix caches and TRL's grouping work);
 2. before each policy turn, the tokens of the messages the environment added since the last turn (user reply, tool
    results) are appended with mask 0: the Render-Twice-Diff suffix of ``tau2_rl.render``;
 3. the sampled ids are appended with mask 1 exactly as sampled; their decoded text is only used to run the tools.
@@ -48,7 +49,6 @@ class TokenPolicyAgent:
         self,
         backend: GenerationBackend,
         tokenizer: Any,
-        tools: list[dict],
         eos_token_ids: list[int] | set[int],
         max_completion_length: int,
         max_turn_tokens: int,
@@ -60,12 +60,11 @@ class TokenPolicyAgent:
         self.backend = backend
         self.per_episode_seeds = per_episode_seeds
         self.tokenizer = tokenizer
-        self.tools = tools
         self.eos_ids = set(eos_token_ids)
         self.max_completion = max_completion_length
         self.max_turn_tokens = max_turn_tokens
         self.max_context = max_context
-        self._prompt_cache: dict[str, list[int]] = {}
+        self._prompt_cache: dict[tuple[str, tuple[str, ...]], list[int]] = {}
         self.partial_calls = False
 
     @property
@@ -89,16 +88,17 @@ class TokenPolicyAgent:
             release([ep.agent_state["prompt_ids"] + ep.agent_state["completion_ids"] for ep in episodes
                      if "prompt_ids" in ep.agent_state])  # fmt: skip
 
-    def _prompt(self, prompt_messages: list[dict]) -> list[int]:
-        """Token ids of the system prompt + greeting (cached: identical for every episode with that system prompt)."""
-        key = prompt_messages[0]["content"]
+    def _prompt(self, prompt_messages: list[dict], tools: list[dict]) -> list[int]:
+        """Token ids of the system prompt + greeting with the episode's tool schemas (cached: identical for every
+        episode of a domain with that system prompt)."""
+        key = (prompt_messages[0]["content"], tuple(tool["function"]["name"] for tool in tools))
         if key not in self._prompt_cache:
-            text = prompt_text(self.tokenizer, prompt_messages, self.tools)
+            text = prompt_text(self.tokenizer, prompt_messages, tools)
             self._prompt_cache[key] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self._prompt_cache[key]
 
     def start(self, episode: Episode) -> None:
-        prompt_ids = self._prompt(episode.messages[:2])  # system prompt + fixed greeting
+        prompt_ids = self._prompt(episode.messages[:2], episode.tools)  # system prompt + fixed greeting
         episode.agent_state.update(
             prompt_ids=prompt_ids, completion_ids=[], tool_mask=[], logprobs=[], spans=[], seen=2
         )
@@ -107,7 +107,7 @@ class TokenPolicyAgent:
         """Tokens of the messages the environment added since the episode's last policy turn (mask 0)."""
         state = episode.agent_state
         before = episode.messages[: state["seen"]]
-        return environment_suffix_ids(self.tokenizer, before, episode.messages, self.tools)
+        return environment_suffix_ids(self.tokenizer, before, episode.messages, episode.tools)
 
     def _append_environment(self, episode: Episode, suffix: list[int]) -> None:
         state = episode.agent_state

@@ -16,8 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tau2_rl.domains import get_domain
+from tau2_rl.domains.airline.tools import TOOL_SCHEMAS
 from tau2_rl.envs.episode import DomainEnv, EnvConfig
-from tau2_rl.envs.tools import TOOL_SCHEMAS
+
+AIRLINE = get_domain("airline")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # ``pytest -n 2`` (the default suite, README): each worker is one of the two cores. A second torch thread per
@@ -37,7 +40,7 @@ def make_short_env(max_turns: int = 4, tools: bool = False) -> DomainEnv:
     The real prompt is ~7k tokens with the 1k-token test vocabulary; trainer tests forward and backward every
     sequence, so they use this one (~40 tokens). The tools still run: only the prompt text changes.
     """
-    env = DomainEnv(config=EnvConfig(max_turns=max_turns))
+    env = DomainEnv(AIRLINE, config=EnvConfig(max_turns=max_turns))
     env.system_prompt = SHORT_SYSTEM_PROMPT
     if not tools:
         env.tools = []
@@ -46,7 +49,7 @@ def make_short_env(max_turns: int = 4, tools: bool = False) -> DomainEnv:
 
 @pytest.fixture(scope="session")
 def airline_env() -> DomainEnv:
-    return DomainEnv()
+    return DomainEnv(AIRLINE)
 
 
 @pytest.fixture(scope="session")

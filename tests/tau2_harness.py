@@ -12,6 +12,7 @@ from typing import Any
 from openai_stub_server import PROBE_TEXT
 
 from tau2_rl.configs import EvalArguments
+from tau2_rl.domains import get_domain
 from tau2_rl.evaluation.tau2_harness import TAU2_SEED, compare_results, run_tau2_harness
 
 
@@ -90,7 +91,7 @@ def compare_harnesses(
     domain = overrides.get("domain", "airline")
     tau2 = run_tau2_harness(
         agent_url, agent_model, user.base_url, user.model, task_ids, tmp_path / "tau2", concurrency=concurrency,
-        domain=domain,
+        spec=get_domain(domain),
     )  # fmt: skip
     theirs_agent = agent_bodies() if agent_stub is not None else None
     theirs_user = sorted(request_key(b, sampling=False) for b in user.bodies)

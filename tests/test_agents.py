@@ -16,20 +16,23 @@ from pathlib import Path
 
 import pytest
 
+from tau2_rl.domains import get_domain
+from tau2_rl.domains.airline.tools import WRITE_TOOLS
 from tau2_rl.envs.agents import AGENTS, NoopAgent, OracleAgent, get_agent
 from tau2_rl.envs.episode import USER_STOP, USER_TRANSFER, DomainEnv, Episode
 from tau2_rl.envs.runner import run_episodes
 from tau2_rl.envs.state import EpisodeState
-from tau2_rl.envs.tools import WRITE_TOOLS
 from tau2_rl.envs.users.scripted import STOP, ScriptedUser, to_first_person
 from tau2_rl.rewards.outcome import gold_db_hash, outcome_reward
+
+AIRLINE = get_domain("airline")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def env() -> DomainEnv:
-    return DomainEnv()
+    return DomainEnv(AIRLINE)
 
 
 @pytest.fixture(scope="module")
@@ -149,13 +152,15 @@ def test_scripted_user_is_deterministic_across_processes() -> None:
     """Phrasing must not depend on hash randomisation (string hashing differs between processes)."""
     code = (
         "import json\n"
+        "from tau2_rl.domains import get_domain\n"
         "from tau2_rl.envs.agents import OracleAgent\n"
         "from tau2_rl.envs.episode import DomainEnv\n"
         "from tau2_rl.envs.runner import run_episodes\n"
         "from tau2_rl.envs.users.scripted import ScriptedUser\n"
         "from tau2_rl.rewards.outcome import outcome_reward\n"
         "specs = [('7', 1), ('23', 2), ('9', 4)]\n"
-        "records = run_episodes(DomainEnv(), OracleAgent(), ScriptedUser(), specs, score=outcome_reward)\n"
+        "env = DomainEnv(get_domain('airline'))\n"
+        "records = run_episodes(env, OracleAgent(), ScriptedUser(), specs, score=outcome_reward)\n"
         "print(json.dumps([[m['content'] for m in r.messages if m['role'] == 'user'] for r in records]))\n"
     )
     outputs = []

@@ -11,10 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tau2_rl.domains import get_domain
+from tau2_rl.domains.airline.tools import execute_tool
 from tau2_rl.envs.calculator import MAX_EXPRESSION_CHARS, CalculationError, calculate
 from tau2_rl.envs.episode import shared_base
 from tau2_rl.envs.state import EpisodeState
-from tau2_rl.envs.tools import execute_tool
+
+AIRLINE = get_domain("airline")
 
 
 def tau2_calculate(expression: str) -> str:
@@ -160,7 +163,7 @@ def test_fuzz_only_calculation_errors(expression: str) -> None:
 
 
 def test_through_execute_tool() -> None:
-    state = EpisodeState(shared_base())
+    state = EpisodeState(shared_base(AIRLINE))
     result = execute_tool(state, "calculate", {"expression": "(1911 - 106) / 2"})
     assert (result.content, result.error) == ("902.5", False)
     result = execute_tool(state, "calculate", {"expression": "1/0"})

@@ -34,6 +34,7 @@ from tau2_rl.data.collect import (
 )
 from tau2_rl.data.teachers import OpenAITeacher, api_turn, openai_messages, reply_text
 from tau2_rl.data.tiny_model import qwen2_5_chat_template
+from tau2_rl.domains import get_domain
 from tau2_rl.envs.agents import OracleAgent, get_agent
 from tau2_rl.envs.episode import DomainEnv
 from tau2_rl.envs.runner import run_episodes
@@ -43,13 +44,15 @@ from tau2_rl.envs.users import get_user_simulator
 from tau2_rl.envs.users.llm import EndpointUnreachableError
 from tau2_rl.rewards.outcome import outcome_reward
 
+AIRLINE = get_domain("airline")
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TASKS = "1,27,49"  # covered tasks: two reads, one read, one read by reservation id
 
 
 @pytest.fixture(scope="module")
 def env() -> DomainEnv:
-    return DomainEnv()
+    return DomainEnv(AIRLINE)
 
 
 def make_args(tmp_path: Path, **overrides: Any) -> CollectArguments:
@@ -66,7 +69,7 @@ def render_text(messages: list[dict], tools: list[dict]) -> str:
 
 def test_oracle_collects_the_covered_tasks_by_default(tmp_path: Path, env: DomainEnv) -> None:
     result = collect(make_args(tmp_path))
-    split = get_split("seed")
+    split = get_split("seed", AIRLINE.split_file())
     assert result.tasks == list(split.covered) and result.covered_tasks == list(split.covered)
     assert result.counts == {"kept": len(split.covered)} and result.played == len(split.covered)
     dataset = load_trajectories(result.output_dir)
@@ -217,7 +220,7 @@ def test_noop_teacher_by_name_keeps_its_failures_with_min_reward_0(tmp_path: Pat
 
 
 def test_test_tasks_are_refused_without_the_force_flag(tmp_path: Path) -> None:
-    test_task = get_split("seed").test[0]
+    test_task = get_split("seed", AIRLINE.split_file()).test[0]
     with pytest.raises(CollectError, match="--allow_test_tasks") as err:
         collect(make_args(tmp_path, tasks=f"1,{test_task}"))
     assert repr(test_task) in str(err.value)
@@ -252,7 +255,8 @@ def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 def test_command_line_parser_refuses_test_tasks(tmp_path: Path) -> None:
     import collect_trajectories
 
-    argv = ["--tasks", get_split("seed").test[0], "--output_dir", str(tmp_path / "c"), "--hub_dir", str(tmp_path)]
+    test_task = get_split("seed", AIRLINE.split_file()).test[0]
+    argv = ["--tasks", test_task, "--output_dir", str(tmp_path / "c"), "--hub_dir", str(tmp_path)]
     (args,) = TrlParser((CollectArguments,)).parse_args_and_config(args=argv)
     with pytest.raises(CollectError, match="--allow_test_tasks"):
         collect_trajectories.main(args)

@@ -8,11 +8,15 @@ from typing import Any
 
 import pytest
 
-from tau2_rl.envs.data import DB_TABLES, DOMAIN_FILES, DomainDataError, GoldAction, Task, load_domain
+from tau2_rl.domains import get_domain
+from tau2_rl.domains.airline.models import DB_TABLES
+from tau2_rl.envs.data import DOMAIN_FILES, DomainDataError, GoldAction, Task, load_domain
+
+AIRLINE = get_domain("airline")
 
 
 def test_load_real_domain() -> None:
-    domain = load_domain()
+    domain = load_domain(AIRLINE)
     assert len(domain.tasks) == 50
     assert sorted(domain.tasks, key=int) == [str(i) for i in range(50)]
     assert set(domain.db) == set(DB_TABLES) == {"flights", "reservations", "users"}
@@ -20,11 +24,11 @@ def test_load_real_domain() -> None:
     assert "airline" in domain.policy.lower() and len(domain.policy) > 1000
     assert set(domain.official_split) >= {"train", "test"}
     assert set(domain.official_split["train"]) | set(domain.official_split["test"]) <= set(domain.tasks)
-    assert load_domain() is load_domain(None)  # parsed once per process, whatever the spelling
+    assert load_domain(AIRLINE) is load_domain(AIRLINE, None)  # parsed once per process, whatever the spelling
 
 
 def test_real_tasks_are_typed() -> None:
-    domain = load_domain()
+    domain = load_domain(AIRLINE)
     task = domain.get_task(0)
     assert isinstance(task, Task) and task is domain.get_task("0")
     assert task.instructions.reason_for_call
@@ -41,15 +45,15 @@ def test_the_task_file_hash_quoted_in_the_docs_is_the_real_one() -> None:
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "reproducing.md").read_text(encoding="utf-8")
     quoted = re.findall(r"sha256 `([0-9a-f]+)…([0-9a-f]+)`", text)
-    real = domain_file_sha256(None, "tasks.json")
+    real = domain_file_sha256(AIRLINE, None, "tasks.json")
     assert quoted and all(real.startswith(head) and real.endswith(tail) for head, tail in quoted), (quoted, real)
 
 
 def test_unknown_task_id_lists_the_valid_range() -> None:
     with pytest.raises(KeyError, match=r"0\.\.49 \(50 tasks\)"):
-        load_domain().get_task("50")
+        load_domain(AIRLINE).get_task("50")
     with pytest.raises(KeyError, match="'abc'"):
-        load_domain().get_task("abc")
+        load_domain(AIRLINE).get_task("abc")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -117,7 +121,7 @@ def write_domain(
 
 
 def test_synthetic_domain_loads(tmp_path: Path) -> None:
-    domain = load_domain(write_domain(tmp_path))
+    domain = load_domain(AIRLINE, write_domain(tmp_path))
     assert set(domain.tasks) == {"0", "1"}
     task = domain.get_task(1)
     assert task.actions == (GoldAction("1_0", "cancel_reservation", {"reservation_id": "ABC123"}),)
@@ -131,7 +135,7 @@ def test_synthetic_domain_loads(tmp_path: Path) -> None:
 
 def _error(root: Path, **kwargs: Any) -> str:
     with pytest.raises(DomainDataError) as info:
-        load_domain(write_domain(root, **kwargs))
+        load_domain(AIRLINE, write_domain(root, **kwargs))
     return str(info.value)
 
 
@@ -178,9 +182,9 @@ def test_db_record_checked_against_tau2_data_model(tmp_path: Path) -> None:
 
 
 def test_db_is_stored_as_tau2_dumps_it(tmp_path: Path) -> None:
-    reservation = load_domain(write_domain(tmp_path)).db["reservations"]["ABC123"]
+    reservation = load_domain(AIRLINE, write_domain(tmp_path)).db["reservations"]["ABC123"]
     assert reservation["status"] is None and list(reservation)[-1] == "status"  # τ²'s field order, explicit null
-    user = load_domain(write_domain(tmp_path)).db["users"]["ann_lee_1"]
+    user = load_domain(AIRLINE, write_domain(tmp_path)).db["users"]["ann_lee_1"]
     assert user["address"]["address2"] is None
 
 
@@ -249,11 +253,11 @@ def test_missing_file(tmp_path: Path, name: str) -> None:
     write_domain(tmp_path)
     (tmp_path / name).unlink()
     with pytest.raises(DomainDataError) as info:
-        load_domain(str(tmp_path))
+        load_domain(AIRLINE, str(tmp_path))
     message = str(info.value)
     assert str(tmp_path / name) in message and "missing" in message
 
 
 def test_missing_directory(tmp_path: Path) -> None:
     with pytest.raises(DomainDataError, match="db.json is missing"):
-        load_domain(str(tmp_path / "nowhere"))
+        load_domain(AIRLINE, str(tmp_path / "nowhere"))

@@ -38,12 +38,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tau2_rl.backends import TransformersBackend
 from tau2_rl.configs import VARIANTS, MultiTurnGRPOConfig
 from tau2_rl.data.default_policy import build_default_policy, compact_env, default_policy_dir
+from tau2_rl.domains import get_domain
 from tau2_rl.envs.episode import DomainEnv, EnvConfig
 from tau2_rl.envs.runner import run_episodes
 from tau2_rl.envs.users import get_user_simulator
 from tau2_rl.rewards.outcome import outcome_reward
 from tau2_rl.rollout import TokenPolicyAgent
 from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+
+AIRLINE = get_domain("airline")
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
 
@@ -81,7 +84,7 @@ class RecordingTrainer(MultiTurnGRPOTrainer):
 
 
 def _env() -> DomainEnv:
-    return compact_env(DomainEnv(config=EnvConfig(max_turns=MAX_TURNS)))
+    return compact_env(DomainEnv(AIRLINE, config=EnvConfig(max_turns=MAX_TURNS)))
 
 
 def mean_reward(model, tokenizer, episodes: int) -> float:
@@ -90,7 +93,7 @@ def mean_reward(model, tokenizer, episodes: int) -> float:
     eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id]
     backend = TransformersBackend(model.eval(), tokenizer, temperature=1.0, eos_token_ids=eos, seed=0,
                                   prefix_cache=False)  # fmt: skip
-    agent = TokenPolicyAgent(backend, tokenizer, env.tools, eos, 2048, MAX_TURN_TOKENS, per_episode_seeds=True)
+    agent = TokenPolicyAgent(backend, tokenizer, eos, 2048, MAX_TURN_TOKENS, per_episode_seeds=True)
     specs = [(TASK, EVAL_SEED + i) for i in range(episodes)]
     with torch.no_grad():
         records = run_episodes(env, agent, get_user_simulator("scripted"), specs, score=outcome_reward)

@@ -11,8 +11,12 @@ import pytest
 
 from tau2_rl.data import default_policy
 from tau2_rl.data.tiny_model import BUILD_INFO_FILE
+from tau2_rl.domains import get_domain
+from tau2_rl.envs.episode import DomainEnv
 from tau2_rl.evaluation.learning_curve import heldout_tags, plot_learning_curve, quarter_gain, read_run_scalars
 from tau2_rl.run.console import format_step_line
+
+AIRLINE = get_domain("airline")
 
 
 @pytest.fixture
@@ -20,7 +24,7 @@ def fake_build(monkeypatch):
     """Counts builds; each writes the files of a model directory with distinct content."""
     calls: list[Path] = []
 
-    def build(work, tmp_dir, tasks, params, data_dir):
+    def build(work, tmp_dir, tasks, params, data_dir, specs):
         calls.append(tmp_dir)
         tmp_dir.mkdir(parents=True)
         for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
@@ -33,8 +37,8 @@ def fake_build(monkeypatch):
 
 def test_cache_is_built_once_then_reused(tmp_path, fake_build):
     out = tmp_path / "policy"
-    assert default_policy.build_default_policy(out, ["3"], epochs=2) == out
-    assert default_policy.build_default_policy(out, ["3"], epochs=2) == out
+    assert default_policy.build_default_policy(out, ["3"], epochs=2, specs=[AIRLINE]) == out
+    assert default_policy.build_default_policy(out, ["3"], epochs=2, specs=[AIRLINE]) == out
     assert len(fake_build) == 1
     assert json.loads((out / BUILD_INFO_FILE).read_text())["params"]["tasks"] == ["3"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".policy.tmp") or ".work" in p.name]
@@ -43,7 +47,7 @@ def test_cache_is_built_once_then_reused(tmp_path, fake_build):
 @pytest.mark.parametrize("damage", ["no_build_info", "truncated_weights", "missing_file", "other_version"])
 def test_damaged_or_foreign_cache_is_rebuilt(tmp_path, fake_build, damage):
     out = tmp_path / "policy"
-    default_policy.build_default_policy(out, ["3"], epochs=2)
+    default_policy.build_default_policy(out, ["3"], epochs=2, specs=[AIRLINE])
     if damage == "no_build_info":  # interrupted before build_info.json was written
         (out / BUILD_INFO_FILE).unlink()
     elif damage == "truncated_weights":
@@ -54,30 +58,30 @@ def test_damaged_or_foreign_cache_is_rebuilt(tmp_path, fake_build, damage):
         info = json.loads((out / BUILD_INFO_FILE).read_text())
         info["params"]["policy_builder_version"] = -1
         (out / BUILD_INFO_FILE).write_text(json.dumps(info))
-    default_policy.build_default_policy(out, ["3"], epochs=2)
+    default_policy.build_default_policy(out, ["3"], epochs=2, specs=[AIRLINE])
     assert len(fake_build) == 2
     assert (out / "model.safetensors").read_text() == "model.safetensors build 2"
 
 
 def test_other_settings_are_another_build(tmp_path, fake_build):
     out = tmp_path / "policy"
-    default_policy.build_default_policy(out, ["3"], epochs=2)
-    default_policy.build_default_policy(out, ["3"], epochs=3)
+    default_policy.build_default_policy(out, ["3"], epochs=2, specs=[AIRLINE])
+    default_policy.build_default_policy(out, ["3"], epochs=3, specs=[AIRLINE])
     assert len(fake_build) == 2
 
 
 def test_a_failed_build_leaves_the_previous_one(tmp_path, fake_build, monkeypatch):
     out = tmp_path / "policy"
-    default_policy.build_default_policy(out, ["3"], epochs=2)
+    default_policy.build_default_policy(out, ["3"], epochs=2, specs=[AIRLINE])
 
-    def broken(work, tmp_dir, tasks, params, data_dir):
+    def broken(work, tmp_dir, tasks, params, data_dir, specs):
         tmp_dir.mkdir(parents=True)
         (tmp_dir / "model.safetensors").write_text("partial")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(default_policy, "_build", broken)
     with pytest.raises(KeyboardInterrupt):
-        default_policy.build_default_policy(out, ["3"], epochs=2, force=True)
+        default_policy.build_default_policy(out, ["3"], epochs=2, force=True, specs=[AIRLINE])
     assert (out / "model.safetensors").read_text() == "model.safetensors build 1"
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
 
@@ -87,15 +91,15 @@ def test_a_foreign_directory_is_not_overwritten(tmp_path, fake_build):
     out.mkdir()
     (out / "my_notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="policy"):
-        default_policy.build_default_policy(out, ["3"], epochs=2)
+        default_policy.build_default_policy(out, ["3"], epochs=2, specs=[AIRLINE])
     assert not fake_build
 
 
 def test_bad_arguments_name_the_flag(tmp_path):
     with pytest.raises(ValueError, match="--warmup_epochs"):
-        default_policy.build_default_policy(tmp_path / "p", ["3"], epochs=0)
+        default_policy.build_default_policy(tmp_path / "p", ["3"], epochs=0, specs=[AIRLINE])
     with pytest.raises(ValueError, match="--warmup_tasks"):
-        default_policy.build_default_policy(tmp_path / "p", [], epochs=1)
+        default_policy.build_default_policy(tmp_path / "p", [], epochs=1, specs=[AIRLINE])
 
 
 def test_step_line_is_one_readable_line():
@@ -183,7 +187,7 @@ def test_leftovers_of_a_killed_build_are_cleaned(tmp_path, fake_build):
     for directory in stale:
         directory.mkdir()
         (directory / "model.safetensors").write_text("partial")
-    default_policy.build_default_policy(tmp_path / "policy", ["3"], epochs=2)
+    default_policy.build_default_policy(tmp_path / "policy", ["3"], epochs=2, specs=[AIRLINE])
     assert not any(d.exists() for d in stale)
 
 
@@ -209,13 +213,13 @@ def test_warmup_data_mixes_the_teachers_and_steps_once_per_epoch(tmp_path, monke
                                      "main": staticmethod(fake_main)})  # fmt: skip
     monkeypatch.setattr(default_policy, "_load_train_sft", lambda: fake)
     monkeypatch.setattr(tiny_model, "build_tiny_model", lambda directory, **kwargs: directory)
-    out = default_policy.build_default_policy(tmp_path / "policy", ["3", "40"], epochs=3)
+    out = default_policy.build_default_policy(tmp_path / "policy", ["3", "40"], epochs=3, specs=[AIRLINE])
     rows = seen["rows"]
-    per_teacher = {t: sorted(r["task_id"] for r in rows if r["teacher"] == t) for t in default_policy.WARMUP_TEACHERS}
+    per_teacher = {t: sorted(r["task_id"] for r in rows if r["teacher"] == t) for t in AIRLINE.warmup_teachers}
     assert per_teacher == {"oracle": ["3", "40"], "noop": ["3", "3", "40", "40"]}
     assert {r["reward"] for r in rows if r["teacher"] == "oracle"} == {1.0}
     assert {r["reward"] for r in rows if r["teacher"] == "noop"} == {0.0}
-    assert all(r["messages"][0]["content"] == default_policy.COMPACT_SYSTEM_PROMPT for r in rows)
+    assert all(r["messages"][0]["content"] == AIRLINE.compact_prompt for r in rows)
     script_args, training_args = seen["args"]
     assert script_args.min_reward == 0
     assert training_args.gradient_accumulation_steps == len(rows) == 6
@@ -245,7 +249,7 @@ def test_a_real_build_leaves_the_callers_log_levels_and_random_state_alone(tmp_p
     ours.setLevel(logging.INFO)
     try:
         random.seed(123), np.random.seed(123), torch.manual_seed(123)
-        default_policy.build_default_policy(tmp_path / "policy", ["3"], epochs=1)
+        default_policy.build_default_policy(tmp_path / "policy", ["3"], epochs=1, specs=[AIRLINE])
         assert ours.level == logging.INFO and logging.getLogger("tau2_rl.run.hub").isEnabledFor(logging.INFO)
         assert transformers.utils.logging.get_verbosity() == verbosity
         after = random.random(), float(np.random.random()), float(torch.rand(1))
@@ -265,11 +269,11 @@ def test_an_output_dir_outside_outputs_reuses_the_default_policy_cache(tmp_path,
     for output_dir in ("outputs/grpo-cpu-smoke", str(tmp_path / "elsewhere" / "run")):
         argv = ["--config", recipe, "--output_dir", output_dir]
         script_args, training_args, model_args = train_grpo.parse_args(argv)
-        train_grpo.resolve_model_path(model_args, script_args, training_args.output_dir, None)
+        train_grpo.resolve_model_path(model_args, script_args, training_args.output_dir, DomainEnv(AIRLINE))
     assert built == [Path("outputs") / "default-policy-t3_40-e96"] * 2
     argv = ["--config", recipe, "--warmup_cache_dir", str(tmp_path / "cache")]
     script_args, training_args, model_args = train_grpo.parse_args(argv)
-    train_grpo.resolve_model_path(model_args, script_args, training_args.output_dir, None)
+    train_grpo.resolve_model_path(model_args, script_args, training_args.output_dir, DomainEnv(AIRLINE))
     assert built[-1] == tmp_path / "cache" / "default-policy-t3_40-e96"
 
 
@@ -291,7 +295,7 @@ def test_a_stop_during_the_build_says_the_build_is_discarded(tmp_path, monkeypat
     monkeypatch.setattr(graceful_stop.GracefulStop, "on_step_begin", stop_at_first_step)
     out = tmp_path / "policy"
     with pytest.raises(SystemExit) as info:
-        default_policy.build_default_policy(out, ["3"], epochs=2)
+        default_policy.build_default_policy(out, ["3"], epochs=2, specs=[AIRLINE])
     assert info.value.code == graceful_stop.EXIT_STOPPED
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line == (
@@ -309,7 +313,7 @@ def test_the_build_prints_no_summary_of_its_scratch_sft(tmp_path, capsys, caplog
 
     out = tmp_path / "policy"
     with caplog.at_level(logging.WARNING, logger="tau2_rl.data.default_policy"):
-        default_policy.build_default_policy(out, ["3"], epochs=2)
+        default_policy.build_default_policy(out, ["3"], epochs=2, specs=[AIRLINE])
     printed = capsys.readouterr().out
     assert "done:" not in printed and ".work-" not in printed, printed
     assert any(f"default policy: built {out} in" in r.getMessage() and "SFT: 2 epochs" in r.getMessage()

@@ -12,18 +12,21 @@ from concurrent.futures import Future
 
 import pytest
 
+from tau2_rl.domains import get_domain
 from tau2_rl.envs.episode import USER_ERROR, DomainEnv, EnvConfig
 from tau2_rl.envs.runner import AgentTurn, RunTimings, Schedule, run_episodes
 from tau2_rl.envs.users import get_user_simulator
 from tau2_rl.envs.users.base import UserReply, UserSimulator
 from tau2_rl.rewards.outcome import outcome_reward
 
+AIRLINE = get_domain("airline")
+
 SPECS = [("0", 0), ("1", 1), ("2", 2)]
 
 
 @pytest.fixture(scope="module")
 def env() -> DomainEnv:
-    return DomainEnv(config=EnvConfig(max_turns=3))
+    return DomainEnv(AIRLINE, config=EnvConfig(max_turns=3))
 
 
 class Talker:
@@ -200,7 +203,7 @@ def test_the_policy_plays_the_same_episodes_in_both_schedules_against_reply_dela
         for mode in ("waves", "events"):
             backend = SharedPrefixTransformersBackend(tiny_model, tok, temperature=1.0, eos_token_ids=[eos],
                                                       min_prefix_tokens=16, generation_kwargs=forced)  # fmt: skip
-            agent = TokenPolicyAgent(backend, tok, env.tools, [eos], 4096, 8, per_episode_seeds=True)
+            agent = TokenPolicyAgent(backend, tok, [eos], 4096, 8, per_episode_seeds=True)
             episodes = [env.reset(t, s) for t, s in specs]
             timings = RunTimings()
             records = run_episodes(env, agent, user, specs, episodes=episodes, timings=timings, score=outcome_reward,

@@ -12,13 +12,16 @@ import pytest
 
 import evaluate
 from tau2_rl.configs import EvalArguments
+from tau2_rl.domains import get_domain
+from tau2_rl.domains.airline.tools import TOOL_SCHEMAS
 from tau2_rl.envs.episode import DomainEnv
 from tau2_rl.envs.splits import get_split
-from tau2_rl.envs.tools import TOOL_SCHEMAS
 from tau2_rl.evaluation import INPUT_ERRORS, run_compare, run_evaluation
 from tau2_rl.evaluation import evaluator as evaluator_module
 from tau2_rl.evaluation.evaluator import EvaluationError, episode_seed
 from tau2_rl.evaluation.results import FINGERPRINT_FIELDS, ConfigMismatchError, ResultsError, ResultsFile
+
+AIRLINE = get_domain("airline")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_FIELDS = {"sample", "seed", "success", "reward", "termination", "turns", "tool_calls", "tool_errors",
@@ -38,7 +41,7 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module")
 def env() -> DomainEnv:
-    return DomainEnv()
+    return DomainEnv(AIRLINE)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +136,7 @@ def test_tiny_model_evaluates_resumes_and_refuses_another_configuration(tmp_path
         assert sample["policy_tokens"] and all(0 < n <= 8 for n in sample["policy_tokens"])
         assert sample["turns"] == len(sample["policy_tokens"])
     assert metrics["reasoning_depth_p50"] is not None and metrics["reasoning_depth_p50"] <= 8
-    split = get_split("seed")
+    split = get_split("seed", AIRLINE.split_file())
     assert {t: e["group"] for t, e in data["tasks"].items()} == {"0": split.group_of("0"), "18": split.group_of("18")}
     assert [r["episodes"] for r in data["runs"]] == [4]
     assert data["runs"][0]["turn_cache"]["dropped"] == 0  # the engine's turn-cache counters are kept with the run

@@ -190,14 +190,15 @@ def test_domain_reaches_every_stage_with_its_own_tasks(tmp_path: Path) -> None:
     commands = [line for line in lines if not line.startswith("#")]
     collect, sft, *grpo = [c for c in commands if "collect_trajectories.py" in c or "train_" in c]
     evals = [c for c in commands if "evaluate.py --config" in c]
-    assert collect.endswith("--domain retail --tasks 88,73") and sft.endswith("--domain retail")
-    assert len(grpo) == 2 and all(c.endswith("--domain retail --tasks 88,73 --tasks 88") for c in grpo)
-    assert len(evals) == 3 and all("--domain retail --tasks 73,88,5" in c for c in evals)
+    assert collect.endswith("--domain retail --split tau2 --tasks 88,73")
+    assert sft.endswith("--domain retail --split tau2")
+    assert len(grpo) == 2 and all(c.endswith("--domain retail --split tau2 --tasks 88,73 --tasks 88") for c in grpo)
+    assert len(evals) == 3 and all("--domain retail --split tau2 --tasks 73,88,5" in c for c in evals)
     reference = AblationArguments(output_dir=str(tmp_path), domain="retail", profile="gpu-reference",
                                   user_base_url="http://127.0.0.1:1/v1", user_model="u", dry_run=True)  # fmt: skip
     settings = resolve(reference)
-    assert settings.extra["grpo"] == ["--domain", "retail"]  # its recipes name no task: τ²'s official split
-    with pytest.raises(ExperimentError, match="--domain 'telecom' is unknown"):
+    assert settings.extra["grpo"] == ["--domain", "retail", "--split", "tau2"]  # its recipes name no task
+    with pytest.raises(ExperimentError, match="--domain 'telecom': unknown domain"):
         resolve(AblationArguments(output_dir=str(tmp_path), domain="telecom"))
 
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from tau2_rl.configs import MultiTurnGRPOConfig
+from tau2_rl.domains import get_domain  # noqa: E402
 from tau2_rl.envs.episode import DomainEnv
 from tau2_rl.envs.prompt_style import LEGACY_PROMPT_STYLE_FILE, PROMPT_STYLE_FILE, compact_env
 from tau2_rl.envs.users import get_user_simulator
@@ -31,6 +32,8 @@ from tau2_rl.trainers.generation_ahead import (
     behaviour_stats,
     worker_model,
 )
+
+AIRLINE = get_domain("airline")
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,7 +140,7 @@ def test_generation_ahead_flags_are_checked(tmp_path, flags, message):
 
 def test_the_env_and_the_llm_user_pickle_as_their_recipes():
     """The worker process rebuilds them: the env with the prompt it showed, the user from its config."""
-    env = compact_env(DomainEnv())
+    env = compact_env(DomainEnv(AIRLINE))
     copy = pickle.loads(pickle.dumps(env))
     assert (copy.system_prompt, copy.tools, copy.config) == (env.system_prompt, env.tools, env.config)
     assert copy.reset("3", 7).messages == env.reset("3", 7).messages

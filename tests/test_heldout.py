@@ -15,6 +15,7 @@ import datasets
 import pytest
 
 from tau2_rl.configs import EnvArguments, MultiTurnGRPOConfig
+from tau2_rl.domains import get_domain
 from tau2_rl.envs.splits import Split, get_split
 from tau2_rl.envs.users import get_user_simulator
 from tau2_rl.evaluation import run_compare
@@ -23,6 +24,8 @@ from tau2_rl.evaluation.heldout import HeldoutEvaluation, build_heldout, heldout
 from tau2_rl.evaluation.results import ConfigMismatchError
 from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
+AIRLINE = get_domain("airline")
+
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 # 4 train tasks of which 1 covered, 2 test tasks: the held-out set is small enough for a test
@@ -30,7 +33,7 @@ TINY_SPLIT = Split("tiny", train=("0", "1", "3", "4"), test=("2", "8"), covered=
 
 
 def test_heldout_tasks_are_the_test_tasks_plus_a_fixed_uncovered_sample() -> None:
-    split = get_split("seed")
+    split = get_split("seed", AIRLINE.split_file())
     assert heldout_task_ids(split) == sorted(split.test, key=int)
     chosen = heldout_task_ids(split, 5, seed=42)
     extra = set(chosen) - set(split.test)
@@ -245,7 +248,7 @@ from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 torch.set_num_threads(1)
 model_dir, out = sys.argv[1], Path(sys.argv[2])
 tokenizer = AutoTokenizer.from_pretrained(model_dir)
-env = DomainEnv(config=EnvConfig(max_turns=2))
+env = DomainEnv(AIRLINE, config=EnvConfig(max_turns=2))
 env.system_prompt, env.tools = "You are an airline customer service agent.", []
 args = MultiTurnGRPOConfig(
     output_dir=str(out / "run"), variant="vanilla", per_device_train_batch_size=4, per_device_eval_batch_size=2,

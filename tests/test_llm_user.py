@@ -16,14 +16,17 @@ from pathlib import Path
 import pytest
 from openai_stub_server import STOP_REPLY, StubServer, marker
 
+from tau2_rl.domains import get_domain
 from tau2_rl.envs.episode import USER_ERROR, USER_STOP, DomainEnv, EnvConfig, Episode
 from tau2_rl.envs.users import USER_SIMULATORS, get_user_simulator
 from tau2_rl.envs.users.llm import EMPTY_AGENT_TURN, EndpointUnreachableError, LLMUser, LLMUserConfig, user_view
 
+AIRLINE = get_domain("airline")
+
 
 @pytest.fixture(scope="module")
 def env() -> DomainEnv:
-    return DomainEnv()
+    return DomainEnv(AIRLINE)
 
 
 @pytest.fixture
@@ -242,7 +245,7 @@ def test_tau2_keeps_the_replys_whitespace_tau2_rl_strips_it(
     text = "A" * 79 + " tail"  # echo quotes 80 characters: the reply ends in a space
     replies = {}
     for protocol in ("tau2", "tau2_rl"):
-        env = DomainEnv(None, EnvConfig(protocol=protocol))
+        env = DomainEnv(AIRLINE, None, EnvConfig(protocol=protocol))
         user = make_user(server, cache_dir=str(tmp_path / "cache"))
         replies[protocol] = user.reply(waiting_episode(env, text)).content
     assert replies["tau2"].endswith("A ") and replies["tau2_rl"] == replies["tau2"].rstrip()

@@ -18,13 +18,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_tool_call_parsing import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, turn_text
 
+from tau2_rl.domains import get_domain
+from tau2_rl.domains.airline.tools import TOOL_NAMES
 from tau2_rl.envs.episode import DomainEnv, EnvConfig
 from tau2_rl.envs.runner import run_episodes
-from tau2_rl.envs.tools import TOOL_NAMES
 from tau2_rl.envs.users import get_user_simulator
 from tau2_rl.envs.users.base import UserReply, UserSimulator
 from tau2_rl.rewards.outcome import outcome_reward
 from tau2_rl.rollout import TokenPolicyAgent
+
+AIRLINE = get_domain("airline")
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -93,14 +96,14 @@ class HostileUser(UserSimulator):
         return self.inner.reply(episode)
 
 
-ENV = DomainEnv(config=EnvConfig(max_turns=5, max_tool_errors=4))
+ENV = DomainEnv(AIRLINE, config=EnvConfig(max_turns=5, max_tool_errors=4))
 
 
 def play_fuzzed(tokenizer, data: st.DataObject, seed: int) -> int:
     """One batch of episodes through the real loop; returns how many model outputs it consumed."""
     rng = random.Random(seed)
     backend = FuzzBackend(tokenizer, data, rng)
-    agent = TokenPolicyAgent(backend, tokenizer, ENV.tools, [tokenizer.eos_token_id], 4096, 160, 10**9)
+    agent = TokenPolicyAgent(backend, tokenizer, [tokenizer.eos_token_id], 4096, 160, 10**9)
     specs = [(str(rng.randrange(50)), i) for i in range(EPISODES_PER_EXAMPLE)]
     episodes = [ENV.reset(t, s) for t, s in specs]
     records = run_episodes(ENV, agent, HostileUser(data, rng), specs, episodes=episodes, score=outcome_reward)
@@ -142,8 +145,8 @@ def test_lone_surrogate_in_a_tool_argument_does_not_crash_the_loop(tiny_tokenize
         def generate(self, prompts, max_new_tokens):
             return [ids] * len(prompts), None
 
-    env = DomainEnv(config=EnvConfig(max_turns=3))
-    agent = TokenPolicyAgent(Repeat(), tokenizer, env.tools, [tokenizer.eos_token_id], 10**5, 512, 10**9)
+    env = DomainEnv(AIRLINE, config=EnvConfig(max_turns=3))
+    agent = TokenPolicyAgent(Repeat(), tokenizer, [tokenizer.eos_token_id], 10**5, 512, 10**9)
     (record,) = run_episodes(env, agent, get_user_simulator("scripted"), [("0", 0)], score=outcome_reward)
     assert record.termination == "max_turns" and len(record.tool_calls) == 3
     assert record.tool_calls[0].arguments == {"user_id": "\ufffd"}

@@ -22,6 +22,7 @@ from transformers import AutoTokenizer
 
 from tau2_rl.data.collect import rows_to_dataset
 from tau2_rl.data.tiny_model import build_tiny_tokenizer
+from tau2_rl.domains import get_domain
 from tau2_rl.envs.agents import get_agent
 from tau2_rl.envs.episode import DomainEnv
 from tau2_rl.envs.runner import run_episodes
@@ -38,6 +39,8 @@ from tau2_rl.render import (
 from tau2_rl.rewards.outcome import outcome_reward
 from tau2_rl.rollout import TokenPolicyAgent, episode_tensors
 from tau2_rl.trainers.sft import prepare_sft_dataset
+
+AIRLINE = get_domain("airline")
 
 LLAMA_SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>"]
 
@@ -320,7 +323,7 @@ def test_sft_row_equals_the_rl_rollout_of_the_same_episode(make_tokenizer) -> No
     """The oracle's episode, replayed by ``TokenPolicyAgent`` sampling exactly the SFT row's assistant tokens, gives
     the same token ids and the same mask: SFT and RL see one tokenisation of the conversation."""
     tokenizer = make_tokenizer("qwen2_5.jinja")
-    env = DomainEnv()
+    env = DomainEnv(AIRLINE)
     (record,) = run_episodes(
         env, get_agent("oracle"), get_user_simulator("scripted"), [("1", 0)], score=outcome_reward
     )
@@ -333,7 +336,7 @@ def test_sft_row_equals_the_rl_rollout_of_the_same_episode(make_tokenizer) -> No
             return [row.input_ids[slice(*next(spans))] for _ in prompts], None
 
     episode = env.reset("1", 0)
-    agent = TokenPolicyAgent(Replay(), tokenizer, env.tools, [tokenizer.eos_token_id], 10**6, 10**6)
+    agent = TokenPolicyAgent(Replay(), tokenizer, [tokenizer.eos_token_id], 10**6, 10**6)
     run_episodes(env, agent, get_user_simulator("scripted"), [("1", 0)], episodes=[episode], score=outcome_reward)
     assert episode.record.messages == record.messages and episode.record.reward["reward"] == 1.0
     tensors = episode_tensors(episode)

@@ -21,7 +21,7 @@ from benchmarks.update_fidelity import fixed_batch, small_model
 from tau2_rl import experiment
 from tau2_rl.run.precision import check_update_precision, fp32_master_weights, lost_update_fraction
 from tau2_rl.run.update_monitor import METRIC, UpdateFractionCallback, add_update_monitor
-from tau2_rl.trainers import multiturn_grpo
+from tau2_rl.trainers import grpo_run, multiturn_grpo
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -148,7 +148,7 @@ def test_the_reference_launches_keep_fp32_master_weights() -> None:
 
 
 def test_train_grpo_refuses_bf16_at_1e6_before_training(tmp_path, tiny_model_dir, short_env, monkeypatch) -> None:
-    monkeypatch.setattr(train_grpo, "DomainEnv", lambda data_dir=None, config=None: short_env(config.max_turns))
+    monkeypatch.setattr(grpo_run, "run_env", lambda specs, data_dir=None, config=None: short_env(config.max_turns))
     trained = []
     monkeypatch.setattr(multiturn_grpo.MultiTurnGRPOTrainer, "train", lambda self, **kw: trained.append(1))
     flags = [  # shrunk like cpu_smoke.yaml: one task, 4 episodes of 2 turns

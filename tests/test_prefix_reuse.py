@@ -20,12 +20,15 @@ from tau2_rl.backends import shared_prefix as shared_prefix_module
 from tau2_rl.backends.attention import grouped_decode_attention
 from tau2_rl.backends.shared_prefix import SharedPrefixTransformersBackend
 from tau2_rl.configs import MultiTurnGRPOConfig
+from tau2_rl.domains import get_domain
 from tau2_rl.envs.episode import DomainEnv, EnvConfig
 from tau2_rl.envs.runner import run_episodes
 from tau2_rl.envs.users import get_user_simulator
 from tau2_rl.rewards.outcome import outcome_reward
 from tau2_rl.rollout import TokenPolicyAgent
 from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+
+AIRLINE = get_domain("airline")
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -75,7 +78,7 @@ def test_shared_prefix_attention_equals_sdpa_over_prefix_and_rows(monkeypatch, f
 def _play(env, tokenizer, backend, batched: bool, turn_tokens: int = 8) -> list[list[int]]:
     """Completion ids of the 4 episodes, played in one wave-batched run or one episode at a time."""
     eos = tokenizer.eos_token_id
-    agent = TokenPolicyAgent(backend, tokenizer, env.tools, [eos], 4096, turn_tokens)
+    agent = TokenPolicyAgent(backend, tokenizer, [eos], 4096, turn_tokens)
     specs = [(task_id, seed) for seed, task_id in enumerate(TASKS)]
     episodes = []
     for group in [specs] if batched else [[spec] for spec in specs]:
@@ -94,7 +97,7 @@ def test_wave_batched_prefix_reuse_equals_one_at_a_time_plain_generate(tiny_mode
     from transformers import AutoModelForCausalLM
 
     tok = tiny_tokenizer
-    env = DomainEnv(config=EnvConfig(max_turns=max_turns))  # the real ~7k-token prompt
+    env = DomainEnv(AIRLINE, config=EnvConfig(max_turns=max_turns))  # the real ~7k-token prompt
     forced = {"forced_eos_token_id": tok.eos_token_id}  # every 8-token turn ends the turn: full multi-turn episodes
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     plain = TransformersBackend(model, tok, temperature=0.0, prefix_cache=False, generation_kwargs=forced)
@@ -127,7 +130,7 @@ def test_wave_batched_prefix_reuse_equals_one_at_a_time_plain_generate(tiny_mode
 def _trainer(tmp_path, model_dir, tokenizer, prefix_reuse: bool, max_turns: int = 3) -> MultiTurnGRPOTrainer:
     from transformers import AutoModelForCausalLM
 
-    env = DomainEnv(config=EnvConfig(max_turns=max_turns))  # shrunk from 30
+    env = DomainEnv(AIRLINE, config=EnvConfig(max_turns=max_turns))  # shrunk from 30
     env.tools = []  # shrunk: the policy text alone (thousands of tokens) is the shared prefix
     args = MultiTurnGRPOConfig(
         output_dir=str(tmp_path / "out"),

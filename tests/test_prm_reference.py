@@ -12,18 +12,23 @@ from typing import Any
 
 import pytest
 
+from tau2_rl.domains import get_domain
+from tau2_rl.domains.airline import policy_checks
 from tau2_rl.envs.data import GoldAction
 from tau2_rl.envs.episode import AGENT_STOP, DomainEnv, EpisodeRecord
 from tau2_rl.envs.tool_calls import format_tool_call
 from tau2_rl.rewards.outcome import matches_gold
-from tau2_rl.rewards.prm import detectors, engine, policy, reference, rules, score_episode
+from tau2_rl.rewards.prm import detectors, engine, reference, rules, score_episode
 from tau2_rl.rewards.prm.corpus import Trajectory, build_corpus
 from tau2_rl.rewards.prm.engine import PRM_RULE_SETS, REFERENCE_SETS
 from tau2_rl.rewards.prm.reference import MAX_CREDITED_READS, REFERENCE_TERMS, write_order_matters
-from tau2_rl.rewards.prm.report import REAL_TASK_MAP, REAL_TRAJECTORIES, main
+from tau2_rl.rewards.prm.report import main
 from tau2_rl.rewards.prm.stats import calibrate
 
-ENV = DomainEnv()
+AIRLINE = get_domain("airline")
+REAL_TRAJECTORIES, REAL_TASK_MAP = AIRLINE.prm_terms().real_set
+
+ENV = DomainEnv(AIRLINE)
 TASK = "15"  # one gold write (update_reservation_flights on M05KNL), no required info
 INFO_TASK = "11"  # one gold write and communicate_info ("5244")
 
@@ -149,9 +154,9 @@ def test_order_matters_only_where_reversing_the_writes_changes_the_database() ->
 def test_reference_needs_the_environment_and_stays_bounded() -> None:
     record = play(TASK, [HELLO, gold_call(TASK, 0)])
     with pytest.raises(ValueError, match="pass the environment"):
-        score_episode(record, rules="reference")
+        score_episode(record, rules="reference", spec=AIRLINE)
     with pytest.raises(KeyError, match="valid: v1, v2, reference, reference\\+v2"):
-        score_episode(record, rules="gold")
+        score_episode(record, rules="gold", spec=AIRLINE)
     tight = score_episode(record, rules="reference", env=ENV, clip=(-0.01, 0.01))
     assert tight.process_score == 0.01 and tight.raw_score == pytest.approx(0.1)
     heavier = score_episode(record, rules="reference", env=ENV, weights={"B9": 0.3})
@@ -163,7 +168,7 @@ def test_reference_needs_the_environment_and_stays_bounded() -> None:
 def test_reference_plus_v2_sums_the_turns_then_clips() -> None:
     record = play(TASK, [HELLO, "Let me check. " + call("get_reservation_details", {"reservation_id": "M05KNL"}),
                          "Shall I change it?", YES, gold_call(TASK, 0)])  # fmt: skip
-    v2 = score_episode(record)
+    v2 = score_episode(record, spec=AIRLINE)
     ref = score_episode(record, rules="reference", env=ENV)
     both = score_episode(record, rules="reference+v2", env=ENV)
     assert both.turn_scores == pytest.approx([a + b for a, b in zip(v2.turn_scores, ref.turn_scores, strict=True)])
@@ -182,7 +187,7 @@ def test_only_the_reference_module_reads_gold_data() -> None:
         found = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         return found | {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
 
-    for module in (detectors, rules, policy):
+    for module in (detectors, rules, policy_checks):
         assert "tau2_rl.rewards.prm.reference" not in imports(module), module.__name__
     assert "tau2_rl.rewards.prm.reference" in imports(engine)
     source = inspect.getsource(reference)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from test_evaluate import env, load, tiny_args, tiny_model  # noqa: F401 (fixtures)
 
+from tau2_rl.domains import get_domain
 from tau2_rl.envs.episode import DomainEnv
 from tau2_rl.envs.prompt_style import (
-    COMPACT_SYSTEM_PROMPT,
     PROMPT_STYLE_FILE,
     compact_env,
     read_prompt_style,
@@ -22,15 +22,19 @@ from tau2_rl.evaluation import EvaluationError, run_evaluation
 from tau2_rl.evaluation import evaluator as evaluator_module
 from tau2_rl.evaluation.results import ConfigMismatchError
 
+AIRLINE = get_domain("airline")
+COMPACT_SYSTEM_PROMPT = AIRLINE.compact_prompt
+
 
 def test_recorded_style_round_trips_and_the_flag_wins(tmp_path: Path) -> None:
     assert read_prompt_style(tmp_path) is None and read_prompt_style(None) is None
     assert use_compact_prompt(None, tmp_path) is False and use_compact_prompt(None, tmp_path, default=True) is True
-    write_prompt_style(tmp_path, compact=True)
+    write_prompt_style(tmp_path, compact=True, specs=[AIRLINE])
     assert json.loads((tmp_path / PROMPT_STYLE_FILE).read_text()) == {"system_prompt": "compact",
-                                                                      "text": COMPACT_SYSTEM_PROMPT}  # fmt: skip
+                                                                      "text": COMPACT_SYSTEM_PROMPT,
+                                                                      "domains": ["airline"]}  # fmt: skip
     assert use_compact_prompt(None, tmp_path) is True and use_compact_prompt(False, tmp_path) is False
-    write_prompt_style(tmp_path, compact=False)
+    write_prompt_style(tmp_path, compact=False, specs=[AIRLINE])
     assert read_prompt_style(tmp_path) == "full" and use_compact_prompt(None, tmp_path, default=True) is False
     (tmp_path / PROMPT_STYLE_FILE).write_text('{"system_prompt": "short"}')
     with pytest.raises(ValueError, match=f"{PROMPT_STYLE_FILE}: system_prompt must be 'compact' or 'full'"):
@@ -41,7 +45,7 @@ def test_recorded_style_round_trips_and_the_flag_wins(tmp_path: Path) -> None:
 
 
 def test_compact_env_keeps_the_tools_running() -> None:
-    compact = compact_env(DomainEnv())
+    compact = compact_env(DomainEnv(AIRLINE))
     assert compact.system_prompt == COMPACT_SYSTEM_PROMPT and compact.tools == []
     episode = compact.reset("0")
     assert episode.messages[0]["content"] == COMPACT_SYSTEM_PROMPT
@@ -61,13 +65,13 @@ def test_evaluate_prompts_a_model_as_its_directory_records(
     real = evaluator_module.run_episodes
 
     def spy(airline_env, agent, *args, **kwargs):
-        prompts.append((airline_env.system_prompt, len(agent.tools)))
+        prompts.append((airline_env.system_prompt, len(airline_env.tools)))  # what its episodes show the agent
         return real(airline_env, agent, *args, **kwargs)
 
     monkeypatch.setattr(evaluator_module, "run_episodes", spy)
     model = tmp_path / "compact-model"
     shutil.copytree(tiny_model, model)
-    write_prompt_style(model, compact=True)
+    write_prompt_style(model, compact=True, specs=[AIRLINE])
     (path,) = run_evaluation(tiny_args(tmp_path / "eval", model, tasks="0", num_samples=1))
     assert load(path)["config"]["system_prompt"] == "compact"
     assert prompts == [(COMPACT_SYSTEM_PROMPT, 0)]
@@ -86,7 +90,7 @@ def test_revisions_trained_with_different_prompts_are_not_evaluated_together(tmp
     run = tmp_path / "hub" / "mixed"
     for step in (1, 2):
         shutil.copytree(tiny_model, run / f"step-{step:06d}")
-    write_prompt_style(run / "step-000002", compact=True)
+    write_prompt_style(run / "step-000002", compact=True, specs=[AIRLINE])
     (run / "refs.json").write_text(json.dumps({"main": "step-000002",
                                                "revisions": {"step-000001": 1, "step-000002": 2}}))  # fmt: skip
     with pytest.raises(EvaluationError, match="different system prompts"):
@@ -103,7 +107,7 @@ def test_files_written_before_the_package_rename_are_read_as_todays(tmp_path: Pa
 
     (tmp_path / LEGACY_PROMPT_STYLE_FILE).write_text('{"system_prompt": "compact"}')
     assert read_prompt_style(tmp_path) == "compact"
-    write_prompt_style(tmp_path, compact=False)  # today's file wins over the old one
+    write_prompt_style(tmp_path, compact=False, specs=[AIRLINE])  # today's file wins over the old one
     assert read_prompt_style(tmp_path) == "full"
 
     assert config_differences({"protocol": "airline_rl"}, {"protocol": "tau2_rl"}) == []

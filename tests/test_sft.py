@@ -18,10 +18,14 @@ import train_sft
 from tau2_rl.configs import CollectArguments
 from tau2_rl.data.collect import collect, decode_rows, load_trajectories, rows_to_dataset
 from tau2_rl.data.tiny_model import build_tiny_model, qwen2_5_chat_template
+from tau2_rl.domains import get_domain
+from tau2_rl.envs.episode import DomainEnv
 from tau2_rl.envs.splits import get_split
 from tau2_rl.render import assistant_mask_rows
 from tau2_rl.run.hub import read_refs, resolve_model
 from tau2_rl.trainers.sft import SFTDataError, prepare_sft_dataset, teacher_forced_accuracy, trainer_columns
+
+AIRLINE = get_domain("airline")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOOLS = [
@@ -179,7 +183,7 @@ def test_empty_after_filtering_names_the_flags(tokenizer, short_dataset) -> None
 
 
 def test_test_tasks_need_the_force_flag(tokenizer) -> None:
-    split = get_split("seed")
+    split = get_split("seed", AIRLINE.split_file())
     test_task = split.test[0]
     dataset = rows_to_dataset([row("1", conversation("a_1")), row(test_task, conversation("b_2"))])
     with pytest.raises(SFTDataError, match=rf"test tasks \['{test_task}'\] .*row 1.*--allow_test_tasks"):
@@ -244,7 +248,7 @@ def test_train_sft_saves_a_model_grpo_can_start_from(tmp_path, model_dir, short_
     grpo_args = ["--config", str(REPO_ROOT / "recipes" / "grpo" / "cpu_smoke.yaml"), "--model_name_or_path",
                  str(tmp_path / "sft"), "--output_dir", str(tmp_path / "grpo")]  # fmt: skip
     script_args, training_args, model_args = train_grpo.make_parser().parse_args_and_config(args=grpo_args)
-    env = train_grpo.DomainEnv()
+    env = DomainEnv(AIRLINE)
     assert train_grpo.resolve_model_path(model_args, script_args, training_args.output_dir, env) == str(
         tmp_path / "sft"
     )
@@ -273,7 +277,7 @@ def test_train_sft_with_lora_saves_the_merged_model(tmp_path, model_dir, short_d
 
 
 def test_train_sft_refuses_test_tasks(tmp_path, model_dir) -> None:
-    test_task = get_split("seed").test[0]
+    test_task = get_split("seed", AIRLINE.split_file()).test[0]
     rows_to_dataset([row(test_task, conversation("a_1"))]).save_to_disk(str(tmp_path / "data"))
     with pytest.raises(SFTDataError, match="--allow_test_tasks"):
         run_train_sft(tmp_path, model_dir, tmp_path / "data")
@@ -310,7 +314,7 @@ def test_embedded_default_recipe(tmp_path, monkeypatch) -> None:
             "--report_to", "none", "--disable_tqdm", "true"]  # fmt: skip
     script_args, training_args, model_args = train_sft.make_parser().parse_args_and_config(args=argv)
     outcome = train_sft.main(script_args, training_args, model_args)
-    split = get_split("seed")
+    split = get_split("seed", AIRLINE.split_file())
     assert outcome["report"]["tasks"] == list(split.covered)
     assert outcome["report"]["truncated"] == 1  # task 39 is longer than max_length 8192
     assert Path(outcome["hub_path"]).is_dir() and (tmp_path / "hub" / "datasets" / "oracle-seed").is_dir()

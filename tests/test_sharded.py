@@ -34,6 +34,10 @@ import pytest
 import yaml
 from test_graceful_stop import alive
 
+from tau2_rl.domains import get_domain
+
+AIRLINE = get_domain("airline")
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "accelerate_configs"
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch"]
@@ -628,7 +632,7 @@ def test_forcing_prefix_reuse_where_it_cannot_run_is_refused(tmp_path, tiny_mode
     from tau2_rl.run.sharding import LaunchError
     from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 
-    env = DomainEnv()
+    env = DomainEnv(AIRLINE)
     args = MultiTurnGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
                                rollout_prefix_reuse=True, repetition_penalty=1.2, report_to="none", use_cpu=True,
                                bf16=False)  # fmt: skip

@@ -7,15 +7,19 @@ import sys
 import pytest
 
 from tau2_rl.data.make_splits import build_splits
+from tau2_rl.domains import get_domain
 from tau2_rl.envs.data import load_domain
-from tau2_rl.envs.splits import GROUPS, SplitError, default_splits_path, get_split, load_splits
+from tau2_rl.envs.splits import GROUPS, SplitError, get_split, load_splits, split_for
 
-DOMAIN = load_domain()
+AIRLINE, RETAIL = get_domain("airline"), get_domain("retail")
+
+DOMAIN = load_domain(AIRLINE)
 TASK_IDS = frozenset(DOMAIN.tasks)
+SPLITS = AIRLINE.split_file()
 
 
 def test_seed_split_sizes_and_groups():
-    split = get_split("seed", task_ids=TASK_IDS)
+    split = get_split("seed", SPLITS, task_ids=TASK_IDS)
     assert (len(split.train), len(split.test), len(split.covered)) == (40, 10, 16)
     assert set(split.test) <= set(DOMAIN.official_split["test"])  # test comes from tau2's official test list
     assert set(split.covered) <= set(DOMAIN.official_split["train"])
@@ -28,23 +32,39 @@ def test_seed_split_sizes_and_groups():
 
 
 def test_tau2_split_is_the_official_one():
-    split = get_split("tau2", task_ids=TASK_IDS)
+    split = get_split("tau2", SPLITS, task_ids=TASK_IDS)
     assert set(split.train) == set(DOMAIN.official_split["train"])
     assert set(split.test) == set(DOMAIN.official_split["test"])
-    assert split.covered == get_split("seed").covered
+    assert split.covered == get_split("seed", SPLITS).covered
     assert split.group_of(split.test[0]) == "unseen"
 
 
-def test_committed_file_matches_the_procedure():
-    committed = json.loads(default_splits_path().read_text())
-    assert committed == build_splits()
-    result = subprocess.run([sys.executable, "-m", "tau2_rl.data.make_splits", "--check"], capture_output=True)
+@pytest.mark.parametrize("spec", [AIRLINE, RETAIL], ids=lambda spec: spec.name)
+def test_committed_file_matches_the_procedure(spec):
+    committed = json.loads(open(spec.split_file(), encoding="utf-8").read())
+    assert committed == build_splits(spec)
+    command = [sys.executable, "-m", "tau2_rl.data.make_splits", "--domain", spec.name, "--check"]
+    result = subprocess.run(command, capture_output=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_domains_split_names_and_groups_come_from_its_folder():
+    """Retail's file holds τ²'s official split under its own name, with covered tasks drawn like the airline's: every
+    group is populated, so a retail evaluation has a generalization figure."""
+    retail = load_domain(RETAIL)
+    split = split_for(retail)  # the domain's default
+    assert split.name == RETAIL.default_split == "tau2" and split_for(DOMAIN).name == AIRLINE.default_split == "seed"
+    official = retail.official_split
+    assert set(split.train) == set(official["train"]) and set(split.test) == set(official["test"])
+    sizes = {group: len(split.group(group)) for group in GROUPS}
+    assert sizes == {"covered_seen": 30, "uncovered_seen": 44, "unseen": 40}
+    with pytest.raises(SplitError, match=r"unknown split 'seed'.*valid splits: \['tau2'\] \(the retail domain\)"):
+        split_for(retail, "seed")
 
 
 def test_unknown_split_lists_valid_names():
     with pytest.raises(SplitError, match=r"valid splits: \['seed', 'tau2'\]"):
-        get_split("bogus")
+        get_split("bogus", SPLITS)
 
 
 @pytest.mark.parametrize(

@@ -17,10 +17,13 @@ from typing import Any
 import pytest
 
 import tau2_rl.envs.state as state_module
+from tau2_rl.domains import get_domain
+from tau2_rl.domains.airline.models import TABLE_MODELS
+from tau2_rl.domains.airline.tools import AIRPORTS, CABINS, ToolResult, execute_tool
 from tau2_rl.envs.episode import shared_base
-from tau2_rl.envs.models import TABLE_MODELS
 from tau2_rl.envs.state import CanonicalBase, EpisodeState, copy_json, naive_db_hash
-from tau2_rl.envs.tools import AIRPORTS, CABINS, ToolResult, execute_tool
+
+AIRLINE = get_domain("airline")
 
 NUM_SEQUENCES = 300
 MAX_STEPS = 12
@@ -31,7 +34,7 @@ Call = tuple[str, Any]
 
 @pytest.fixture(scope="module")
 def base() -> CanonicalBase:
-    return shared_base()
+    return shared_base(AIRLINE)
 
 
 @dataclass

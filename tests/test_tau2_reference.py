@@ -18,9 +18,12 @@ from typing import Any
 import pydantic
 import pytest
 
+from tau2_rl.domains import get_domain
+from tau2_rl.domains.airline.tools import execute_tool
 from tau2_rl.envs.episode import shared_base
 from tau2_rl.envs.state import EpisodeState, naive_db_hash
-from tau2_rl.envs.tools import execute_tool
+
+AIRLINE = get_domain("airline")
 
 REFERENCE = Path(__file__).parent / "data" / "tau2_reference.json"
 _PYDANTIC_URL = re.compile(r"https://errors\.pydantic\.dev/\d+\.\d+/")
@@ -46,7 +49,7 @@ def _expected_text(call: dict[str, Any], reference: dict[str, Any]) -> str | Non
 
 def _replay(reference: dict[str, Any]) -> list[dict[str, Any]]:
     """Runs every sequence; returns per call what the project produced next to what τ² recorded."""
-    base = shared_base()
+    base = shared_base(AIRLINE)
     rows = []
     for sequence in reference["sequences"]:
         state = EpisodeState(base)
@@ -82,7 +85,7 @@ def test_reference_file_is_substantial(reference: dict[str, Any]) -> None:
 
 
 def test_initial_hash_is_tau2s(reference: dict[str, Any]) -> None:
-    base = shared_base()
+    base = shared_base(AIRLINE)
     assert base.base_hash == reference["initial_db_hash"]
     assert naive_db_hash(base.db) == reference["initial_db_hash"]
 
@@ -133,7 +136,7 @@ def test_database_hashes_are_tau2s(replay: list[dict[str, Any]], reference: dict
 def test_hash_equality_coincides_with_tau2(replay: list[dict[str, Any]], reference: dict[str, Any]) -> None:
     """Across all recorded checkpoints: two project hashes are equal exactly when τ²'s two hashes are."""
     finals = {s["name"]: s["final_db_hash"] for s in reference["sequences"]}
-    pairs = [(reference["initial_db_hash"], shared_base().base_hash)]
+    pairs = [(reference["initial_db_hash"], shared_base(AIRLINE).base_hash)]
     for row in replay:
         if row.get("final"):
             pairs.append((finals[row["sequence"]], row["db_hash"]))

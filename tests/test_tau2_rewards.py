@@ -25,12 +25,15 @@ from tau2.data_model.simulation import SimulationRun  # noqa: E402
 from tau2_bridge import evaluate, use_cached_environment  # noqa: E402
 from test_loop_fuzz import EPISODES_PER_EXAMPLE, FuzzBackend, HostileUser  # noqa: E402
 
+from tau2_rl.domains import get_domain  # noqa: E402
 from tau2_rl.envs.episode import DomainEnv, EnvConfig, EpisodeRecord  # noqa: E402
 from tau2_rl.envs.runner import run_episodes  # noqa: E402
 from tau2_rl.evaluation.tau2_export import simulation_run  # noqa: E402
 from tau2_rl.rewards.outcome import outcome_reward
 from tau2_rl.rewards.prm.corpus import build_corpus  # noqa: E402
 from tau2_rl.rollout import TokenPolicyAgent  # noqa: E402
+
+AIRLINE = get_domain("airline")
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -45,7 +48,7 @@ def tau2_reward(env: DomainEnv, record: EpisodeRecord) -> float:
 
 def check_corpus(task_ids: list[str] | None, monkeypatch) -> int:
     use_cached_environment(monkeypatch)
-    env = DomainEnv()
+    env = DomainEnv(AIRLINE)
     corpus = build_corpus(env, task_ids)
     rewarded = 0
     for trajectory in corpus:
@@ -66,8 +69,8 @@ def test_reward_equals_tau2_evaluator_on_the_whole_behaviour_corpus(monkeypatch)
 
 
 ENVS = {
-    "tau2_rl": DomainEnv(config=EnvConfig(max_turns=5, max_tool_errors=4)),
-    "tau2": DomainEnv(config=EnvConfig(protocol="tau2", max_steps=24, max_tool_errors=4)),
+    "tau2_rl": DomainEnv(AIRLINE, config=EnvConfig(max_turns=5, max_tool_errors=4)),
+    "tau2": DomainEnv(AIRLINE, config=EnvConfig(protocol="tau2", max_steps=24, max_tool_errors=4)),
 }
 
 
@@ -81,7 +84,7 @@ def fuzz_rewards(tokenizer, protocol: str, examples: int, monkeypatch) -> dict[s
     @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
     def run(data: st.DataObject, seed: int) -> None:
         rng = random.Random(seed)
-        agent = TokenPolicyAgent(FuzzBackend(tokenizer, data, rng), tokenizer, env.tools, [tokenizer.eos_token_id],
+        agent = TokenPolicyAgent(FuzzBackend(tokenizer, data, rng), tokenizer, [tokenizer.eos_token_id],
                                  4096, 160, 10**9)  # fmt: skip
         specs = [(str(rng.randrange(50)), i) for i in range(EPISODES_PER_EXAMPLE)]
         for record in run_episodes(env, agent, HostileUser(data, rng), specs, score=outcome_reward):

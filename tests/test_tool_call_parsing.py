@@ -15,6 +15,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from tau2_rl.domains import get_domain
+from tau2_rl.domains.airline.tools import TOOL_NAMES
 from tau2_rl.envs.data import load_domain
 from tau2_rl.envs.episode import (
     AGENT_STOP,
@@ -25,9 +27,10 @@ from tau2_rl.envs.episode import (
 )
 from tau2_rl.envs.state import naive_db_hash
 from tau2_rl.envs.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, format_tool_call, parse_assistant_text
-from tau2_rl.envs.tools import TOOL_NAMES
 
-ENV = DomainEnv()
+AIRLINE = get_domain("airline")
+
+ENV = DomainEnv(AIRLINE)
 
 
 def block(payload: Any) -> str:
@@ -140,7 +143,7 @@ def test_stray_closing_tags_are_dropped_from_the_message() -> None:
 
 
 def test_format_round_trip() -> None:
-    domain = load_domain()
+    domain = load_domain(AIRLINE)
     for task in domain.tasks.values():
         for action in task.actions:
             (call,) = parse_assistant_text(format_tool_call(action.name, action.arguments)).tool_calls
@@ -214,7 +217,7 @@ def count_blocks(text: str) -> int:
 
 
 GOLD_BLOCKS = sorted(
-    {format_tool_call(a.name, a.arguments) for t in load_domain().tasks.values() for a in t.actions}
+    {format_tool_call(a.name, a.arguments) for t in load_domain(AIRLINE).tasks.values() for a in t.actions}
     | {format_tool_call("transfer_to_human_agents", {"summary": "help"})}
 )
 SPECIALS = [TOOL_CALL_OPEN, TOOL_CALL_CLOSE, AGENT_STOP_TOKEN, "{", "}", "[", "]", '"', ":", ",", "\n", "\\", "<", ">"]

@@ -11,10 +11,8 @@ from typing import Any
 
 import pytest
 
-from tau2_rl.envs.data import load_domain
-from tau2_rl.envs.episode import DomainEnv, shared_base
-from tau2_rl.envs.state import CanonicalBase, EpisodeState, naive_db_hash
-from tau2_rl.envs.tools import (
+from tau2_rl.domains import get_domain
+from tau2_rl.domains.airline.tools import (
     READ_TOOLS,
     TERMINAL_TOOLS,
     TOOL_FUNCTIONS,
@@ -24,6 +22,11 @@ from tau2_rl.envs.tools import (
     ToolResult,
     execute_tool,
 )
+from tau2_rl.envs.data import load_domain
+from tau2_rl.envs.episode import DomainEnv, shared_base
+from tau2_rl.envs.state import CanonicalBase, EpisodeState, naive_db_hash
+
+AIRLINE = get_domain("airline")
 
 # Real records (see the assertions in ``test_fixture_records_are_as_expected``).
 USER = "mei_hernandez_8984"  # credit cards, one gift card (98.0), two certificates (250.0 each)
@@ -58,7 +61,7 @@ TAU2_TOOL_NAMES = {
 
 @pytest.fixture(scope="module")
 def base() -> CanonicalBase:
-    return shared_base()
+    return shared_base(AIRLINE)
 
 
 @pytest.fixture
@@ -233,7 +236,7 @@ def test_book_unknown_payment_method(state: EpisodeState) -> None:
     args = booking(payment_methods=[{"payment_id": "credit_card_0000000", "amount": 100}])
     assert error(state, "book_reservation", **args) == "Error: Payment method credit_card_0000000 not found"
     # another user's card is unknown to this user
-    other = next(u for u in shared_base().db["users"].values() if u["user_id"] != USER)
+    other = next(u for u in shared_base(AIRLINE).db["users"].values() if u["user_id"] != USER)
     foreign = next(iter(other["payment_methods"]))
     args = booking(payment_methods=[{"payment_id": foreign, "amount": 100}])
     assert error(state, "book_reservation", **args) == f"Error: Payment method {foreign} not found"
@@ -606,7 +609,7 @@ def test_list_all_airports(state: EpisodeState) -> None:
     assert len({a["iata"] for a in airports}) == 20
     assert airports[0] == {"iata": "SFO", "city": "San Francisco"}
     assert {"iata": "LGA", "city": "LaGuardia"} in airports
-    used = {f["origin"] for f in shared_base().db["flights"].values()}
+    used = {f["origin"] for f in shared_base(AIRLINE).db["flights"].values()}
     assert used <= {a["iata"] for a in airports}
 
 
@@ -715,10 +718,10 @@ def test_schema_parameters_match_tau2_signatures() -> None:
 
 
 def test_every_gold_action_succeeds() -> None:
-    domain = load_domain()
+    domain = load_domain(AIRLINE)
     count = 0
     for task in domain.tasks.values():
-        state = EpisodeState(shared_base())
+        state = EpisodeState(shared_base(AIRLINE))
         for action in task.actions:
             assert not execute_tool(state, action.name, action.arguments).error, (task.task_id, action.name)
             count += 1
@@ -818,11 +821,11 @@ def test_huge_integer_keeps_the_database_hashable(state: EpisodeState) -> None:
 
 
 def test_reset_copies_nothing() -> None:
-    env = DomainEnv()
+    env = DomainEnv(AIRLINE)
     episode = env.reset("0")
     assert episode.state.overlay == {"flights": {}, "reservations": {}, "users": {}}
-    assert episode.state.base is shared_base()
-    assert episode.state.base.db is load_domain().db  # the one parsed database, shared
+    assert episode.state.base is shared_base(AIRLINE)
+    assert episode.state.base.db is load_domain(AIRLINE).db  # the one parsed database, shared
     other = env.reset("1")
     assert other.state.base is episode.state.base and other.state.overlay is not episode.state.overlay
 
@@ -843,7 +846,7 @@ def test_write_copies_only_touched_records(state: EpisodeState, base: CanonicalB
 
 
 def test_two_episodes_do_not_interfere() -> None:
-    env = DomainEnv()
+    env = DomainEnv(AIRLINE)
     a, b = env.reset("0"), env.reset("0")
     ok(a.state, "cancel_reservation", reservation_id=RES_GIFT)
     ok(b.state, "update_reservation_baggages", reservation_id=RES_GIFT, total_baggages=3, nonfree_baggages=1,
@@ -861,7 +864,7 @@ def test_two_episodes_do_not_interfere() -> None:
 def test_base_unchanged_after_many_writes(base: CanonicalBase) -> None:
     before = naive_db_hash(base.db)
     assert before == base.base_hash
-    domain = load_domain()
+    domain = load_domain(AIRLINE)
     states = []
     for task in domain.tasks.values():  # every gold action of every task
         state = EpisodeState(base)

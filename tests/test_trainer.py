@@ -23,12 +23,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import train_grpo
 from tau2_rl.configs import VARIANTS, MultiTurnGRPOConfig
-from tau2_rl.envs.prompt_style import COMPACT_SYSTEM_PROMPT, read_prompt_style, write_prompt_style
+from tau2_rl.domains import get_domain
+from tau2_rl.envs.prompt_style import read_prompt_style, write_prompt_style
 from tau2_rl.envs.users import get_user_simulator
 from tau2_rl.run.guard import RUN_CONFIG_FILE
 from tau2_rl.run.hub import HubError, ensure_writable, resolve_model
-from tau2_rl.trainers import multiturn_grpo
+from tau2_rl.trainers import grpo_run, multiturn_grpo
 from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+
+AIRLINE = get_domain("airline")
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -301,7 +304,7 @@ def cli(tmp_path: Path, model_dir: Path, *extra: str) -> list[str]:
 
 
 def test_train_resume_and_hub_export(tmp_path, tiny_model_dir, short_env, monkeypatch):
-    monkeypatch.setattr(train_grpo, "DomainEnv", lambda data_dir=None, config=None: short_env(config.max_turns))
+    monkeypatch.setattr(grpo_run, "run_env", lambda specs, data_dir=None, config=None: short_env(config.max_turns))
 
     def outcome(completions, **kwargs):  # τ²'s reward is 0 for a random policy: use one that moves the weights
         return assistant_chars(completions)
@@ -363,7 +366,7 @@ def test_train_resume_and_hub_export(tmp_path, tiny_model_dir, short_env, monkey
 
 def test_a_model_trained_with_the_compact_prompt_keeps_it(tmp_path, tiny_model_dir, short_env, monkeypatch):
     """GRPO from a model whose directory records the compact prompt trains with it and records it in its exports."""
-    monkeypatch.setattr(train_grpo, "DomainEnv", lambda data_dir=None, config=None: short_env(config.max_turns))
+    monkeypatch.setattr(grpo_run, "run_env", lambda specs, data_dir=None, config=None: short_env(config.max_turns))
     seen: list[str] = []
     original_init = MultiTurnGRPOTrainer.__init__
 
@@ -374,9 +377,9 @@ def test_a_model_trained_with_the_compact_prompt_keeps_it(tmp_path, tiny_model_d
     monkeypatch.setattr(MultiTurnGRPOTrainer, "__init__", spy_init)
     model = tmp_path / "compact-model"
     shutil.copytree(tiny_model_dir, model)
-    write_prompt_style(model, compact=True)
+    write_prompt_style(model, compact=True, specs=[AIRLINE])
     train_grpo.main(*train_grpo.parse_args(cli(tmp_path, model, "--max_steps", "1")))
-    assert seen == [COMPACT_SYSTEM_PROMPT]
+    assert seen == [AIRLINE.compact_prompt]
     run_dir, revision = tmp_path / "run", tmp_path / "hub" / "tiny-run" / "step-000001"
     assert json.loads((run_dir / RUN_CONFIG_FILE).read_text())["fingerprint"]["compact_prompt"] is True
     assert read_prompt_style(run_dir) == read_prompt_style(revision) == "compact"
@@ -490,7 +493,7 @@ def test_train_grpo_cli_prints_one_line_errors(tmp_path, flags, message):
 def test_lora_training_exports_a_loadable_adapter(tmp_path, tiny_model_dir, short_env, monkeypatch):
     """LoRA through ModelConfig (--use_peft): only adapter weights train, and the hub revision (the adapter, whose
     config points at the local base model) loads offline with from_pretrained and resolves for evaluate.py."""
-    monkeypatch.setattr(train_grpo, "DomainEnv", lambda data_dir=None, config=None: short_env(config.max_turns))
+    monkeypatch.setattr(grpo_run, "run_env", lambda specs, data_dir=None, config=None: short_env(config.max_turns))
     monkeypatch.setattr(multiturn_grpo, "outcome", lambda completions, **kwargs: assistant_chars(completions))
     flags = cli(tmp_path, tiny_model_dir, "--use_peft", "true", "--lora_r", "4", "--lora_alpha", "8")
     flags[flags.index("--max_steps") + 1] = "1"  # shrunk: one step is enough to move the adapter

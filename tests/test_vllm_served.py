@@ -31,9 +31,12 @@ import pytest
 from openai_stub_server import StubServer
 from tau2_harness import compare_harnesses, load
 
+from tau2_rl.domains import get_domain
 from tau2_rl.envs.protocol import tau2_available
 from tests.test_vllm import free_port
 from tests.vllm_cpu import GPU_MEMORY_UTILIZATION, MAX_MODEL_LEN, cpu_env, plugin_dir
+
+AIRLINE = get_domain("airline")
 
 pytestmark = [
     pytest.mark.vllm,
@@ -176,7 +179,7 @@ def test_the_served_policy_scores_as_the_local_vllm_backend(
     assert local["metrics"]["pass_hat_k"] == served["metrics"]["pass_hat_k"]
     # The first agent turn of every episode: the served request, as the server renders it, is the local prompt.
     tokenizer = AutoTokenizer.from_pretrained(policy)
-    env = DomainEnv(None, EnvConfig(protocol="tau2"))
+    env = DomainEnv(AIRLINE, None, EnvConfig(protocol="tau2"))
     for task_id, task in served["tasks"].items():
         greeting, first = task["samples"][0]["messages"][:2]  # results.json leaves the system prompt out
         assert (greeting["role"], first["role"]) == ("assistant", "user")

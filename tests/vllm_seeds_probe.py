@@ -31,12 +31,15 @@ from trl.generation.vllm_generation import VLLMGeneration  # noqa: E402
 from vllm import LLM  # noqa: E402
 
 from tau2_rl.backends import VLLMBackend, vllm_seeds  # noqa: E402
+from tau2_rl.domains import get_domain  # noqa: E402
 from tau2_rl.envs.episode import DomainEnv, EnvConfig  # noqa: E402
 from tau2_rl.envs.runner import RunTimings, Schedule, run_episodes  # noqa: E402
 from tau2_rl.envs.users.scripted import ScriptedUser  # noqa: E402
 from tau2_rl.rewards.outcome import outcome_reward  # noqa: E402
 from tau2_rl.rollout import TokenPolicyAgent  # noqa: E402
 from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer, TrainerBackend  # noqa: E402
+
+AIRLINE = get_domain("airline")
 
 EPISODES = 16
 TASKS = ["0", "1", "3", "4"]
@@ -81,7 +84,7 @@ def play(
             backend.seeded_llm = None  # TRL's own path: one generator for the batch
         seeded = backend.seeded_llm is not None
     eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id]
-    agent = TokenPolicyAgent(backend, tokenizer, env.tools, eos, MAX_COMPLETION, MAX_TURN_TOKENS, MAX_LEN,
+    agent = TokenPolicyAgent(backend, tokenizer, eos, MAX_COMPLETION, MAX_TURN_TOKENS, MAX_LEN,
                              per_episode_seeds=seeded)  # fmt: skip
     specs = [(TASKS[row % len(TASKS)], 7_000 + row) for row in rows]
     episodes = [env.reset(task, seed) for task, seed in specs]
@@ -144,14 +147,14 @@ if __name__ == "__main__":
     engine = vllm_seeds.SeededLLM(LLM(model=model, seed=0, gpu_memory_utilization=0.2, max_model_len=MAX_LEN,
                                       max_num_batched_tokens=MAX_LEN, enable_prefix_caching=True))  # fmt: skip
     trainer = stand_in_trainer(engine, tokenizer)
-    env = DomainEnv()
+    env = DomainEnv(AIRLINE)
     whole = play(env, trainer, tokenizer, range(EPISODES), seeded=True)
     halves = {**play(env, trainer, tokenizer, range(EPISODES // 2), seeded=True),
               **play(env, trainer, tokenizer, range(EPISODES // 2, EPISODES), seeded=True)}  # fmt: skip
     unseeded_whole = play(env, trainer, tokenizer, range(EPISODES), seeded=False)
     unseeded_halves = {**play(env, trainer, tokenizer, range(EPISODES // 2), seeded=False),
                        **play(env, trainer, tokenizer, range(EPISODES // 2, EPISODES), seeded=False)}  # fmt: skip
-    short = DomainEnv(config=EnvConfig(max_turns=4))
+    short = DomainEnv(AIRLINE, config=EnvConfig(max_turns=4))
     out.write_text(json.dumps({"whole": whole, "halves": halves, "unseeded_whole": unseeded_whole,
                                "unseeded_halves": unseeded_halves,
                                "schedules": schedules(short, trainer, engine, tokenizer)}))  # fmt: skip

@@ -2,8 +2,8 @@
 default, built once and cached: the tiny random-weight Qwen2 (``tiny_model``) or, for GRPO's CPU recipe, the
 default policy warmed up by SFT on the covered tasks (``default_policy``).
 
-The tiny model's tokenizer is trained on the airline system prompt and the 14 tool schemas, the same for both
-scripts, so an SFT model and a GRPO run from it read the same prompts.
+The tiny model's tokenizer is trained on the run's system prompts and the corpus domain's tool schemas
+(``tau2_rl.data.tiny_model``), the same for both scripts, so an SFT model and a GRPO run from it read the same prompts.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from tau2_rl.envs.episode import DomainEnv
-from tau2_rl.envs.tools import TOOL_SCHEMAS
+from tau2_rl.envs.multi import RunEnv
+from tau2_rl.envs.protocol import TAU2_RL, agent_tool_schemas
+from tau2_rl.envs.spec import DomainSpec
 from tau2_rl.run.hub import HubError, check_model_dir
 from tau2_rl.run.sharding import world_size_from_env
 
@@ -32,7 +33,7 @@ def check_local_model(path: str | Path, flag: str = "--model_name_or_path") -> s
 
 
 def tiny_default(
-    env: DomainEnv, output_dir: str, tiny_model_dir: str | None, *, hidden: int = 64, layers: int = 2
+    env: RunEnv, output_dir: str, tiny_model_dir: str | None, *, hidden: int = 64, layers: int = 2
 ) -> str:
     """The embedded tiny model (next to ``output_dir`` unless ``tiny_model_dir``); a non-default size gets its own
     directory, so one cache never holds two shapes."""
@@ -41,7 +42,10 @@ def tiny_default(
     directory = tiny_model_dir or default_tiny_model_dir(Path(output_dir).parent)
     if not tiny_model_dir and (hidden, layers) != (64, 2):
         directory = Path(directory).with_name(f"{Path(directory).name}-h{hidden}-l{layers}")
-    extra = [env.system_prompt, *(str(schema) for schema in TOOL_SCHEMAS)]
+    from tau2_rl.domains import legacy_domain
+
+    schemas = agent_tool_schemas(TAU2_RL, legacy_domain())  # the corpus domain's, as domain_corpus's text
+    extra = [*(member.system_prompt for member in env.members), *(str(schema) for schema in schemas)]
     return str(
         build_tiny_model(
             directory, hidden_size=hidden, num_layers=layers, intermediate_size=2 * hidden, extra_texts=extra
@@ -50,7 +54,7 @@ def tiny_default(
 
 
 def default_policy(
-    tasks_csv: str, cache_dir: str | None, epochs: int, data_dir: str | None, domain: str = "airline"
+    tasks_csv: str, cache_dir: str | None, epochs: int, data_dir: str | None, specs: list[DomainSpec]
 ) -> str:
     """GRPO's embedded default: the tiny model after SFT on ``tasks_csv`` (``--warmup_tasks``), cached by its
     settings wherever ``--output_dir`` is. A rank of a multi-process launch builds it in a one-process child, never
@@ -58,9 +62,9 @@ def default_policy(
     from tau2_rl.data import default_policy as build
 
     tasks = [t.strip() for t in tasks_csv.split(",") if t.strip()]
-    directory = build.default_policy_dir(cache_dir, tasks, epochs, domain)
+    directory = build.default_policy_dir(cache_dir, tasks, epochs, specs)
     builder = build.build_default_policy_isolated if world_size_from_env() > 1 else build.build_default_policy
-    return str(builder(directory, tasks, epochs=epochs, data_dir=data_dir, domain=domain))
+    return str(builder(directory, tasks, epochs=epochs, data_dir=data_dir, specs=specs))
 
 
 def load_tokenizer(model_path: str, model_args: Any) -> Any:

@@ -37,7 +37,7 @@ import shutil
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,9 +48,10 @@ from tqdm.auto import tqdm
 
 from tau2_rl.configs import CollectArguments
 from tau2_rl.data.build_cache import swap_into_place
-from tau2_rl.envs.episode import USER_ERROR, DomainEnv, EpisodeRecord
+from tau2_rl.envs.episode import USER_ERROR, EpisodeRecord
+from tau2_rl.envs.multi import RunEnv, run_env, run_split
 from tau2_rl.envs.runner import run_episodes
-from tau2_rl.envs.splits import Split, split_for
+from tau2_rl.envs.splits import Split
 from tau2_rl.envs.users import get_user_simulator
 from tau2_rl.rewards.outcome import outcome_reward
 from tau2_rl.run.hub import WRITERS_KEY, check_writer, ensure_writable, write_json_atomic, writer_id
@@ -143,7 +144,7 @@ def load_attempts(output_dir: Path) -> dict[tuple[str, int], dict[str, Any]]:
     root = output_dir / ATTEMPTS_DIR
     if not root.is_dir():
         return found
-    for path in sorted(root.glob("*/*.json")):
+    for path in sorted(root.rglob("*.json")):  # attempts/<task id>/, <domain>/<task id>/ with several domains
         try:
             payload = json.loads(path.read_text(encoding="utf-8"))
             key = (str(payload["task_id"]), int(payload["attempt"]))
@@ -229,9 +230,13 @@ def covered_tasks(dataset: datasets.Dataset) -> list[str]:
 
 
 def build_rows(
-    attempts: dict[tuple[str, int], dict[str, Any]], tools: list[dict], min_reward: float, deduplicate: bool
+    attempts: dict[tuple[str, int], dict[str, Any]],
+    tools_of: Callable[[str], list[dict]],
+    min_reward: float,
+    deduplicate: bool,
 ) -> tuple[list[dict[str, Any]], Counter]:
-    """The dataset rows of the kept attempts, in (task, attempt) order, and counts of what was dropped and why."""
+    """The dataset rows of the kept attempts, in (task, attempt) order, and counts of what was dropped and why
+    (``tools_of``: a task's tool schemas, as its episodes showed them)."""
     rows: list[dict[str, Any]] = []
     counts: Counter = Counter()
     seen: set[tuple[str, str]] = set()
@@ -253,7 +258,7 @@ def build_rows(
                 "attempt": payload["attempt"],
                 "seed": payload["seed"],
                 "messages": payload["messages"],
-                "tools": tools,
+                "tools": tools_of(payload["task_id"]),
                 "reward": float(payload["reward"]["reward"]),
                 "teacher": payload["teacher"],
                 "teacher_model": payload["teacher_model"],
@@ -286,11 +291,11 @@ def dataset_card(name: str, info: dict[str, Any]) -> str:
         "  data_files:",
         "  - split: train",
         "    path: data/*.parquet",
-        "tags: [tau2-bench, airline, tool-calling, sft, trajectories]",
+        f"tags: [tau2-bench, {', '.join(info.get('domains') or [])}, tool-calling, sft, trajectories]",
         "---",
         f"# {name}",
         "",
-        f"Teacher trajectories on the τ²-bench airline domain: teacher `{info.get('teacher')}`"
+        f"Teacher trajectories on τ²-bench ({', '.join(info.get('domains') or [])}): teacher `{info.get('teacher')}`"
         + (f" ({info['teacher_model']})" if info.get("teacher_model") else "")
         + f", user simulator `{info.get('user_simulator')}`"
         + (f" ({info['user_model']})" if info.get("user_model") else "")
@@ -381,8 +386,9 @@ class CollectResult:
         return asdict(self)
 
 
-def default_output_dir(args: CollectArguments) -> Path:
-    return Path("outputs") / "trajectories" / f"{args.teacher}-{args.split}"
+def default_output_dir(args: CollectArguments, split: str) -> Path:
+    """``outputs/trajectories/<teacher>-<split>`` (``split``: the split's name, the domain's default if unnamed)."""
+    return Path("outputs") / "trajectories" / f"{args.teacher}-{split}"
 
 
 def _settings(args: CollectArguments) -> dict[str, Any]:
@@ -426,7 +432,7 @@ def _validate(args: CollectArguments) -> None:
 
 
 def collect(
-    args: CollectArguments, teacher: Any | None = None, user: Any | None = None, env: DomainEnv | None = None
+    args: CollectArguments, teacher: Any | None = None, user: Any | None = None, env: RunEnv | None = None
 ) -> CollectResult:
     """Runs (or resumes) a collection and writes the dataset; ``teacher`` / ``user`` / ``env`` override the named
     ones (``env``: e.g. the compact-prompt environment of the embedded default policy)."""
@@ -434,10 +440,10 @@ def collect(
 
     start = time.perf_counter()
     _validate(args)
-    env = env or DomainEnv(args.data_dir, args.env_config())
-    split = split_for(env.domain, args.split, args.split_file)
-    tasks = select_tasks(parse_task_list(args.tasks), split, env.domain.tasks, args.allow_test_tasks)
-    output_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args)
+    env = env or run_env(args.domain_specs(), args.data_dir, args.env_config())
+    split = run_split(env, args.split, args.split_file)
+    tasks = select_tasks(parse_task_list(args.tasks), split, env.task_keys, args.allow_test_tasks)
+    output_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args, split.name)
     name = args.dataset_name or output_dir.name
     ensure_writable(args.hub_dir)
     claim_hub_dataset(args.hub_dir, name, output_dir, overwrite=args.overwrite_hub)
@@ -489,13 +495,13 @@ def collect(
                     result.user_errors += int(not teacher_error)
                     result.last_error = str(teacher_error or record.user_error)
                     continue
-                payload = attempt_payload(record, attempt, settings, env.tools)
+                payload = attempt_payload(record, attempt, settings, episode.tools)
                 write_attempt(output_dir, payload)
                 attempts[(task_id, attempt)] = payload
                 result.played += 1
             bar.update(len(chunk))
             bar.set_postfix(kept=sum(keep_reason(p, args.min_reward) is None for p in attempts.values()))
-            written = _write_dataset(output_dir, attempts, env.tools, args, settings, split, result)
+            written = _write_dataset(output_dir, attempts, env, args, settings, split, result)
     finally:
         bar.close()
         for component, owned in ((teacher, owns_teacher), (user, owns_user)):
@@ -503,7 +509,7 @@ def collect(
                 component.close()
 
     if not pending:  # nothing played: (re)build from the attempt files, e.g. after --min_reward changed
-        written = _write_dataset(output_dir, attempts, env.tools, args, settings, split, result)
+        written = _write_dataset(output_dir, attempts, env, args, settings, split, result)
     dataset, info = written
     if result.unfinished:
         logger.warning(
@@ -538,13 +544,13 @@ def collect(
 def _write_dataset(
     output_dir: Path,
     attempts: dict[tuple[str, int], dict[str, Any]],
-    tools: list[dict],
+    env: RunEnv,
     args: CollectArguments,
     settings: dict[str, Any],
     split: Split,
     result: CollectResult,
 ) -> tuple[datasets.Dataset, dict[str, Any]]:
-    rows, counts = build_rows(attempts, tools, args.min_reward, args.deduplicate)
+    rows, counts = build_rows(attempts, lambda key: env.env_of(key).tools, args.min_reward, args.deduplicate)
     dataset = rows_to_dataset(rows)
     result.counts = dict(counts)
     result.covered_tasks = covered_tasks(dataset) if len(dataset) else []
@@ -555,6 +561,7 @@ def _write_dataset(
     info = {
         "settings": settings,
         **settings,
+        "domains": [member.spec.name for member in env.members],
         "split": split.name,
         "tasks": result.tasks,
         "attempts_per_task": args.attempts,

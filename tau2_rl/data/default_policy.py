@@ -52,21 +52,14 @@ import datasets
 
 from tau2_rl.data.build_cache import cached_build
 from tau2_rl.envs.episode import DomainEnv, EnvConfig
-from tau2_rl.envs.prompt_style import (
-    COMPACT_SYSTEM_PROMPT,
-    PROMPT_STYLE_FILE,
-    compact_env,
-    compact_prompt_text,
-    write_prompt_style,
-)
-from tau2_rl.envs.tools import TOOL_SCHEMAS
+from tau2_rl.envs.prompt_style import PROMPT_STYLE_FILE, compact_env, write_prompt_style
+from tau2_rl.envs.spec import DomainSpec, split_task_key
 from tau2_rl.run.start import keep_log_levels, keep_random_state
 from tau2_rl.run.stop import discarded_on_stop
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "COMPACT_SYSTEM_PROMPT",
     "DEFAULT_POLICY_DIR_NAME",
     "DEFAULT_WARMUP_EPOCHS",
     "build_default_policy",
@@ -78,16 +71,29 @@ __all__ = [
 POLICY_BUILDER_VERSION = 3  # 2: mixed oracle + noop warm-up, one optimiser step per epoch; 3: tau2_rl_prompt.json
 DEFAULT_POLICY_DIR_NAME = "default-policy"
 DEFAULT_WARMUP_EPOCHS = 96
-# Teacher → copies of its dialogues in the warm-up data (see the module docstring).
-WARMUP_TEACHERS: dict[str, int] = {"oracle": 1, "noop": 2}
-DOMAIN_WARMUP_TEACHERS: dict[str, dict[str, int]] = {"retail": {"oracle": 1, "noop": 1}}
-"""Another domain's mix, where the airline's leaves too few helping episodes to learn from: on retail task 88 the
-oracle × 1 + noop × 2 warm-up declined 51 of 64 episodes (the airline's task 3: 82 of 128)."""
 
 
-def warmup_teachers(domain: str = "airline") -> dict[str, int]:
-    """Teacher → copies of its dialogues in ``domain``'s warm-up data."""
-    return dict(DOMAIN_WARMUP_TEACHERS.get(domain, WARMUP_TEACHERS))
+def warmup_teachers(specs: Sequence[DomainSpec]) -> dict[str, Any]:
+    """Teacher → copies of its dialogues in the warm-up data (``DomainSpec.warmup_teachers``); with several domains,
+    each domain's mix for its own tasks (domain → teacher → copies)."""
+    if len(specs) == 1:
+        return dict(specs[0].warmup_teachers)
+    return {spec.name: dict(spec.warmup_teachers) for spec in specs}
+
+
+def _mix(teachers: dict[str, Any]) -> str:
+    """``oracle x1 + noop x2`` (several domains: ``airline: oracle x1 + noop x2; retail: …``)."""
+    if all(isinstance(copies, int) for copies in teachers.values()):
+        return " + ".join(f"{teacher} x{copies}" for teacher, copies in teachers.items())
+    return "; ".join(f"{domain}: {_mix(mix)}" for domain, mix in teachers.items())
+
+
+def domains_tag(specs: Sequence[DomainSpec]) -> str | None:
+    """The ``--domain`` value a build, a run or a cache entry records; ``None`` for the one domain whose runs and
+    caches predate domains (``DomainSpec.unnamed_before_domains``: their names and fingerprints stay valid)."""
+    if len(specs) == 1 and specs[0].unnamed_before_domains:
+        return None
+    return ",".join(spec.name for spec in specs)
 
 
 # The tiny model: head size 32 (hidden 128 / 4 heads) so that vLLM's CPU attention kernels also accept it.
@@ -100,15 +106,20 @@ MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "to
 
 
 def default_policy_dir(
-    outputs_dir: str | os.PathLike[str], tasks: Sequence[str], epochs: int, domain: str = "airline"
+    outputs_dir: str | os.PathLike[str], tasks: Sequence[str], epochs: int, specs: Sequence[DomainSpec]
 ) -> Path:
-    """``<outputs_dir>/default-policy-t<tasks>-e<epochs>`` (another domain: ``default-policy-<domain>-t…``): one
-    cache entry per warm-up setting."""
-    name = DEFAULT_POLICY_DIR_NAME if domain == "airline" else f"{DEFAULT_POLICY_DIR_NAME}-{domain}"
-    return Path(outputs_dir) / f"{name}-t{'_'.join(tasks)}-e{epochs}"
+    """``<outputs_dir>/default-policy-<domains>-t<tasks>-e<epochs>`` (``default-policy-t…`` for the domain whose
+    cache predates domains): one cache entry per warm-up setting."""
+    tag = domains_tag(specs)
+    name = DEFAULT_POLICY_DIR_NAME if tag is None else f"{DEFAULT_POLICY_DIR_NAME}-{tag.replace(',', '+')}"
+    return Path(outputs_dir) / f"{name}-t{'_'.join(task.replace('/', '.') for task in tasks)}-e{epochs}"
 
 
-def _params(tasks: Sequence[str], epochs: int, seed: int, max_turns: int, domain: str = "airline") -> dict[str, Any]:
+def _params(
+    tasks: Sequence[str], epochs: int, seed: int, max_turns: int, specs: Sequence[DomainSpec]
+) -> dict[str, Any]:
+    tag = domains_tag(specs)
+    prompts = [spec.compact_prompt for spec in specs]
     return {
         "policy_builder_version": POLICY_BUILDER_VERSION,
         "tasks": list(tasks),
@@ -116,10 +127,10 @@ def _params(tasks: Sequence[str], epochs: int, seed: int, max_turns: int, domain
         "seed": seed,
         "max_turns": max_turns,
         "learning_rate": SFT_LEARNING_RATE,
-        "teachers": warmup_teachers(domain),
-        "system_prompt": compact_prompt_text(domain),
+        "teachers": warmup_teachers(specs),
+        "system_prompt": prompts[0] if len(prompts) == 1 else prompts,
         **MODEL_SIZE,
-        **({"domain": domain} if domain != "airline" else {}),  # the airline's cache entries stay valid
+        **({"domain": tag} if tag is not None else {}),  # the older domain's cache entries stay valid
     }
 
 
@@ -146,24 +157,32 @@ def build_default_policy(
     max_turns: int = 8,
     data_dir: str | None = None,
     force: bool = False,
-    domain: str = "airline",
+    specs: Sequence[DomainSpec],
 ) -> Path:
-    """Builds (or reuses) the warmed-up default policy of ``domain`` in ``output_dir`` and returns its path (see
-    module doc)."""
+    """Builds (or reuses) the warmed-up default policy of the domains ``specs`` in ``output_dir`` and returns its
+    path (see module doc). ``tasks``: the warm-up tasks (``<domain>/<id>`` with several domains)."""
     output_dir = Path(output_dir)
     tasks = [str(t) for t in tasks]
     if not tasks:
         raise ValueError("the default policy needs at least one warm-up task (--warmup_tasks)")
+    if len(specs) > 1:  # several domains: each warm-up task names its domain
+        names = {spec.name for spec in specs}
+        unnamed = [task for task in tasks if split_task_key(task)[0] not in names]
+        if unnamed:
+            raise ValueError(
+                f"--warmup_tasks {','.join(unnamed)}: with several domains a warm-up task is <domain>/<task id>, the "
+                f"domain one of {', '.join(sorted(names))}"
+            )
     if epochs < 1:
         raise ValueError(f"--warmup_epochs must be >= 1, got {epochs}")
-    params = _params(tasks, epochs, seed, max_turns, domain)
+    params = _params(tasks, epochs, seed, max_turns, specs)
 
     def announce() -> None:
         logger.warning(
             "default policy: building %s once (tiny Qwen2 + SFT on %s dialogues of train tasks %s, %d epochs); "
             "under a minute on 2 idle CPU cores, a few minutes on busy ones; cached for later runs",
             output_dir,
-            " + ".join(f"{teacher} x{copies}" for teacher, copies in params["teachers"].items()),
+            _mix(params["teachers"]),
             ",".join(tasks),
             epochs,
         )
@@ -171,7 +190,7 @@ def build_default_policy(
     info = cached_build(
         output_dir,
         params,
-        lambda work, tmp_dir: _build(work, tmp_dir, tasks, params, data_dir),
+        lambda work, tmp_dir: _build(work, tmp_dir, tasks, params, data_dir, specs),
         what="default-policy",
         force=force,
         replaceable=(*MODEL_FILES, PROMPT_STYLE_FILE),  # files copied in before the build was interrupted
@@ -187,19 +206,26 @@ def build_default_policy(
     return output_dir
 
 
-def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], data_dir: str | None) -> dict:
+def _build(
+    work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], data_dir: str | None,
+    specs: Sequence[DomainSpec],
+) -> dict:
     """tiny model → the teachers' trajectories (one dataset) → train_sft; the model's files end up in ``tmp_dir``."""
-    domain = params.get("domain", "airline")
     from tau2_rl.configs import CollectArguments
     from tau2_rl.data.collect import collect
     from tau2_rl.data.tiny_model import build_tiny_model
+    from tau2_rl.envs.multi import run_env
 
-    env = compact_env(DomainEnv(data_dir, EnvConfig(max_turns=params["max_turns"], domain=domain)))
-    full = DomainEnv(data_dir, EnvConfig(domain=domain))
-    # The same tokenizer corpus as train_grpo.py's tiny model, plus the compact prompt (another domain: its own
-    # prompt and τ²'s schemas of its tools).
-    schemas = TOOL_SCHEMAS if domain == "airline" else full.tools
-    extra = [full.system_prompt, compact_prompt_text(domain), *(str(schema) for schema in schemas)]
+    domain = ",".join(spec.name for spec in specs)
+    env = run_env(specs, data_dir, EnvConfig(max_turns=params["max_turns"]))
+    for member in env.members:
+        compact_env(member)
+    # The same tokenizer corpus as train_grpo.py's tiny model, plus each domain's compact prompt (a domain other than
+    # the corpus's own: its policy and the schemas of its tools as its agent sees them).
+    extra: list[str] = []
+    for spec in specs:
+        full = DomainEnv(spec, data_dir)
+        extra += [full.system_prompt, spec.compact_prompt, *(str(schema) for schema in full.tools)]
     tiny = build_tiny_model(
         work / "tiny",
         hidden_size=MODEL_SIZE["hidden_size"],
@@ -210,25 +236,29 @@ def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], 
         seed=params["seed"],
         extra_texts=extra,
     )
-    # The warm-up data: every teacher of WARMUP_TEACHERS on every task, through collect (one HF dataset each), its
-    # rows repeated as many times as the teacher's weight, in one dataset that train_sft reads.
+    # The warm-up data: every teacher of the domain's mix on each of its tasks, through collect (one HF dataset each),
+    # its rows repeated as many times as the teacher's weight, in one dataset that train_sft reads.
     parts = []
-    for teacher, copies in params["teachers"].items():
-        collected = collect(
-            CollectArguments(
-                domain=domain,
-                data_dir=data_dir,
-                teacher=teacher,
-                tasks=",".join(tasks),
-                max_turns=params["max_turns"],
-                min_reward=0.0,  # the noop's failures are kept on purpose (the oracle's episodes all score 1)
-                output_dir=str(work / f"trajectories-{teacher}"),
-                hub_dir=str(work / "hub"),
-                progress=False,
-            ),
-            env=env,
-        )
-        parts += [datasets.load_from_disk(collected.dataset_dir)] * copies
+    for spec in specs:
+        mine = [task for task in tasks if env.task(task).domain == spec.name]
+        teachers = params["teachers"] if len(specs) == 1 else params["teachers"][spec.name]
+        for teacher, copies in teachers.items():
+            collected = collect(
+                CollectArguments(
+                    domain=domain,
+                    data_dir=data_dir,
+                    teacher=teacher,
+                    tasks=",".join(mine),
+                    max_turns=params["max_turns"],
+                    min_reward=0.0,  # the noop's failures are kept on purpose (the oracle's episodes all score 1)
+                    output_dir=str(work / f"trajectories-{teacher}" if len(specs) == 1 else
+                                   work / f"trajectories-{spec.name}-{teacher}"),
+                    hub_dir=str(work / "hub"),
+                    progress=False,
+                ),
+                env=env,
+            )
+            parts += [datasets.load_from_disk(collected.dataset_dir)] * copies
     warmup_data = datasets.concatenate_datasets(parts)
     warmup_data.save_to_disk(str(work / "warmup-data"))
     train_sft = _load_train_sft()
@@ -273,7 +303,7 @@ def _build(work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], 
     for name in MODEL_FILES:
         if (sft_dir / name).is_file():
             shutil.copy2(sft_dir / name, tmp_dir / name)
-    write_prompt_style(tmp_dir, compact=True, domain=domain)  # evaluate.py and train_grpo.py prompt it so
+    write_prompt_style(tmp_dir, compact=True, specs=specs)  # evaluate.py and train_grpo.py prompt it so
     files = {p.name: p.stat().st_size for p in sorted(tmp_dir.iterdir()) if p.is_file()}
     metrics = outcome.get("metrics", {}) if isinstance(outcome, dict) else {}
     return {
@@ -305,7 +335,7 @@ def build_default_policy_isolated(
     *,
     epochs: int,
     data_dir: str | None = None,
-    domain: str = "airline",
+    specs: Sequence[DomainSpec],
 ) -> Path:
     """``build_default_policy`` in a child process with a one-process environment, for a rank of a multi-process
     launch: every rank calls it; the cache's lock lets one child build while the others wait, then reuse it."""
@@ -315,8 +345,7 @@ def build_default_policy_isolated(
             "--tasks", ",".join(tasks), "--epochs", str(epochs)]  # fmt: skip
     if data_dir:
         argv += ["--data_dir", str(data_dir)]
-    if domain != "airline":
-        argv += ["--domain", domain]
+    argv += ["--domain", ",".join(spec.name for spec in specs)]
     done = subprocess.run(argv, cwd=REPO_ROOT, env=single_process_env(), check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the default-policy build for {output_dir} failed (exit {done.returncode}); see above")
@@ -327,16 +356,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tau2_rl.data.default_policy``: builds (or reuses) the default policy, one process."""
     import argparse
 
+    from tau2_rl.domains import DEFAULT_DOMAIN, DOMAINS, parse_domains
+
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--tasks", required=True, help="comma-separated warm-up task ids")
     parser.add_argument("--epochs", type=int, default=DEFAULT_WARMUP_EPOCHS)
     parser.add_argument("--data_dir", default=None)
-    parser.add_argument("--domain", default="airline")
+    parser.add_argument("--domain", default=DEFAULT_DOMAIN, help=f"τ² domain(s): {', '.join(DOMAINS)}")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    build_default_policy(args.output_dir, tasks, epochs=args.epochs, data_dir=args.data_dir, domain=args.domain)
+    specs = parse_domains(args.domain)
+    build_default_policy(args.output_dir, tasks, epochs=args.epochs, data_dir=args.data_dir, specs=specs)
     return 0
 
 

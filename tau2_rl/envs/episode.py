@@ -13,7 +13,6 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tau2_rl.domains import get_domain
 from tau2_rl.envs.data import Domain, Task, load_domain
 from tau2_rl.envs.protocol import (
     TAU2_RL,
@@ -23,10 +22,10 @@ from tau2_rl.envs.protocol import (
     get_protocol,
     protocol_rules,
 )
+from tau2_rl.envs.spec import DomainSpec
 from tau2_rl.envs.state import CanonicalBase, EpisodeState
 from tau2_rl.envs.text import clean_text, clean_value
 from tau2_rl.envs.tool_calls import ParsedTurn, parse_assistant_text
-from tau2_rl.envs.tools import execute_tool
 
 logger = logging.getLogger(__name__)
 
@@ -117,17 +116,25 @@ class EnvConfig:
     max_tool_errors: int = 10
     protocol: str = TAU2_RL
     max_steps: int = 200
-    domain: str = "airline"
-    """The τ² domain (``tau2_rl.domains``: its data, tools and database)."""
 
 
 class Episode:
     """A live episode: conversation, private database view, per-episode agent and user state."""
 
-    def __init__(self, task: Task, base: CanonicalBase, system_prompt: str, seed: int, config: EnvConfig) -> None:
+    def __init__(
+        self,
+        task: Task,
+        base: CanonicalBase,
+        system_prompt: str,
+        seed: int,
+        config: EnvConfig,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """``tools``: the schemas the policy's prompt shows for this episode (its domain's; ``[]``: none)."""
         self.task = task
         self.state = EpisodeState(base)
-        self._execute = execute_tool if base.domain == "airline" else get_domain(base.domain).execute_tool
+        self.tools: list[dict[str, Any]] = [] if tools is None else tools
+        self._execute = base.spec.execute_tool
         self._write_tools = task.write_tools
         self.seed = seed
         self.config = config
@@ -288,40 +295,71 @@ class Episode:
 
 
 class DomainEnv:
-    """The airline environment: one shared base database, fresh copy-on-write episodes."""
+    """One domain's environment: one shared base database, fresh copy-on-write episodes."""
 
-    def __init__(self, data_dir: str | None = None, config: EnvConfig | None = None) -> None:
+    def __init__(self, spec: DomainSpec, data_dir: str | None = None, config: EnvConfig | None = None) -> None:
+        """``spec``: the domain (``tau2_rl.domains.get_domain``); ``data_dir``: its files if not the package's."""
+        self.spec = spec
         self.data_dir = data_dir
         self.config = config or EnvConfig()
-        self.domain: Domain = load_domain(data_dir, self.config.domain)
-        self.base = shared_base(data_dir, self.config.domain)
+        self.domain: Domain = load_domain(spec, data_dir)
+        self.base = shared_base(spec, data_dir)
         self.protocol = get_protocol(self.config.protocol)
-        self.system_prompt = agent_system_prompt(self.config.protocol, self.domain.policy, self.config.domain)
-        self.tools = agent_tool_schemas(self.config.protocol, self.config.domain)  # τ²'s own under tau2
+        self.system_prompt = agent_system_prompt(self.config.protocol, self.domain.policy, spec)
+        self.tools = agent_tool_schemas(self.config.protocol, spec)  # τ²'s own under tau2
 
     def reset(self, task_id: str | int, seed: int = 0) -> Episode:
         """A fresh episode of ``task_id``; copies nothing from the base database."""
-        return Episode(self.domain.get_task(task_id), self.base, self.system_prompt, seed, self.config)
+        task = self.domain.get_task(task_id)
+        return Episode(task, self.base, self.system_prompt, seed, self.config, self.tools)
+
+    # What a run reads of its environment, the same whether it holds one domain or several (``MultiDomainEnv``): a
+    # task's key in the run (here its plain id), the task, the environment and database it plays in.
+
+    @property
+    def members(self) -> list[DomainEnv]:
+        """The environment of each domain of the run: this one."""
+        return [self]
+
+    @property
+    def task_keys(self) -> list[str]:
+        """Every task of the run, in the domain's file order."""
+        return list(self.domain.tasks)
+
+    def key(self, task: Task) -> str:
+        """A task's key in the run: its id."""
+        return task.task_id
+
+    def task(self, key: str) -> Task:
+        """The task of ``key`` (an unknown key: ``KeyError`` naming the valid ids)."""
+        return self.domain.get_task(key)
+
+    def env_of(self, key: str) -> DomainEnv:
+        return self
+
+    def base_of(self, key: str) -> CanonicalBase:
+        return self.base
 
     def __reduce__(self) -> tuple:
-        """Pickles as its recipe (data directory, config, the prompt it shows): a rollout worker process rebuilds
-        the same environment instead of receiving the database (which holds unpicklable hashes)."""
-        return (_rebuilt_env, (self.data_dir, self.config, self.system_prompt, self.tools))
+        """Pickles as its recipe (domain, data directory, config, the prompt it shows): a rollout worker process
+        rebuilds the same environment instead of receiving the database (which holds unpicklable hashes)."""
+        return (_rebuilt_env, (self.spec, self.data_dir, self.config, self.system_prompt, self.tools))
 
 
-def _rebuilt_env(data_dir: str | None, config: EnvConfig, system_prompt: str, tools: list[dict]) -> DomainEnv:
-    env = DomainEnv(data_dir, config)
+def _rebuilt_env(
+    spec: DomainSpec, data_dir: str | None, config: EnvConfig, system_prompt: str, tools: list[dict]
+) -> DomainEnv:
+    env = DomainEnv(spec, data_dir, config)
     env.system_prompt, env.tools = system_prompt, tools
     return env
 
 
-_BASES: dict[tuple[str | None, str], CanonicalBase] = {}
+_BASES: dict[tuple[DomainSpec, str | None], CanonicalBase] = {}
 
 
-def shared_base(data_dir: str | None = None, domain: str = "airline") -> CanonicalBase:
+def shared_base(spec: DomainSpec, data_dir: str | None = None) -> CanonicalBase:
     """The process-wide ``CanonicalBase`` of a domain's data directory (built once: ~0.1 s for the airline)."""
-    key = (data_dir, domain)
+    key = (spec, data_dir)
     if key not in _BASES:
-        models = None if domain == "airline" else get_domain(domain).models()
-        _BASES[key] = CanonicalBase(load_domain(data_dir, domain).db, models, domain)
+        _BASES[key] = CanonicalBase(load_domain(spec, data_dir).db, spec)
     return _BASES[key]

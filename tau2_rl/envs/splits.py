@@ -1,10 +1,12 @@
-"""Task splits and the three generalisation groups, read from one committed file (``tau2_rl/data/splits.json``).
+"""Task splits and the three generalisation groups, read from each domain's committed split file.
 
-Every split assigns each of the 50 tasks to exactly one group:
+Every split assigns each of the domain's tasks to exactly one group:
 - ``covered_seen``: training tasks for which teacher trajectories exist (the SFT warm-up sees them);
 - ``uncovered_seen``: training tasks without teacher trajectories (only GRPO sees them);
 - ``unseen``: test tasks, never trained on.
-``tau2_rl/data/make_splits.py`` generates the file deterministically; docs/splits.md explains how.
+A domain's file (``DomainSpec.split_file``: ``tau2_rl/domains/<domain>/splits.json``) names its splits (the airline:
+``seed`` and ``tau2``; retail: ``tau2``) and ``DomainSpec.default_split`` the one ``--split`` means when not given.
+``tau2_rl/data/make_splits.py`` generates the files deterministically; docs/splits.md explains how.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from tau2_rl.envs.spec import SplitRecipe as SplitRecipe  # a domain's recipe for its split file, re-exported
 
 if TYPE_CHECKING:
     from tau2_rl.envs.data import Domain
@@ -61,10 +64,6 @@ class Split:
         return self.train + self.test
 
 
-def default_splits_path() -> Path:
-    return Path(str(resources.files("tau2_rl").joinpath("data", DEFAULT_SPLITS_FILE)))
-
-
 def _parse_split(name: str, raw: object, location: str, task_ids: set[str] | None) -> Split:
     if not isinstance(raw, dict):
         raise SplitError(f"{location}: split {name!r} must be an object with 'train', 'test' and 'covered' lists")
@@ -96,9 +95,9 @@ def _parse_split(name: str, raw: object, location: str, task_ids: set[str] | Non
 
 
 @functools.lru_cache(maxsize=8)
-def load_splits(path: str | None = None, task_ids: frozenset[str] | None = None) -> dict[str, Split]:
-    """All splits in the file (default: the committed one), validated against ``task_ids`` when given."""
-    location = path or str(default_splits_path())
+def load_splits(path: str, task_ids: frozenset[str] | None = None) -> dict[str, Split]:
+    """All splits in the file ``path``, validated against ``task_ids`` when given."""
+    location = str(path)
     try:
         raw = json.loads(Path(location).read_text(encoding="utf-8"))
     except FileNotFoundError as err:
@@ -114,31 +113,20 @@ def load_splits(path: str | None = None, task_ids: frozenset[str] | None = None)
     }
 
 
-def get_split(name: str, path: str | None = None, task_ids: frozenset[str] | None = None) -> Split:
-    """The split called ``name``; an unknown name lists the valid ones."""
-    splits = load_splits(path, task_ids)
+def get_split(name: str, path: str, task_ids: frozenset[str] | None = None) -> Split:
+    """The split called ``name`` of the file ``path``; an unknown name lists the valid ones."""
+    splits = load_splits(str(path), task_ids)
     if name not in splits:
         raise SplitError(f"unknown split {name!r} (--split); valid splits: {sorted(splits)}")
     return splits[name]
 
 
-OFFICIAL_SPLIT_NAMES = ("seed", "tau2")
-"""A domain other than the airline has no split file of its own: both names are τ²'s official train / test split."""
-
-
-def split_for(domain: Domain, name: str, path: str | None = None) -> Split:
-    """The split ``name`` of a loaded domain: the airline's from the split file (``--split_file``, default the
-    committed one); another domain's, unless ``path`` names a file, τ²'s official train / test split of its
-    split_tasks.json, every train task covered (the oracle plays them all: teacher trajectories exist)."""
-    if domain.name == "airline" or path is not None:
-        return get_split(name, path, frozenset(domain.tasks))
-    if name not in OFFICIAL_SPLIT_NAMES:
-        raise SplitError(
-            f"unknown split {name!r} (--split) for the {domain.name} domain; valid splits: "
-            f"{list(OFFICIAL_SPLIT_NAMES)} (τ²'s official train/test) or a --split_file"
-        )
-    official = domain.official_split
-    train, test = tuple(official["train"]), tuple(official["test"])
-    return Split(
-        name, train, test, train, f"τ²'s official {domain.name} split ({len(train)} train / {len(test)} test)"
-    )
+def split_for(domain: Domain, name: str | None = None, path: str | None = None) -> Split:
+    """The split ``name`` of a loaded domain (default: the domain's default split), from ``path`` (``--split_file``)
+    or the domain's own committed file, checked against the domain's tasks."""
+    spec = domain.spec
+    name = name or spec.default_split
+    try:
+        return get_split(name, path or spec.split_file(), frozenset(domain.tasks))
+    except SplitError as err:
+        raise SplitError(f"{err} (the {spec.name} domain)") from None

@@ -9,7 +9,7 @@ canonical-JSON sha256 per reward would dominate. Here:
    implementation would hash: the base's canonical serialisation is precomputed as one blob per table with hasher
    checkpoints before every record, so hashing a modified state resumes from the checkpoint before the first changed
    record and feeds unchanged runs as blob slices.
-3. Records an episode touches live in its overlay as pydantic models (``tau2_rl.envs.models``), because τ²'s tools
+3. Records an episode touches live in its overlay as pydantic models (the domain's record models), because τ²'s tools
    mutate models in place, store some arguments unvalidated and fail half-way with the changes made so far; the tools
    here do the same to the overlay models. Reads that change nothing use the plain dicts.
 4. Hashes are memoised by the state's change fingerprint (the canonical bytes of the records that differ from the
@@ -23,16 +23,23 @@ import bisect
 import hashlib
 import json
 import sys
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from tau2_rl.envs.models import TABLE_MODELS, dump
+if TYPE_CHECKING:
+    from tau2_rl.envs.spec import DomainSpec
+
 
 JsonDict = dict[str, Any]
 _MAX_MEMO = 8192
 _SEP = b", "  # json.dumps' default item separator, between the records of a table
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    """``model_dump`` without the serializer warnings: τ² stores some arguments unvalidated (that is the point)."""
+    return model.model_dump(warnings=False)
 
 
 def dumps_unbounded(obj: Any, **kwargs: Any) -> str:
@@ -79,15 +86,11 @@ def _piece(key: str, record: Any) -> bytes:
 class CanonicalBase:
     """The read-only base database plus its precomputed canonical serialisation and hasher checkpoints."""
 
-    def __init__(
-        self,
-        db: dict[str, dict[str, Any]],
-        models: Mapping[str, type[BaseModel]] | None = None,
-        domain: str = "airline",
-    ) -> None:
-        """``models``: each table's record model (τ²'s data model of ``domain``; default the airline's)."""
-        self.domain = domain
-        self.models: dict[str, type[BaseModel]] = dict(TABLE_MODELS if models is None else models)
+    def __init__(self, db: dict[str, dict[str, Any]], spec: DomainSpec) -> None:
+        """``spec``: the domain the database is of (its record models type the records a tool writes; its tools run
+        on states over this base)."""
+        self.spec = spec
+        self.models: dict[str, type[BaseModel]] = dict(spec.models())
         if sorted(db) != sorted(self.models):
             raise ValueError(f"database must have exactly the tables {tuple(self.models)}, got {sorted(db)}")
         self.db = db

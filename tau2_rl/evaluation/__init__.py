@@ -1,4 +1,4 @@
-"""Evaluation of policies on the τ² airline tasks: metrics, resumable results files, comparisons.
+"""Evaluation of policies on τ² domains' tasks: metrics, resumable results files, comparisons.
 
 - ``metrics``: pass^k, grouped / stratified pass^1 with bootstrap CIs, error rates, reasoning depth (one
   implementation, used by the evaluator, the summaries and compare mode);

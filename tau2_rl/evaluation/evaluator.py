@@ -39,12 +39,12 @@ from tqdm.auto import tqdm
 
 from tau2_rl.configs import EvalArguments
 from tau2_rl.envs.agents import get_agent
-from tau2_rl.envs.data import domain_file_sha256
-from tau2_rl.envs.episode import DomainEnv
-from tau2_rl.envs.prompt_style import compact_env, style_name, use_compact_prompt
+from tau2_rl.envs.data import check_domain_files
+from tau2_rl.envs.multi import RunEnv, run_env, run_split
+from tau2_rl.envs.prompt_style import compact_env, read_prompt_domains, style_name, use_compact_prompt
 from tau2_rl.envs.protocol import PROTOCOLS, TAU2, ProtocolUnavailableError, get_protocol, tau2_reference
 from tau2_rl.envs.runner import Agent, RunTimings, run_episodes
-from tau2_rl.envs.splits import Split, split_for
+from tau2_rl.envs.splits import Split
 from tau2_rl.envs.users import check_user_endpoint, get_user_simulator
 from tau2_rl.envs.users.base import UserSimulator
 from tau2_rl.rewards.outcome import outcome_reward
@@ -55,6 +55,8 @@ from .results import (
     RESULTS_FILE,
     ResultsFile,
     check_compatible,
+    domain_group_sizes,
+    domains_config,
     now,
     sample_entry,
     split_group_sizes,
@@ -87,6 +89,7 @@ class EvalTarget:
     out_dir: Path
     variant: str | None = None
     prm_rules: str | None = None  # the process reward's rule set the model was trained with (its model card)
+    trained_on: list[str] | None = None  # the domains the model was trained on, when its directory says
 
     @property
     def results_path(self) -> Path:
@@ -127,27 +130,37 @@ SPLIT_SIDES = ("train", "test")
 """``--tasks train`` / ``--tasks test``: the split's side instead of ids."""
 
 
-def select_tasks(tasks: Any, env: DomainEnv, split: Split | None = None) -> list[str]:
-    """The task ids to evaluate: all of the domain's by default, else --tasks (each checked): ids, or ``train`` /
-    ``test``, the ``--split``'s side (retail's ``test``: τ²'s 40 official test tasks)."""
+def task_order(env: RunEnv, keys: Any) -> list[str]:
+    """``keys`` domain by domain (the run's order), by id within a domain (shorter ids first: "2" before "10")."""
+    rank = {member.spec.name: position for position, member in enumerate(env.members)}
+
+    def order(key: str) -> tuple[int, int, str]:
+        task = env.task(key)
+        return (rank[task.domain], len(task.task_id), task.task_id)
+
+    return sorted(keys, key=order)
+
+
+def select_tasks(tasks: Any, env: RunEnv, split: Split | None = None) -> list[str]:
+    """The task keys to evaluate: all of the domains' by default, else --tasks (each checked): keys, or ``train`` /
+    ``test``, the ``--split``'s side (a domain's τ² split: its official train / test)."""
     if tasks is None or tasks == "":
-        return sorted(env.domain.tasks, key=lambda t: (len(t), t))
+        return task_order(env, env.task_keys)
     if isinstance(tasks, str) and tasks.strip() in SPLIT_SIDES:
         if split is None:
             raise EvaluationError(f"--tasks {tasks.strip()} needs a --split")
         side = split.train if tasks.strip() == "train" else split.test
-        return sorted(side, key=lambda t: (len(t), t))
+        return task_order(env, side)
     items = tasks if isinstance(tasks, list | tuple) else str(tasks).split(",")
     selected = []
     for item in items:
         task_id = str(item).strip()
         if not task_id:
             continue
-        if task_id not in env.domain.tasks:
-            try:
-                env.domain.get_task(task_id)
-            except KeyError as err:
-                raise EvaluationError(f"--tasks: {err.args[0]}") from err
+        try:
+            env.task(task_id)
+        except KeyError as err:
+            raise EvaluationError(f"--tasks: {err.args[0]}") from err
         if task_id not in selected:
             selected.append(task_id)
     if not selected:
@@ -296,8 +309,30 @@ def resolve_targets(args: EvalArguments) -> list[EvalTarget]:
             out_dir = output_dir / label
             spec_id = spec
         card = {key: _card_field(path, key) for key in ("variant", "prm_rules")}
-        targets.append(EvalTarget("model", spec_id, label, step, path, out_dir, **card))
+        trained_on = trained_domains(path)
+        targets.append(EvalTarget("model", spec_id, label, step, path, out_dir, **card, trained_on=trained_on))
     return targets
+
+
+def trained_domains(path: Path) -> list[str] | None:
+    """The domains the model at ``path`` was trained on, as far as its directory says: its prompt record
+    (``tau2_rl_prompt.json``: train_grpo.py, the default-policy build, hub revisions), else a local-hub card's
+    ``domain`` line, else the training run's fingerprint (``run_config.json``; none recorded: the domain that predates
+    domains); None when nothing says (a checkpoint from elsewhere)."""
+    from tau2_rl.domains import legacy_domain
+    from tau2_rl.run.guard import RunGuardError, read_run_config
+
+    recorded = read_prompt_domains(path)
+    if recorded is None and (card := _card_field(path, "domain")):
+        recorded = card.split(",")
+    if recorded is None:
+        try:
+            run = read_run_config(path)
+        except RunGuardError:  # an unreadable record says nothing
+            run = None
+        if run and isinstance(run.get("fingerprint"), dict):
+            recorded = str(run["fingerprint"].get("domain") or legacy_domain().name).split(",")
+    return [name.strip() for name in recorded if name.strip()] if recorded else None
 
 
 def _hub_runs(hub_dir: str) -> str:
@@ -338,7 +373,13 @@ def prompt_style_of(args: EvalArguments, targets: list[EvalTarget]) -> bool:
 
 
 def build_config(
-    args: EvalArguments, target: EvalTarget, task_ids: list[str], compact: bool = False
+    args: EvalArguments,
+    target: EvalTarget,
+    task_ids: list[str],
+    compact: bool = False,
+    *,
+    domains: dict[str, Any],
+    split: Split,
 ) -> dict[str, Any]:
     """The results file's config section (FINGERPRINT_FIELDS decide whether a file may be resumed)."""
     policy = target.kind in ("model", "served")
@@ -355,17 +396,17 @@ def build_config(
         "label": target.label,
         "variant": target.variant or (target.kind if not policy else None),
         "prm_rules": target.prm_rules,  # what the training's process reward was (not a fingerprint field)
+        "trained_on": target.trained_on,  # the model's training domains, where its directory says (not a fingerprint)
         "model_path": str(target.model_path.resolve()) if target.model_path else None,
         "model_digest": model_digest(target.model_path) if target.model_path else None,
         "step": target.step,
         "backend": args.backend if local else None,
         "dtype": args.dtype if local else None,
         "agent_endpoint": {"base_url": args.agent_base_url, "model": target.model} if not local and policy else None,
-        "domain": args.domain,
-        "split": args.split,
+        **domains,
+        "split": split.name,
         "split_file": args.split_file,
         "data_dir": args.data_dir,
-        "tasks_sha256": domain_file_sha256(args.data_dir, "tasks.json", args.domain),
         "tasks": list(task_ids),
         "num_samples": args.num_samples,
         "seed": args.seed,
@@ -409,7 +450,7 @@ def _require_vllm() -> None:
         raise EvaluationError(str(err)) from err
 
 
-def build_policy(args: EvalArguments, target: EvalTarget, env: DomainEnv) -> tuple[Agent, Callable[[], None]]:
+def build_policy(args: EvalArguments, target: EvalTarget, env: RunEnv) -> tuple[Agent, Callable[[], None]]:
     """The agent for ``target`` and a function that frees it (the model's memory) when its evaluation is done."""
     if target.kind in SCRIPTED_AGENTS:
         return get_agent(target.kind), lambda: None
@@ -479,7 +520,6 @@ def build_policy(args: EvalArguments, target: EvalTarget, env: DomainEnv) -> tup
     agent = TokenPolicyAgent(
         backend,
         tokenizer,
-        env.tools,
         _eos_ids(tokenizer, generation_config),
         max_completion_length=args.max_new_tokens,
         max_turn_tokens=args.max_turn_tokens,
@@ -508,18 +548,15 @@ def tau2_trial_seeds(seed: int, num_trials: int) -> list[int]:
     return [rng.randint(0, 1_000_000) for _ in range(num_trials)]
 
 
-def served_agent(args: EvalArguments, target: EvalTarget, env: DomainEnv) -> Any:
+def served_agent(args: EvalArguments, target: EvalTarget, env: RunEnv) -> Any:
     """The ``OpenAITeacher`` that plays ``--model openai:<name>``: the protocol's tool schemas (τ²'s under
     ``tau2``), ``--temperature`` (0 by default) and τ²'s per-trial seed on every request."""
     from tau2_rl.data.teachers import OpenAITeacher, OpenAITeacherConfig
 
     assert args.agent_base_url is not None
     seeds = tau2_trial_seeds(args.seed, args.num_samples)
-    trial_of = {
-        episode_seed(args.seed, task_id, sample): sample
-        for task_id in env.domain.tasks
-        for sample in range(args.num_samples)
-    }
+    samples = range(args.num_samples)
+    trial_of = {episode_seed(args.seed, task_id, sample): sample for task_id in env.task_keys for sample in samples}
     config = OpenAITeacherConfig(
         base_url=args.agent_base_url,
         model=target.model,
@@ -533,7 +570,6 @@ def served_agent(args: EvalArguments, target: EvalTarget, env: DomainEnv) -> Any
     )
     agent = OpenAITeacher(
         config,
-        tools=env.tools,
         seed_of=lambda episode: seeds[trial_of.get(episode.seed, 0)],
         flags=("--agent_base_url", f"${args.agent_api_key_env} (--agent_api_key_env)", "--model openai:"),
     )
@@ -551,7 +587,7 @@ def check_served_agents(args: EvalArguments, plan_: Plan) -> None:
         try:
             agent.check_endpoint(timeout=min(10.0, args.agent_timeout))
             if args.agent_tool_probe:
-                agent.check_tool_calls(timeout=args.agent_timeout)
+                agent.check_tool_calls(plan_.env.members[0].tools, timeout=args.agent_timeout)
         except (ValueError, ConnectionError) as err:
             raise EvaluationError(str(err)) from None
         finally:
@@ -576,7 +612,7 @@ def build_user(args: EvalArguments) -> UserSimulator:
 class Plan:
     """Everything checked before the first episode: environment, split, tasks, targets and their configs."""
 
-    env: DomainEnv
+    env: RunEnv
     split: Split
     task_ids: list[str]
     targets: list[EvalTarget]
@@ -591,8 +627,11 @@ def writes_tau2_results(args: EvalArguments) -> bool:
 
 def plan(args: EvalArguments) -> Plan:
     validate_arguments(args)
-    env = DomainEnv(args.data_dir, args.env_config())
-    split = split_for(env.domain, args.split, args.split_file)
+    specs = args.domain_specs()
+    for spec in specs:  # a missing file fails here, before anything heavy loads
+        check_domain_files(spec, args.data_dir)
+    env = run_env(specs, args.data_dir, args.env_config())
+    split = run_split(env, args.split, args.split_file)
     task_ids = select_tasks(args.tasks, env, split)
     targets = resolve_targets(args)
     if args.temperature is None:  # τ²'s harness samples a served agent greedily; a local policy samples on-policy
@@ -601,18 +640,27 @@ def plan(args: EvalArguments) -> Plan:
         _require_vllm()
     compact = prompt_style_of(args, targets)
     if compact:
-        compact_env(env)
+        for member in env.members:
+            compact_env(member)
         if args.protocol == TAU2:
             logger.warning(
                 "the policy gets the compact system prompt (tau2_rl_prompt.json or --compact_prompt), not τ²'s: "
                 "the turn rules are τ²'s, the number is not a τ² number (docs/protocol.md)"
             )
+    evaluated = [member.spec.name for member in env.members]
+    for target in targets:  # a model evaluated off its training domains: said once, recorded in results.json
+        if target.trained_on and not set(evaluated) <= set(target.trained_on):
+            logger.warning("%s was trained on %s and is evaluated on %s (its scores are off its training domains)",
+                           target.description, ",".join(target.trained_on), ",".join(evaluated))  # fmt: skip
     paths = [t.results_path for t in targets]
     if len(set(paths)) != len(paths):
         raise EvaluationError(f"two evaluations would write the same results file: {paths}")
-    configs = [build_config(args, target, task_ids, compact) for target in targets]
+    domains = domains_config(env, args.data_dir)
+    configs = [build_config(args, target, task_ids, compact, domains=domains, split=split) for target in targets]
     for config in configs:  # the generalization weights: the split's group sizes (not a fingerprint field)
         config["group_sizes"] = split_group_sizes(split)
+        if len(env.members) > 1:  # each domain's own weights, for its figures apart
+            config["domain_group_sizes"] = domain_group_sizes(env, split)
     for target, config in zip(targets, configs, strict=True):
         check_compatible(target.results_path, config)  # refuses a file from another configuration, before any work
     return Plan(env, split, task_ids, targets, configs, writes_tau2_results(args))
@@ -623,66 +671,79 @@ def chunked(items: list[Any], size: int) -> list[list[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def tau2_writer(args: EvalArguments, plan_: Plan, target: EvalTarget, config: dict[str, Any]) -> Tau2Results:
-    """The τ² results file next to ``target``'s results.json (tau2_rl.evaluation.tau2_export)."""
+def tau2_writers(
+    args: EvalArguments, plan_: Plan, target: EvalTarget, config: dict[str, Any]
+) -> dict[str, Tau2Results]:
+    """The τ² results file of each domain next to ``target``'s results.json (tau2_rl.evaluation.tau2_export): one
+    domain's is ``tau2_results.json``; with several, ``tau2_results.<domain>.json`` each (τ²'s format holds one
+    domain), its tasks under their plain τ² ids."""
     reference = tau2_reference()
     policy = target.kind == "model"
     served = target.kind == "served"
     user = config["user"]
-    info = tau2_info(
-        domain=plan_.env.domain.name,
-        policy=plan_.env.domain.policy,
-        num_trials=args.num_samples,
-        max_steps=args.tau2_max_steps,
-        max_errors=args.max_tool_errors,
-        seed=args.seed,
-        agent={
-            "implementation": "llm_agent" if served else f"tau2_rl.{target.kind}",
-            "llm": target.model,
-            "llm_args": {
-                "temperature": args.temperature,
-                "top_p": args.top_p,
-                "protocol": args.protocol,
-                "system_prompt": config["system_prompt"],
-            }
-            if policy
-            else {"api_base": args.agent_base_url, "temperature": args.temperature, "protocol": args.protocol}
-            if served
-            else {"protocol": args.protocol},
-        },  # fmt: skip
-        user={
-            "implementation": "user_simulator" if user["simulator"] == "llm" else "tau2_rl.scripted_user",
-            "llm": user.get("model"),
-            "llm_args": {"temperature": user["temperature"]} if "temperature" in user else None,
-        },
-    )
-    tasks = [
-        reference.Task.model_validate(plan_.env.domain.get_task(t).raw).model_dump(mode="json") for t in plan_.task_ids
-    ]
-    expected = [(t, sample) for t in plan_.task_ids for sample in range(args.num_samples)]
-    about = {
-        "protocol": args.protocol,
-        "system_prompt": config["system_prompt"],
-        "tasks_sha256": config["tasks_sha256"],
-        "results_file": RESULTS_FILE,
+    agent = {
+        "implementation": "llm_agent" if served else f"tau2_rl.{target.kind}",
+        "llm": target.model,
+        "llm_args": {
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "protocol": args.protocol,
+            "system_prompt": config["system_prompt"],
+        }
+        if policy
+        else {"api_base": args.agent_base_url, "temperature": args.temperature, "protocol": args.protocol}
+        if served
+        else {"protocol": args.protocol},
+    }  # fmt: skip
+    user_info = {
+        "implementation": "user_simulator" if user["simulator"] == "llm" else "tau2_rl.scripted_user",
+        "llm": user.get("model"),
+        "llm_args": {"temperature": user["temperature"]} if "temperature" in user else None,
     }
-    return Tau2Results(target.out_dir, info, tasks, expected, about)
+    several = len(plan_.env.members) > 1
+    writers = {}
+    for member in plan_.env.members:
+        name = member.spec.name
+        info = tau2_info(domain=member.spec.tau2_domain, policy=member.domain.policy, num_trials=args.num_samples,
+                         max_steps=args.tau2_max_steps, max_errors=args.max_tool_errors, seed=args.seed, agent=agent,
+                         user=user_info)  # fmt: skip
+        tasks = [plan_.env.task(key) for key in plan_.task_ids if plan_.env.task(key).domain == name]
+        about = {
+            "protocol": args.protocol,
+            "system_prompt": config["system_prompt"],
+            "tasks_sha256": config["tasks_sha256"][name] if several else config["tasks_sha256"],
+            "results_file": RESULTS_FILE,
+        }
+        writers[name] = Tau2Results(
+            target.out_dir,
+            info,
+            [reference.Task.model_validate(task.raw).model_dump(mode="json") for task in tasks],
+            [(task.task_id, sample) for task in tasks for sample in range(args.num_samples)],
+            about,
+            domain=name if several else None,
+        )
+    return writers
 
 
 def evaluate_target(
     args: EvalArguments, plan_: Plan, target: EvalTarget, config: dict[str, Any], user: UserSimulator
 ) -> ResultsFile:
     """Plays the missing episodes of one target chunk by chunk, saving after each chunk (and the τ² file)."""
-    meta = {t: task_meta(plan_.env.domain.get_task(t), plan_.split.group_of(t)) for t in plan_.task_ids}
+    env = plan_.env
+    several = len(env.members) > 1
+    meta = {
+        key: task_meta(env.task(key), plan_.split.group_of(key), env.base_of(key), several) for key in plan_.task_ids
+    }
     results = ResultsFile.open(target.results_path, config, meta)
     todo = results.pending()
     done = args.num_samples * len(plan_.task_ids) - len(todo)
-    tau2 = tau2_writer(args, plan_, target, config) if plan_.tau2_results else None
-    if tau2 is not None and tau2.missing and not todo:
+    tau2 = tau2_writers(args, plan_, target, config) if plan_.tau2_results else {}
+    missing = sum(len(writer.missing) for writer in tau2.values())
+    if missing and not todo:
         logger.warning("%s: %d episodes of results.json are not in the τ² export (it was off when they ran); it is "
-                       "written as %s", target.description, len(tau2.missing), TAU2_INCOMPLETE_FILE)  # fmt: skip
-    if tau2 is not None:
-        tau2.save()
+                       "written as %s", target.description, missing, TAU2_INCOMPLETE_FILE)  # fmt: skip
+    for writer in tau2.values():
+        writer.save()
     if not todo:  # a complete file is never rewritten; its metrics are recomputed in memory (as compare mode does)
         logger.info("%s: all %d episodes already in %s", target.description, done, target.results_path)
         stored = json.dumps(results.data.get("metrics"), sort_keys=True)
@@ -718,13 +779,14 @@ def evaluate_target(
             )
             duration = (time.perf_counter() - chunk_start) / max(1, len(chunk))
             for (task_id, sample), record in zip(chunk, records, strict=True):
-                results.add(task_id, sample_entry(record, sample, args.save_messages, plan_.env.config.domain))
-                if tau2 is not None:
-                    tau2.add(record, sample, plan_.env.domain.get_task(task_id), chunk_started, duration)
+                task = env.task(task_id)
+                results.add(task_id, sample_entry(record, sample, task.spec, args.save_messages))
+                if tau2:
+                    tau2[task.domain].add(record, sample, task, chunk_started, duration)
             played += len(chunk)
             results.save()
-            if tau2 is not None:
-                tau2.save()
+            for writer in tau2.values():
+                writer.save()
     finally:
         bar.close()
         turn_cache = getattr(getattr(agent, "backend", None), "turn_cache_stats", None) or {}  # die with it

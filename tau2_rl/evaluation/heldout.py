@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import datasets
 
-from tau2_rl.envs.episode import DomainEnv
-from tau2_rl.envs.prompt_style import compact_prompt_text, style_name
+from tau2_rl.envs.multi import RunEnv
+from tau2_rl.envs.prompt_style import style_name
 from tau2_rl.envs.runner import RunTimings, run_episodes
 from tau2_rl.envs.splits import Split
 from tau2_rl.rewards.outcome import outcome_reward
@@ -56,6 +56,8 @@ from .results import (
     RESULTS_FILE,
     ConfigMismatchError,
     ResultsFile,
+    domain_group_sizes,
+    domains_config,
     now,
     read_results,
     sample_entry,
@@ -88,7 +90,7 @@ class EvaluatingTrainer(Protocol):
 
     def is_world_process_zero(self) -> bool: ...
 
-    def policy_agent(self, tools: list[dict[str, Any]]) -> tuple[Any, Any]: ...
+    def policy_agent(self) -> tuple[Any, Any]: ...
 
     def _vllm_awake_for_rollout(self) -> AbstractContextManager[Any]: ...
 
@@ -129,7 +131,15 @@ def user_config(env_args: EnvArguments) -> dict[str, Any]:
 
 def log_values(metrics: Mapping[str, Any], prefix: str = "eval") -> dict[str, float]:
     """The scalars logged at an eval step (``<prefix>_pass^1`` → TensorBoard tag ``<prefix>/pass^1``); missing
-    values (a group with no task, pass^k beyond the smallest sample count) are left out, not logged as 0."""
+    values (a group with no task, pass^k beyond the smallest sample count) are left out, not logged as 0. A run over
+    several domains adds each domain's (``<prefix>_<domain>/pass^1`` …)."""
+    values = _log_values(metrics, prefix)
+    for domain, domain_metrics in (metrics.get("domains") or {}).items():
+        values.update(_log_values(domain_metrics, f"{prefix}_{domain}"))
+    return values
+
+
+def _log_values(metrics: Mapping[str, Any], prefix: str) -> dict[str, float]:
     pass1 = metrics.get("pass1") or {}
     floor = metrics.get("refusal_floor") or {}
     overall = pass1.get("overall") or {}
@@ -168,7 +178,7 @@ class HeldoutEvaluation:
 
     def __init__(
         self,
-        env: DomainEnv,
+        env: RunEnv,
         user: Any,
         split: Split,
         task_ids: list[str],
@@ -190,12 +200,18 @@ class HeldoutEvaluation:
         self.output_dir = Path(output_dir)
         self.label = label
         self.env_args = env_args
-        self.meta = {t: task_meta(env.domain.get_task(t), split.group_of(t)) for t in self.task_ids}
+        several = len(env.members) > 1
+        self.meta = {
+            t: task_meta(env.task(t), split.group_of(t), env.base_of(t), several) for t in self.task_ids
+        }
+        self.domains = domains_config(env, env_args.data_dir)
 
-    def dataset(self, system_prompt: str) -> datasets.Dataset:
+    def dataset(self) -> datasets.Dataset:
         """One row per held-out task: what TRL's Trainer needs as ``eval_dataset`` when ``eval_strategy`` is set."""
-        prompt = [{"role": "system", "content": system_prompt}]
-        return datasets.Dataset.from_list([{"prompt": prompt, "task_id": t} for t in self.task_ids])
+        return datasets.Dataset.from_list(
+            [{"prompt": [{"role": "system", "content": self.env.env_of(t).system_prompt}], "task_id": t}
+             for t in self.task_ids]
+        )  # fmt: skip
 
     def results_path(self, step: int) -> Path:
         return self.output_dir / revision_name(step) / RESULTS_FILE
@@ -216,6 +232,7 @@ class HeldoutEvaluation:
             "step": step,
             "backend": "trainer-vllm" if trainer.use_vllm else "trainer-transformers",
             "dtype": dtype,
+            **self.domains,
             "split": self.split.name,
             "split_file": self.env_args.split_file,
             "data_dir": self.env_args.data_dir,
@@ -226,7 +243,7 @@ class HeldoutEvaluation:
             "top_p": args.top_p,
             "max_new_tokens": args.max_completion_length,
             "max_turn_tokens": args.max_turn_tokens,
-            "system_prompt": style_name(self.env.system_prompt == compact_prompt_text(self.env.config.domain)),
+            "system_prompt": style_name(all(m.system_prompt == m.spec.compact_prompt for m in self.env.members)),
             "protocol": self.env.config.protocol,
             "max_turns": self.env.config.max_turns if self.env.config.protocol != "tau2" else None,
             "max_steps": self.env.config.max_steps if self.env.config.protocol == "tau2" else None,
@@ -235,6 +252,7 @@ class HeldoutEvaluation:
             "bootstrap_samples": BOOTSTRAP_SAMPLES,
             "confidence": CONFIDENCE,
             "group_sizes": split_group_sizes(self.split),
+            **({"domain_group_sizes": domain_group_sizes(self.env, self.split)} if len(self.env.members) > 1 else {}),
         }
 
     def check_existing(self, trainer: EvaluatingTrainer) -> None:
@@ -291,7 +309,7 @@ class HeldoutEvaluation:
         trainer.model.eval()
         try:
             if rounds:
-                backend, agent = trainer.policy_agent(self.env.tools)
+                backend, agent = trainer.policy_agent()
                 seed = trainer.args.seed
                 with trainer._vllm_awake_for_rollout():
                     for index in range(rounds):
@@ -307,9 +325,9 @@ class HeldoutEvaluation:
                             schedule=trainer.schedule,
                         )
                         backend.drain()
-                        domain = self.env.config.domain
                         local = [
-                            (t, sample_entry(r, s, domain=domain)) for (t, s), r in zip(part, records, strict=True)
+                            (t, sample_entry(r, s, self.env.task(t).spec))
+                            for (t, s), r in zip(part, records, strict=True)
                         ]
                         entries = gather_object(local) if world > 1 else local
                         played += len(entries)
@@ -364,7 +382,7 @@ def _stats(user: Any) -> dict[str, Any]:
 
 
 def build_heldout(
-    env_args: EnvArguments, training_args: Any, env: DomainEnv, user: Any, split: Split, run_name: str
+    env_args: EnvArguments, training_args: Any, env: RunEnv, user: Any, split: Split, run_name: str
 ) -> HeldoutEvaluation | None:
     """The held-out evaluation of a training run, or None when ``eval_strategy`` is ``no``."""
     if str(getattr(training_args.eval_strategy, "value", training_args.eval_strategy)) == "no":

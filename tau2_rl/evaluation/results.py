@@ -28,11 +28,19 @@ import json
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from tau2_rl.envs.data import domain_file_sha256
 from tau2_rl.envs.episode import EpisodeRecord
 from tau2_rl.envs.protocol import LEGACY_PROTOCOLS, TAU2_RL
+from tau2_rl.rewards.outcome import gold_db_hash
 from tau2_rl.run.hub import write_json_atomic
+
+if TYPE_CHECKING:
+    from tau2_rl.envs.data import Task
+    from tau2_rl.envs.multi import RunEnv
+    from tau2_rl.envs.spec import DomainSpec
+    from tau2_rl.envs.state import CanonicalBase
 
 from .metrics import GROUPS, compute_metrics, failed, refusal_passes
 from .schema import SchemaError, check_results_types
@@ -96,7 +104,9 @@ def fingerprint_value(config: Mapping[str, Any], key: str) -> Any:
         protocol = config.get(key, TAU2_RL)
         return LEGACY_PROTOCOLS.get(protocol, protocol)
     if key == "domain" and key not in config:
-        return "airline"
+        from tau2_rl.domains import legacy_domain
+
+        return legacy_domain().name
     return config.get(key)
 
 
@@ -150,19 +160,17 @@ def check_compatible(path: str | Path, config: Mapping[str, Any]) -> bool:
     return True
 
 
-def _prm_entry(record: EpisodeRecord, domain: str = "airline") -> dict[str, Any]:
+def _prm_entry(record: EpisodeRecord, spec: DomainSpec) -> dict[str, Any]:
     """PRM-Lite's verdict on an evaluated episode (default rule set, default clip): what the within-group signal
     metrics (``prm_signal`` in the metrics) read, so an evaluation shows whether the process reward tracks success."""
     from tau2_rl.rewards.prm import DEFAULT_RULE_SET, score_episode
 
-    result = score_episode(record, rules=DEFAULT_RULE_SET, domain=domain)
+    result = score_episode(record, rules=DEFAULT_RULE_SET, spec=spec)
     return {"rules": DEFAULT_RULE_SET, "process_score": result.process_score, "rule_counts": result.rule_counts}
 
 
-def sample_entry(
-    record: EpisodeRecord, sample: int, save_messages: bool = False, domain: str = "airline"
-) -> dict[str, Any]:
-    """What a results file keeps of one episode (``domain``: whose vocabulary PRM-Lite's verdict uses)."""
+def sample_entry(record: EpisodeRecord, sample: int, spec: DomainSpec, save_messages: bool = False) -> dict[str, Any]:
+    """What a results file keeps of one episode (``spec``: its domain, whose vocabulary PRM-Lite's verdict uses)."""
     reward = dict(record.reward or {})
     entry: dict[str, Any] = {
         "sample": sample,
@@ -179,20 +187,43 @@ def sample_entry(
         "truncated": record.truncated,
         "user_error": record.user_error,
         **({"agent_error": record.agent_error} if record.agent_error else {}),
-        "prm": _prm_entry(record, domain),
+        "prm": _prm_entry(record, spec),
     }
     if save_messages:
         entry["messages"] = record.messages[1:]  # the system prompt is the same for every episode
     return entry
 
 
-def task_meta(task: Any, group: str) -> dict[str, Any]:
-    """The per-task fields metrics need besides the samples (group, write stratum, the noop floor)."""
+def task_meta(task: Task, group: str, base: CanonicalBase, with_domain: bool = False) -> dict[str, Any]:
+    """The per-task fields metrics need besides the samples (group, write stratum, the noop floor; its domain in a
+    run over several).
+
+    ``refusal_passes`` is what τ²'s reward gives the empty conversation: its DB term is met when the gold actions
+    leave the database as it was (a write that changes nothing, such as retail task 12's, included), its COMMUNICATE
+    term when there is nothing to say."""
     basis = set(task.reward_basis)
     writes = bool(task.writes)
     communicate = bool(task.communicate_info)
-    passes = (not writes or "DB" not in basis) and (not communicate or "COMMUNICATE" not in basis)
-    return {"group": group, "writes": writes, "communicate": communicate, "refusal_passes": passes}
+    unchanged = not writes or gold_db_hash(base, task) == base.base_hash
+    passes = (unchanged or "DB" not in basis) and (not communicate or "COMMUNICATE" not in basis)
+    meta = {"group": group, "writes": writes, "communicate": communicate, "refusal_passes": passes}
+    if with_domain:
+        meta["domain"] = task.domain
+    return meta
+
+
+def domains_config(env: RunEnv, data_dir: str | None) -> dict[str, Any]:
+    """What a results file records of the run's domains: ``domain`` (``--domain``'s names) and the task set scored
+    (``tasks_sha256``: a domain's tasks file; with several, one per domain, and each one's release)."""
+    specs = [member.spec for member in env.members]
+    shas = {spec.name: domain_file_sha256(spec, data_dir, "tasks.json") for spec in specs}
+    if len(specs) == 1:
+        return {"domain": specs[0].name, "tasks_sha256": shas[specs[0].name]}
+    return {
+        "domain": ",".join(shas),
+        "tasks_sha256": shas,
+        "domains": {spec.name: {"tasks_sha256": shas[spec.name], "release": spec.release} for spec in specs},
+    }
 
 
 def split_group_sizes(split: Any) -> dict[str, int]:
@@ -200,19 +231,44 @@ def split_group_sizes(split: Any) -> dict[str, int]:
     return {group: len(split.group(group)) for group in GROUPS}
 
 
+def domain_group_sizes(env: RunEnv, split: Any) -> dict[str, dict[str, int]]:
+    """Each domain's group sizes in a run over several (its own generalization weights); empty for one domain."""
+    if len(env.members) < 2:
+        return {}
+    sizes: dict[str, dict[str, int]] = {}
+    for group in GROUPS:
+        for key in split.group(group):
+            domain = env.task(key).domain
+            sizes.setdefault(domain, dict.fromkeys(GROUPS, 0))[group] += 1
+    return sizes
+
+
 def metrics_of(data: Mapping[str, Any]) -> dict[str, Any]:
     """The metrics of a results dict, recomputed from its samples with the settings in its config (bootstrap, the
-    split's group sizes, the pass^k convention)."""
+    split's group sizes, the pass^k convention). An evaluation over several domains also gets each domain's metrics
+    apart (``domains``: domain → the same metrics over its tasks, with its own group sizes)."""
     config = data["config"]
-    return compute_metrics(
-        data["tasks"],
-        int(config["num_samples"]),
-        bootstrap_samples=int(config.get("bootstrap_samples") or 2000),
-        confidence=float(config.get("confidence") or 0.95),
-        seed=int(config.get("seed") or 0),
-        group_sizes=config.get("group_sizes"),
-        pass_k_convention=str(config.get("pass_k_convention") or "tau2"),
-    )
+
+    def metrics(tasks: Mapping[str, Any], group_sizes: Mapping[str, int] | None) -> dict[str, Any]:
+        return compute_metrics(
+            tasks,
+            int(config["num_samples"]),
+            bootstrap_samples=int(config.get("bootstrap_samples") or 2000),
+            confidence=float(config.get("confidence") or 0.95),
+            seed=int(config.get("seed") or 0),
+            group_sizes=group_sizes,
+            pass_k_convention=str(config.get("pass_k_convention") or "tau2"),
+        )
+
+    overall = metrics(data["tasks"], config.get("group_sizes"))
+    domains = sorted({entry["domain"] for entry in data["tasks"].values() if entry.get("domain")})
+    if domains:
+        sizes = config.get("domain_group_sizes") or {}
+        overall["domains"] = {
+            domain: metrics({k: v for k, v in data["tasks"].items() if v.get("domain") == domain}, sizes.get(domain))
+            for domain in domains
+        }
+    return overall
 
 
 def _merge_user_accounting(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -331,6 +387,23 @@ PASS1_LABELS = {
 }
 
 
+def _domain_lines(config: Mapping[str, Any]) -> list[str]:
+    """What the tasks were: the domain(s) and each one's tasks file (sha256), and the model's training domains when
+    they are not the evaluated ones."""
+    shas = config.get("tasks_sha256")
+    if isinstance(shas, Mapping):
+        files = ", ".join(f"`{domain}` (tasks.json sha256 `{sha[:12]}…`)" for domain, sha in shas.items())
+        lines = [f"- domains: {files}"]
+    else:
+        domain = fingerprint_value(config, "domain")
+        lines = [f"- domain `{domain}`" + (f" (tasks.json sha256 `{shas[:12]}…`)" if shas else "")]
+    trained = config.get("trained_on")
+    evaluated = str(fingerprint_value(config, "domain")).split(",")
+    if trained and not set(evaluated) <= set(trained):
+        lines.append(f"- **trained on {', '.join(trained)}**, evaluated on {', '.join(evaluated)}")
+    return lines
+
+
 def describe_model(config: Mapping[str, Any]) -> str:
     name = config.get("label") or config.get("model")
     return f"{name} @ step {config['step']}" if config.get("step") is not None else str(name)
@@ -344,6 +417,7 @@ def summary_markdown(data: Mapping[str, Any]) -> str:
         f"# Evaluation: {describe_model(config)}",
         "",
         f"- model: `{config.get('model')}`" + (f" (`{config['model_path']}`)" if config.get("model_path") else ""),
+        *_domain_lines(config),
         f"- split `{config.get('split')}`, {len(config.get('tasks', []))} tasks × {n} samples; user simulator "
         f"`{(config.get('user') or {}).get('simulator')}`"
         + (
@@ -371,6 +445,16 @@ def summary_markdown(data: Mapping[str, Any]) -> str:
         entry = pass1.get(key) or {}
         lines.append(f"| {label} | {entry.get('tasks', 0)} | {fmt(entry.get('value'))} | {fmt_ci(entry)} | "
                      f"{fmt(floor.get(key))} |")  # fmt: skip
+    domains = metrics.get("domains") or {}
+    if domains:
+        lines += ["", "## Domains", "", "Each domain's tasks apart (its own groups; the noop floor of its tasks).", "",
+                  "| domain | tasks | pass^1 | CI | generalization | noop floor |", "|---|---:|---:|---|---:|---:|"]
+        for domain, domain_metrics in domains.items():
+            entry = (domain_metrics.get("pass1") or {}).get("overall") or {}
+            general = (domain_metrics.get("pass1") or {}).get("generalization") or {}
+            domain_floor = (domain_metrics.get("refusal_floor") or {}).get("overall")
+            lines.append(f"| {domain} | {entry.get('tasks', 0)} | {fmt(entry.get('value'))} | {fmt_ci(entry)} | "
+                         f"{fmt(general.get('value'))} | {fmt(domain_floor)} |")  # fmt: skip
     pass_k = metrics.get("pass_hat_k") or {}
     if pass_k:
         lines += ["", "## pass^k", "", "| k | " + " | ".join(pass_k) + " |", "|---|" + "---:|" * len(pass_k)]

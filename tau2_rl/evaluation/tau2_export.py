@@ -39,6 +39,14 @@ OWN_KEY = "tau2_rl"
 LEGACY_OWN_KEYS = ("airline_rl",)
 
 
+def tau2_file_names(domain: str | None = None) -> tuple[str, str]:
+    """(complete, incomplete) file names: ``tau2_results.json``, or ``tau2_results.<domain>.json`` for one domain of
+    an evaluation over several."""
+    if domain is None:
+        return TAU2_RESULTS_FILE, TAU2_INCOMPLETE_FILE
+    return f"tau2_results.{domain}.json", f"tau2_results.{domain}.incomplete.json"
+
+
 def own_part(data: dict[str, Any]) -> dict[str, Any]:
     """The file's own part (``OWN_KEY``, or its name before the rename); empty when there is none."""
     return next((data[key] for key in (OWN_KEY, *LEGACY_OWN_KEYS) if key in data), {})
@@ -128,8 +136,8 @@ def tau2_reward_info(record: EpisodeRecord, task: Task) -> dict[str, Any]:
 def simulation_run(record: EpisodeRecord, sample: int, task: Task, started: str, duration: float) -> dict[str, Any]:
     """One episode as a τ² ``SimulationRun`` dict."""
     return {
-        "id": f"{record.task_id}-{sample}-{record.seed}",
-        "task_id": record.task_id,
+        "id": f"{task.task_id}-{sample}-{record.seed}",
+        "task_id": task.task_id,
         "start_time": started,
         "end_time": started,
         "duration": duration,
@@ -152,18 +160,21 @@ class Tau2Results:
         tasks: list[dict[str, Any]],
         expected: list[tuple],
         about: dict[str, Any] | None = None,
+        domain: str | None = None,
     ) -> None:
-        """``about`` goes into the file's ``tau2_rl`` key (protocol, task file hash, results.json config)."""
+        """``about`` goes into the file's ``tau2_rl`` key (protocol, task file hash, results.json config);
+        ``domain``: the domain of this file in an evaluation over several (``tau2_results.<domain>.json``)."""
         reference = tau2_reference()
         self.about = dict(about or {})
         self.out_dir = Path(out_dir)
+        self.names = tau2_file_names(domain)
         self.info = info
         self.tasks = tasks
         self.expected = [(str(task_id), int(sample)) for task_id, sample in expected]
         self.simulations: dict[tuple[str, int], dict[str, Any]] = {}
         self.rejected: list[dict[str, Any]] = []
         self._models = reference
-        for name in (TAU2_RESULTS_FILE, TAU2_INCOMPLETE_FILE):
+        for name in self.names:
             path = self.out_dir / name
             if path.is_file():
                 try:
@@ -176,7 +187,7 @@ class Tau2Results:
 
     @property
     def path(self) -> Path:
-        return self.out_dir / (TAU2_RESULTS_FILE if self.complete else TAU2_INCOMPLETE_FILE)
+        return self.out_dir / self.names[0 if self.complete else 1]
 
     @property
     def missing(self) -> list[tuple[str, int]]:
@@ -196,7 +207,7 @@ class Tau2Results:
 
     def add(self, record: EpisodeRecord, sample: int, task: Task, started: str, duration: float) -> None:
         """Exports one episode; one τ²'s models refuse is kept in ``rejected`` with its task and sample index."""
-        key = (record.task_id, int(sample))
+        key = (task.task_id, int(sample))
         self.rejected = [r for r in self.rejected if (r["task_id"], r["sample"]) != key]
         try:
             run = simulation_run(record, sample, task, started, duration)
@@ -204,7 +215,7 @@ class Tau2Results:
         except Exception as err:  # pydantic's ValidationError, or a record our converter cannot walk
             message = str(err).splitlines()[0] if str(err) else type(err).__name__
             logger.warning("τ² export: task %s sample %d rejected: %s", record.task_id, sample, message)
-            self.rejected.append({"task_id": record.task_id, "sample": int(sample), "error": message})
+            self.rejected.append({"task_id": task.task_id, "sample": int(sample), "error": message})
             self.simulations.pop(key, None)
             return
         self.simulations[key] = model.model_dump(mode="json")
@@ -232,7 +243,7 @@ class Tau2Results:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         os.replace(tmp, path)
-        other = self.out_dir / (TAU2_INCOMPLETE_FILE if self.complete else TAU2_RESULTS_FILE)
+        other = self.out_dir / self.names[1 if self.complete else 0]
         other.unlink(missing_ok=True)
         return path
 
@@ -246,7 +257,7 @@ def tau2_info(
     seed: int,
     agent: dict,
     user: dict,
-    domain: str = "airline",
+    domain: str,
 ) -> dict[str, Any]:
     """τ²'s ``Info`` block (its ``git_commit`` field names this project's exporter, not a τ² commit)."""
     from tau2.user.user_simulator import get_global_user_sim_guidelines

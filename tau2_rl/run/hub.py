@@ -169,7 +169,17 @@ def load_snippet(run_name: str, step: int, hub_dir: str | os.PathLike[str] = "hu
     ]
 
 
-GRPO_CARD_TEXT = "Policy trained on the τ²-bench airline domain with tau2_rl (multi-turn GRPO on TRL)."
+GRPO_CARD_TEXT = "Policy trained on the τ²-bench {domains} with tau2_rl (multi-turn GRPO on TRL)."
+"""``{domains}``: "airline domain", "airline and retail domains" (the run's ``--domain``)."""
+
+
+def config_domains(config: dict[str, Any]) -> list[str]:
+    """The domains a run's config names (``domain``: one, or several comma-separated); a config written before
+    domains were recorded is the legacy domain's (``tau2_rl.domains.legacy_domain``)."""
+    from tau2_rl.domains import legacy_domain
+
+    named = str(config.get("domain") or "")
+    return [name.strip() for name in named.split(",") if name.strip()] or [legacy_domain().name]
 
 
 def model_card(
@@ -182,14 +192,15 @@ def model_card(
     text: str = GRPO_CARD_TEXT,
 ) -> str:
     """A short README.md for a revision: what it is (``method`` tag, ``text``), how it was trained, its data when
-    ``info`` has a ``data`` summary (SFT's), the last logged metrics, and how to load it offline. Its domain is the
-    config's (``--domain``; the airline's when it names none)."""
-    domain = str(info.get("config", {}).get("domain") or "airline")
-    text = text.replace("τ²-bench airline domain", f"τ²-bench {domain} domain")
+    ``info`` has a ``data`` summary (SFT's), the last logged metrics, and how to load it offline. Its domains are the
+    config's (``--domain``, ``config_domains``)."""
+    domains = config_domains(info.get("config", {}))
+    words = f"{domains[0]} domain" if len(domains) == 1 else f"{' and '.join(domains)} domains"
+    text = text.replace("{domains}", words)
     lines = [
         "---",
         "library_name: transformers",
-        f"tags: [trl, {method}, tau2-bench, {domain}, tool-calling]",
+        f"tags: [trl, {method}, tau2-bench, {', '.join(domains)}, tool-calling]",
         "---",
         f"# {run_name} @ step {step}",
         "",
@@ -261,9 +272,11 @@ def export_revision(trainer: Any, hub_dir: str | os.PathLike[str], run_name: str
         (tmp / "README.md").write_text(model_card(run_name, step, info, hub_dir), encoding="utf-8")
         style = info.get("config", {}).get("system_prompt")
         if style is not None:  # the prompt the policy was trained with, for evaluate.py (envs/prompt_style.py)
+            from tau2_rl.domains import get_domain
             from tau2_rl.envs.prompt_style import COMPACT, write_prompt_style
 
-            write_prompt_style(tmp, style == COMPACT, info.get("config", {}).get("domain") or "airline")
+            specs = [get_domain(name) for name in config_domains(info.get("config", {}))]
+            write_prompt_style(tmp, style == COMPACT, specs)
         honour_umask(tmp)  # save_pretrained writes model.safetensors 0600: others on a shared hub could not load it
         if final.exists():  # a rerun exporting a step again: unlisted first, so refs.json never names a torso
             unlist_revision(run_dir, final.name)

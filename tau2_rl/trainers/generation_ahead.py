@@ -303,7 +303,7 @@ def _play(spec: WorkerSpec, backend: Any, request: BatchRequest) -> tuple[list, 
     from tau2_rl.rollout import TokenPolicyAgent
 
     agent = TokenPolicyAgent(
-        backend, spec.tokenizer, spec.env.tools, spec.eos_token_ids, spec.max_completion_length,
+        backend, spec.tokenizer, spec.eos_token_ids, spec.max_completion_length,
         spec.max_turn_tokens, spec.max_context, per_episode_seeds=True,
     )  # fmt: skip
     episodes = [spec.env.reset(task_id, seed) for task_id, seed in request.specs]
@@ -508,7 +508,7 @@ class GenerationAhead:
         self.process = ctx.Process(
             target=worker_main,
             args=(spec, self.weights, self.version, self.lock, self.requests, self.results, self.progress, served),
-            name="airline-rollout-worker",
+            name="tau2-rollout-worker",
             daemon=True,
         )
         self.process.start()

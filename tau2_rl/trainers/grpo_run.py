@@ -16,19 +16,18 @@ from trl import ModelConfig
 
 from tau2_rl.configs import GRPOScriptArguments, MultiTurnGRPOConfig
 from tau2_rl.data import base_model
-from tau2_rl.envs.data import domain_file_sha256
-from tau2_rl.envs.episode import DomainEnv
-from tau2_rl.envs.prompt_style import style_name, use_compact_prompt
-from tau2_rl.envs.splits import split_for
+from tau2_rl.data.default_policy import domains_tag
+from tau2_rl.envs.multi import RunEnv, run_env, run_split
+from tau2_rl.envs.prompt_style import compact_env, style_name, use_compact_prompt
+from tau2_rl.envs.splits import Split
+from tau2_rl.evaluation.results import domains_config
 from tau2_rl.run.cli import error_line, exit_with_line
 from tau2_rl.run.guard import model_identity
 
 VARIANT_COEFFICIENTS = ("turn_discount_alpha", "prm_coef", "prm_clip", "turn_credit_coef")
 
 
-def resolve_model_path(
-    model_args: ModelConfig, script_args: GRPOScriptArguments, output_dir: str, env: DomainEnv
-) -> str:
+def resolve_model_path(model_args: ModelConfig, script_args: GRPOScriptArguments, output_dir: str, env: RunEnv) -> str:
     """The model to train: the given path, the default policy (``--warmup_tasks``), or the tiny model; cached."""
     if model_args.model_name_or_path:
         return base_model.check_local_model(model_args.model_name_or_path)
@@ -38,7 +37,7 @@ def resolve_model_path(
             script_args.warmup_cache_dir,
             script_args.warmup_epochs,
             script_args.data_dir,
-            script_args.domain,
+            [member.spec for member in env.members],
         )
     return base_model.tiny_default(env, output_dir, script_args.tiny_model_dir)
 
@@ -49,20 +48,29 @@ def compact_prompt(script_args: GRPOScriptArguments, model_args: ModelConfig) ->
     return use_compact_prompt(script_args.compact_prompt, model_args.model_name_or_path, default=embedded_default)
 
 
-def task_dataset(script_args: GRPOScriptArguments, env: DomainEnv, system_prompt: str) -> datasets.Dataset:
-    """One prompt row per (task, repeat); the trainer plays the episode, the prompt column only feeds TRL's logs."""
-    split = split_for(env.domain, script_args.split, script_args.split_file)
+def run_environment(script_args: GRPOScriptArguments, compact: bool) -> tuple[RunEnv, Split]:
+    """The run's environment over ``--domain`` (each domain with its one-line prompt when ``compact``) and split."""
+    env = run_env(script_args.domain_specs(), script_args.data_dir, script_args.env_config())
+    if compact:
+        for member in env.members:
+            compact_env(member)
+    return env, run_split(env, script_args.split, script_args.split_file)
+
+
+def task_dataset(script_args: GRPOScriptArguments, env: RunEnv, split: Split) -> datasets.Dataset:
+    """One prompt row per (task, repeat); the trainer plays the episode, the prompt column (the system prompt of
+    the task's domain) only feeds TRL's logs."""
     if script_args.tasks:
         task_ids = [t.strip() for t in script_args.tasks.split(",") if t.strip()]
         for task_id in task_ids:
             try:
-                env.domain.get_task(task_id)  # unknown ids fail here with the valid range
+                env.task(task_id)  # unknown ids fail here with the valid range
             except KeyError as err:
                 raise ValueError(f"--tasks: {err.args[0]}") from None
     else:
         task_ids = list(split.train)
-    prompt = [{"role": "system", "content": system_prompt}]
-    rows = [{"prompt": prompt, "task_id": t} for _ in range(script_args.task_repeats) for t in task_ids]
+    prompts = {t: [{"role": "system", "content": env.env_of(t).system_prompt}] for t in task_ids}
+    rows = [{"prompt": prompts[t], "task_id": t} for _ in range(script_args.task_repeats) for t in task_ids]
     return datasets.Dataset.from_list(rows)
 
 
@@ -73,8 +81,11 @@ def run_fingerprint(
     model_path: str,
     task_ids: list[str],
     compact: bool,
+    env: RunEnv,
+    split: Split,
 ) -> dict[str, Any]:
     """What makes a GRPO run *this* run: a checkpoint of another fingerprint is never resumed (run/guard.py)."""
+    tag = domains_tag([member.spec for member in env.members])
     return {
         "model": model_identity(model_path),
         "model_revision": model_args.model_revision,
@@ -85,18 +96,23 @@ def run_fingerprint(
         "tasks": task_ids,
         "task_repeats": script_args.task_repeats,
         "data_dir": model_identity(script_args.data_dir) if script_args.data_dir else None,
-        "split": script_args.split,
+        "split": split.name,
         "split_file": script_args.split_file,
         "user_simulator": script_args.user_simulator,
         "user_model": script_args.user_model,
         "compact_prompt": compact,
-        # another domain is another run; the airline's fingerprint stays as it was (runs before --domain resume)
-        **({"domain": script_args.domain} if script_args.domain != "airline" else {}),
+        # another domain is another run; the fingerprint of the domain that predates domains stays as it was
+        **({"domain": tag} if tag is not None else {}),
     }  # fmt: skip
 
 
 def hub_card_config(
-    script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, model_path: str, compact: bool
+    script_args: GRPOScriptArguments,
+    training_args: MultiTurnGRPOConfig,
+    model_path: str,
+    compact: bool,
+    env: RunEnv,
+    split: Split,
 ) -> dict[str, Any]:
     """The training fields a local-hub revision's card and ``config`` record (``evaluate.py --compare`` shows them)."""
     return {
@@ -106,9 +122,8 @@ def hub_card_config(
         "learning_rate": training_args.learning_rate,
         "num_generations": training_args.num_generations,
         "max_completion_length": training_args.max_completion_length,
-        "domain": script_args.domain,
-        "tasks_sha256": domain_file_sha256(script_args.data_dir, "tasks.json", script_args.domain),
-        "split": script_args.split,
+        **domains_config(env, script_args.data_dir),
+        "split": split.name,
         "user_simulator": script_args.user_simulator,
         "system_prompt": style_name(compact),
         **{k: getattr(training_args, k) for k in VARIANT_COEFFICIENTS if getattr(training_args, k) is not None},

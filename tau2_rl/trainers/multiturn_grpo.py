@@ -62,7 +62,8 @@ from trl import GRPOTrainer
 
 from tau2_rl.backends import trl_prefix, vllm_seeds
 from tau2_rl.configs import MultiTurnGRPOConfig
-from tau2_rl.envs.episode import DomainEnv, Episode, EpisodeRecord
+from tau2_rl.envs.episode import Episode, EpisodeRecord
+from tau2_rl.envs.multi import RunEnv
 from tau2_rl.envs.runner import RunTimings, Schedule, run_episodes
 from tau2_rl.envs.users.base import UserSimulator
 from tau2_rl.rewards.outcome import outcome_reward
@@ -199,7 +200,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         self,
         model: Any,
         args: MultiTurnGRPOConfig,
-        env: DomainEnv,
+        env: RunEnv,
         user: UserSimulator,
         train_dataset: Any,
         processing_class: Any = None,
@@ -213,7 +214,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         """``schedule``: when the episode loop calls the policy (``--schedule``, ``--min_ready``, ``--batch_window``;
         default event-driven, which is the lock-step waves with the scripted user)."""
         if heldout is not None and eval_dataset is None:  # Trainer needs an eval_dataset once eval_strategy is set
-            eval_dataset = heldout.dataset(env.system_prompt)
+            eval_dataset = heldout.dataset()
         score_labelled_positions_on_cpu()
         if reward_funcs is None:  # the variant's rewards: τ²'s outcome, plus prm_coef × PRM-Lite for prm_lite/joint
             reward_funcs = [outcome] + ([process] if args.uses_prm else [])
@@ -335,7 +336,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
             generation.llm.sleep(level=2)
             generation._llm_weights_sleeping = True
 
-    def policy_agent(self, tools: list[dict]) -> tuple[TrainerBackend, TokenPolicyAgent]:
+    def policy_agent(self) -> tuple[TrainerBackend, TokenPolicyAgent]:
         """The current policy as an episode agent (training rollouts and held-out evaluation generate alike).
 
         On the prefix path every turn samples from its own generator (``turn_seed(episode seed, turn)``), so what
@@ -344,7 +345,6 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         agent = TokenPolicyAgent(
             backend,
             self.processing_class,
-            tools,
             self.eos_token_ids,
             self.args.max_completion_length,
             self.args.max_turn_tokens,
@@ -377,7 +377,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         start = time.perf_counter()
         specs = [(str(row["task_id"]), self._episode_seed(i, len(rows))) for i, row in enumerate(rows)]
         episodes = [self.env.reset(task_id, seed) for task_id, seed in specs]
-        backend, agent = self.policy_agent(self.env.tools)
+        backend, agent = self.policy_agent()
         for episode in episodes:
             agent.start(episode)
         timings = RunTimings()
@@ -696,6 +696,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
                 "user_error_text": r.user_error if s["reward"]["user_error"] else None,
                 "turn_tokens": [t.num_policy_tokens or 0 for t in r.turns],
                 "rules": s["prm"]["rule_counts"],
+                "domain": self.env.task(r.task_id).domain,
             }
             for s, r in zip(summaries, records, strict=True)
         ]
@@ -711,6 +712,12 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         metrics["episode/truncation_rate"].append(sum(e["truncated"] for e in everything) / n)
         user_errors = sum(bool(e["user_error"]) for e in everything)
         metrics["episode/user_sim_errors"].append(float(user_errors))
+        if len(self.env.members) > 1:  # a run over several domains: each domain's episodes apart (those it played)
+            for domain in sorted({e["domain"] for e in everything}):
+                mine = [e for e in everything if e["domain"] == domain]
+                metrics[f"domain/{domain}/outcome_reward"].append(sum(e["reward"] for e in mine) / len(mine))
+                metrics[f"domain/{domain}/tool_calls"].append(sum(e["tool_calls"] for e in mine) / len(mine))
+                metrics[f"domain/{domain}/episodes"].append(float(len(mine)))
         if mode == "train":  # every rank sees the same gathered list: the skip decision is the same everywhere
             self._user_error_batch = bool(everything) and user_errors == len(everything)
             self.user_error_episodes += user_errors

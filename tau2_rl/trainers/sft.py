@@ -345,7 +345,7 @@ def teacher_forced_accuracy(model: Any, dataset: datasets.Dataset, max_examples:
 
 
 SFT_CARD_TEXT = (
-    "Policy fine-tuned with SFT on teacher trajectories of the τ²-bench airline domain (tau2_rl on TRL's "
+    "Policy fine-tuned with SFT on teacher trajectories of the τ²-bench {domains} (tau2_rl on TRL's "
     "SFTTrainer, assistant-token masks by Render-Twice-Diff). Use it as `--model_name_or_path` of train_grpo.py."
 )
 

@@ -14,6 +14,10 @@ import datasets
 
 from tau2_rl.configs import CollectArguments, SFTScriptArguments
 from tau2_rl.data.collect import collect, load_trajectories
+from tau2_rl.data.default_policy import domains_tag
+from tau2_rl.envs.multi import RunEnv
+from tau2_rl.envs.splits import Split
+from tau2_rl.evaluation.results import domains_config
 from tau2_rl.files import honour_umask
 from tau2_rl.run.console import summary_line, tensorboard_dir
 from tau2_rl.run.guard import model_identity
@@ -31,6 +35,7 @@ def resolve_dataset(script_args: SFTScriptArguments) -> datasets.Dataset:
             raise SFTDataError(f"--dataset_path {script_args.dataset_path}: {err}") from None
         return dataset
     args = CollectArguments(
+        domain=script_args.domain,
         data_dir=script_args.data_dir,
         split=script_args.split,
         split_file=script_args.split_file,
@@ -45,8 +50,11 @@ def resolve_dataset(script_args: SFTScriptArguments) -> datasets.Dataset:
     return load_trajectories(result.output_dir)
 
 
-def run_fingerprint(script_args: SFTScriptArguments, training_args: Any, model_args: Any, model_path: str) -> dict:
+def run_fingerprint(
+    script_args: SFTScriptArguments, training_args: Any, model_args: Any, model_path: str, env: RunEnv, split: Split
+) -> dict:
     """What makes an SFT run *this* run: a checkpoint of another one is never resumed (run/guard.py)."""
+    tag = domains_tag([member.spec for member in env.members])
     return {
         "model": model_identity(model_path),
         "model_revision": model_args.model_revision,
@@ -55,10 +63,10 @@ def run_fingerprint(script_args: SFTScriptArguments, training_args: Any, model_a
         "data_dir": model_identity(script_args.data_dir) if script_args.data_dir else None,
         "tasks": script_args.tasks,
         "min_reward": script_args.min_reward,
-        "split": script_args.split,
+        "split": split.name,
         "split_file": script_args.split_file,
         "max_length": training_args.max_length,
-        **({"domain": script_args.domain} if script_args.domain != "airline" else {}),
+        **({"domain": tag} if tag is not None else {}),  # the domain that predates domains: as it was
     }
 
 
@@ -83,6 +91,8 @@ def export_and_summarize(
     report: SFTDataReport,
     lora: bool,
     seconds: float,
+    env: RunEnv,
+    split: Split,
     resumed_from: int | None = None,
 ) -> tuple[str, str]:
     """Rank 0: exports ``output_dir`` to ``<hub_dir>/<run_name>/step-<N>`` with its card (config, data, last
@@ -102,7 +112,8 @@ def export_and_summarize(
             "max_steps": args.max_steps,
             "max_length": args.max_length,
             "lora": lora,
-            "split": script_args.split,
+            **domains_config(env, script_args.data_dir),
+            "split": split.name,
         },
         "data": report.summary(),
         "metrics": metrics,

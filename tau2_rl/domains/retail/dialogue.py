@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tau2_rl.envs.data import Task
 
+IDENTIFIERS = "email, zip code, order number"
+"""The identifying details the LLM user's project-protocol prompt lists as examples (``tau2_rl.envs.users.llm``)."""
+
 _EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
 _ZIP = re.compile(r"\b\d{5}\b")
 _ORDER_ID = re.compile(r"#W\d{7}\b")
@@ -46,7 +49,7 @@ class RetailIdentity:
     order_ids: tuple[str, ...]
 
 
-def parse_identity(task: Task) -> RetailIdentity:
+def identity(task: Task) -> RetailIdentity:
     """The email, name, zip code and order ids of the task's scenario (``None`` / empty when it has none)."""
     instr = task.instructions
     known = instr.known_info
@@ -70,7 +73,7 @@ def parse_identity(task: Task) -> RetailIdentity:
     )
 
 
-def identity_answer(identity: RetailIdentity, text: str) -> str:
+def identity_answer(known: RetailIdentity, text: str) -> str:
     """The identification the agent asked for, or "" when it asked for none. Asked for "your email, or your name and
     zip code", the user gives what it knows (the email when it has one)."""
     if not _REQUEST.search(text):
@@ -80,19 +83,19 @@ def identity_answer(identity: RetailIdentity, text: str) -> str:
     if not (wants_email or wants_name or wants_zip or wants_order):
         return ""
     parts: list[str] = []
-    gave_email = wants_email and identity.email is not None
+    gave_email = wants_email and known.email is not None
     if gave_email:
-        parts.append(f"My email is {identity.email}.")
+        parts.append(f"My email is {known.email}.")
     elif wants_email:
         parts.append("I don't remember my email address.")
     # name and zip: when asked (unless asked as the alternative to an email just given), or instead of an email
     if (wants_name or wants_zip) and not gave_email or wants_email and not gave_email:
-        if identity.name:
-            parts.append(f"My name is {identity.name}.")
-        if identity.zip_code:
-            parts.append(f"My zip code is {identity.zip_code}.")
+        if known.name:
+            parts.append(f"My name is {known.name}.")
+        if known.zip_code:
+            parts.append(f"My zip code is {known.zip_code}.")
     if wants_order:
-        orders = identity.order_ids
+        orders = known.order_ids
         if not orders:
             parts.append("I don't remember the order id.")
         elif len(orders) == 1:

@@ -23,11 +23,12 @@ import functools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from tau2_rl.envs.calculator import calculate
+from tau2_rl.envs.protocol import tau2_module
 from tau2_rl.envs.state import EpisodeState
-from tau2_rl.envs.tools import ToolResult, _bad_binding, _collision, format_observation
+from tau2_rl.envs.toolkit import ToolResult, respond
 
 TABLES = ("products", "users", "orders")
 
@@ -35,21 +36,18 @@ TABLES = ("products", "users", "orders")
 @functools.cache
 def table_models() -> dict[str, type[BaseModel]]:
     """τ²'s retail record models, by table (imported on first use: τ² pulls in litellm)."""
-    from tau2.domains.retail.data_model import Order, Product, User
-
-    return {"products": Product, "users": User, "orders": Order}
+    data_model = tau2_module("tau2.domains.retail.data_model")
+    return {"products": data_model.Product, "users": data_model.User, "orders": data_model.Order}
 
 
 @functools.cache
 def _toolkit() -> Any:
-    from tau2.domains.retail.tools import RetailTools
-
-    return RetailTools
+    return tau2_module("tau2.domains.retail.tools").RetailTools
 
 
 def tool_names() -> dict[str, str]:
     """Every retail tool's name → τ²'s tool type (``read``, ``write``, ``generic``), in τ²'s order."""
-    from tau2.environment.toolkit import TOOL_TYPE_ATTR
+    TOOL_TYPE_ATTR = tau2_module("tau2.environment.toolkit").TOOL_TYPE_ATTR  # noqa: N806 (τ²'s name)
 
     toolkit = _toolkit()
     return {name: getattr(func, TOOL_TYPE_ATTR).value for name, func in toolkit(None)._func_tools.items()}
@@ -123,26 +121,5 @@ def execute_tool(state: EpisodeState, name: str, arguments: Any) -> ToolResult:
     """Runs one retail call as τ²'s ``Environment.get_response`` does. Never raises: failures become
     ``Error: ...``."""
     tools = _toolkit()(_DB(state))
-    if name not in tools._func_tools:
-        return ToolResult(f"Error: Tool '{name}' not found.", True, "unknown_tool")
-    if not isinstance(arguments, dict):  # τ²'s ToolCall only holds an object; our parser may hand over anything
-        return ToolResult(
-            f"Error: Arguments of tool '{name}' must be a JSON object, got {type(arguments).__name__}",
-            True,
-            "bad_arguments",
-        )
-    collision = _collision(arguments)
-    if collision is not None:
-        return ToolResult(f"Error: {collision}", True, "bad_arguments")
-    method = getattr(tools, name)
-    try:
-        if name == "calculate" and not _bad_binding(method, arguments):  # τ²'s binding errors from τ²'s method
-            return ToolResult(format_observation(calculate(**arguments)), False)
-        return ToolResult(format_observation(method(**arguments)), False)
-    except Exception as err:  # τ²: any exception is the observation "Error: <str(exception)>"
-        kind = (
-            "bad_arguments"
-            if isinstance(err, ValidationError) or (isinstance(err, TypeError) and _bad_binding(method, arguments))
-            else "execution"
-        )
-        return ToolResult(f"Error: {err}", True, kind)
+    method = getattr(tools, name) if name in tools._func_tools else None
+    return respond(name, arguments, method, run=calculate if name == "calculate" else None)

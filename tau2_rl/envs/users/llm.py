@@ -72,15 +72,15 @@ EMPTY_AGENT_TURN = "(The agent sent an empty message.)"
 CACHE_FORMAT = 1
 
 USER_SYSTEM_PROMPT = """\
-You are role-playing a customer who has contacted an airline's customer service by chat. The other side of this \
-chat is the airline's agent. Everything you write is the customer's next chat message.
+You are role-playing a customer who has contacted {business}'s customer service by chat. The other side of this \
+chat is {the_business}'s agent. Everything you write is the customer's next chat message.
 
 How to play the customer:
 - Stay in character for the whole conversation, as the person described in the scenario below. Never say or hint \
 that you are an AI, a simulation or a language model, and never take the agent's role.
 - Write exactly one message per turn, short and natural, the way a person types in a chat. Never write the agent's \
 lines.
-- Begin with your reason for contacting the airline. Reveal personal details (name, user id, reservation number, \
+- Begin with your reason for contacting {the_business}. Reveal personal details (name, {identifiers}, \
 payment method, and so on) only when the agent asks for them or when they are needed to move forward; do not list \
 everything you know at once.
 - Use only what the scenario tells you. Never make up ids, names, dates, amounts or other facts that are not in it. \
@@ -102,15 +102,21 @@ def user_system_prompt(task: Task, protocol: str = TAU2) -> str:
     if protocol != TAU2_RL:
         raise ValueError(f"unknown protocol {protocol!r}; valid: {TAU2}, {TAU2_RL}")
     instructions = task.instructions
+    the_business = "the " + task.spec.business.split(" ", 1)[-1]  # "an airline" -> "the airline"
     sections = [
         ("Who you are", task.persona),
-        ("Why you are contacting the airline", instructions.reason_for_call),
+        (f"Why you are contacting {the_business}", instructions.reason_for_call),
         ("What you know", instructions.known_info),
         ("What you do not know", instructions.unknown_info),
         ("Task instructions", instructions.task_instructions),
     ]
     scenario = "\n\n".join(f"## {title}\n{text.strip()}" for title, text in sections if text and text.strip())
-    return f"{USER_SYSTEM_PROMPT}\n\n# Scenario\n\n{scenario}"
+    rules = (
+        USER_SYSTEM_PROMPT.replace("{business}", task.spec.business)
+        .replace("{the_business}", the_business)
+        .replace("{identifiers}", task.spec.dialogue.IDENTIFIERS)
+    )
+    return f"{rules}\n\n# Scenario\n\n{scenario}"
 
 
 def tau2_user_view(episode: Episode) -> list[dict[str, str]]:

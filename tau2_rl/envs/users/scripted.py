@@ -30,7 +30,6 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tau2_rl.domains.retail.dialogue import RetailIdentity, identity_answer, parse_identity
 from tau2_rl.envs.tool_calls import parse_assistant_text
 from tau2_rl.envs.users.base import UserReply, UserSimulator, agent_messages_since_user
 
@@ -42,13 +41,6 @@ logger = logging.getLogger(__name__)
 
 STOP = "###STOP###"
 TRANSFER = "###TRANSFER###"
-
-_USER_ID = re.compile(r"\b[a-z]+(?:_[a-z]+)*_\d{3,}\b")
-_RESERVATION_ID = re.compile(r"\b(?!HAT\d{3}\b)(?=[A-Z0-9]*[A-Z])(?=[A-Z0-9]*\d|[A-Z]{6}\b)[A-Z0-9]{6}\b")
-_NAME = re.compile(r"\b(?:You are|Your name is|I am|My name is)\s+([A-Z][a-z]+(?: [A-Z][a-z]+)+)")
-_NO_RESERVATION_ID = re.compile(
-    r"(?:don't|do not|doesn't|can't|cannot)\s+(?:remember|know|recall)[^.]*reservation", re.I
-)
 
 _TRANSFER = re.compile(
     r"\b(?:i am|i'm|i will|i'll|let me|going to|now|will be)\s+(?:transfer|connect)(?:ring|ing)?\b"
@@ -72,12 +64,6 @@ _CONFIRMATION = re.compile(
     r"|do you want me to|\(\s*yes\s*/\s*no\s*\)|\byes or no\b|may i proceed|can i proceed|ok to proceed",
     re.I,
 )
-_ASKS_USER_ID = re.compile(r"\buser[ _-]?id\b|\busername\b|\baccount\b|\bprofile\b|\bidentif|\bverify\b", re.I)
-_ASKS_RESERVATION = re.compile(
-    r"\b(?:reservation|confirmation|booking)[ _-]?(?:id|number|code|reference|#)|\bwhich reservation\b", re.I
-)
-_ASKS_NAME = re.compile(r"\b(?:full |first |last )?name\b", re.I)
-_REQUEST = re.compile(r"\?|\bplease (?:provide|share|give|tell|send)\b|\bmay i have\b|\bi (?:will )?need\b", re.I)
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 _STOPWORDS = frozenset(
@@ -151,26 +137,16 @@ def _content_words(text: str) -> set[str]:
 class UserProfile:
     """What the scripted user knows, parsed once per task from its scenario."""
 
-    user_id: str | None
-    name: str | None
-    reservation_ids: tuple[str, ...]
+    identity: Any
+    """What identifies the user in the task's domain (``DomainSpec.dialogue.identity``: the airline's user id and
+    reservation ids, retail's email or name and zip code)."""
     opening: str
     facts: tuple[str, ...]
-    retail: RetailIdentity | None = None
-    """Retail's identification (email, name and zip code, order ids) instead of the airline's ids."""
 
 
 def build_profile(task: Task) -> UserProfile:
-    """Parses the ids, the name, the opening line and the answerable sentences out of the task's scenario."""
+    """Parses the identification, the opening line and the answerable sentences out of the task's scenario."""
     instr = task.instructions
-    user_ids = _USER_ID.findall(instr.known_info) or _USER_ID.findall(instr.task_instructions)
-    names = _NAME.findall(instr.known_info)
-    reservations: list[str] = []
-    if not _NO_RESERVATION_ID.search(instr.unknown_info):
-        for text in (instr.known_info, instr.reason_for_call, instr.task_instructions):
-            for rid in _RESERVATION_ID.findall(text):
-                if rid not in reservations:
-                    reservations.append(rid)
     paragraphs = [p.strip() for p in re.split(r"\n\s*\n", instr.reason_for_call.strip()) if p.strip()]
     first = " ".join((paragraphs[0] if paragraphs else "I need some help with my booking.").split())
     opening = f"Hi! {to_first_person(first)}"
@@ -180,14 +156,7 @@ def build_profile(task: Task) -> UserProfile:
             rewritten = to_first_person(sentence)
             if rewritten not in facts:
                 facts.append(rewritten)
-    return UserProfile(
-        user_id=user_ids[0] if user_ids else None,
-        name=names[0] if names else None,
-        reservation_ids=tuple(reservations),
-        opening=opening,
-        facts=tuple(facts),
-        retail=parse_identity(task) if task.domain == "retail" else None,
-    )
+    return UserProfile(identity=task.spec.dialogue.identity(task), opening=opening, facts=tuple(facts))
 
 
 class ScriptedUser(UserSimulator):
@@ -234,39 +203,12 @@ class ScriptedUser(UserSimulator):
             return STOP
         if _CONFIRMATION.search(text):
             return pick(_YES)
-        ids = self._identity_answer(profile, text)
+        ids = episode.task.spec.dialogue.identity_answer(profile.identity, text)
         if ids:
             return ids
         if "?" in text:
             return self._answer(profile, text, state) or pick(_NEUTRAL)
         return pick(_ACKS)
-
-    @staticmethod
-    def _identity_answer(profile: UserProfile, text: str) -> str:
-        """The ids and name the agent asked for, or "" when it asked for none of them."""
-        if profile.retail is not None:
-            return identity_answer(profile.retail, text)
-        if not _REQUEST.search(text):
-            return ""
-        wants_user = bool(_ASKS_USER_ID.search(text))
-        wants_reservation = bool(_ASKS_RESERVATION.search(text))
-        wants_name = bool(_ASKS_NAME.search(text))
-        if not (wants_user or wants_reservation or wants_name):
-            return ""
-        parts = []
-        if wants_user:
-            parts.append(f"My user id is {profile.user_id}." if profile.user_id else "I don't remember my user id.")
-        if wants_reservation:
-            rids = profile.reservation_ids
-            if not rids:
-                parts.append("I don't remember my reservation id.")
-            elif len(rids) == 1:
-                parts.append(f"My reservation id is {rids[0]}.")
-            else:
-                parts.append(f"My reservation ids are {', '.join(rids[:-1])} and {rids[-1]}.")
-        if wants_name:
-            parts.append(f"My name is {profile.name}." if profile.name else "I'd rather not say my name.")
-        return " ".join(parts)
 
     @staticmethod
     def _answer(profile: UserProfile, question: str, state: dict[str, Any]) -> str:

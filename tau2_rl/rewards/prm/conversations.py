@@ -37,7 +37,6 @@ from tau2_rl.envs.episode import (
 )
 from tau2_rl.envs.state import EpisodeState
 from tau2_rl.envs.tool_calls import format_tool_call
-from tau2_rl.envs.tools import WRITE_TOOLS, execute_tool
 
 DROPPED_TOOLS = frozenset({"think"})
 """Source tools without a τ² counterpart: v1's ``think`` (a scratchpad that changes nothing and returns nothing)."""
@@ -179,6 +178,7 @@ def replay_conversation(
     record = EpisodeRecord(task_id=task_id, seed=0)
     record.messages.append({"role": "system", "content": env.system_prompt})
     state = EpisodeState(env.base)
+    write_tools = env.spec.write_tools()
     dropped = mismatches = 0
     last_user = last_agent = ""
     # the recorded results of the calls we replayed, in order; v1 may reuse an id, so pair by position
@@ -239,7 +239,7 @@ def replay_conversation(
             record.messages.append(assistant)
             last_agent = text or last_agent
             for name, args in calls:
-                outcome = execute_tool(state, name, args)
+                outcome = env.spec.execute_tool(state, name, args)
                 record.tool_calls.append(
                     ToolCallRecord(
                         turn=turn.index,
@@ -248,7 +248,7 @@ def replay_conversation(
                         result=outcome.content,
                         error=outcome.error,
                         error_kind=outcome.error_kind,
-                        is_write=name in WRITE_TOOLS,
+                        is_write=name in write_tools,
                     )
                 )
                 turn.tool_call_indices.append(len(record.tool_calls) - 1)
@@ -261,10 +261,10 @@ def replay_conversation(
 
 
 def import_conversations(
-    path: str | Path, task_map: str | Path | Mapping[str, str], env: DomainEnv | None = None
+    path: str | Path, task_map: str | Path | Mapping[str, str], env: DomainEnv
 ) -> ImportReport:
-    """Replays every conversation of ``path`` under its mapped τ² task; unreplayable ones go to ``skipped``."""
-    env = env or DomainEnv()
+    """Replays every conversation of ``path`` under its mapped τ² task of ``env``'s domain; unreplayable ones go to
+    ``skipped``."""
     mapping = load_task_map(task_map) if isinstance(task_map, (str, Path)) else dict(task_map)
     raw = _read_json(path, "--trajectories")
     if not isinstance(raw, list):

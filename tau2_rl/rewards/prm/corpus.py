@@ -24,7 +24,6 @@ from tau2_rl.envs.data import GoldAction, Task
 from tau2_rl.envs.episode import DomainEnv, EpisodeRecord
 from tau2_rl.envs.runner import run_episodes
 from tau2_rl.envs.state import EpisodeState
-from tau2_rl.envs.tools import WRITE_TOOLS, execute_tool
 from tau2_rl.envs.users.scripted import ScriptedUser
 from tau2_rl.rewards.outcome import communicate_checks, outcome_reward
 
@@ -67,9 +66,10 @@ def _replay(env: DomainEnv, actions: Sequence[GoldAction]) -> tuple[list[str], s
     """Signatures of the writes that succeed when ``actions`` are replayed on a fresh state, and the final hash."""
     state = EpisodeState(env.base)
     writes = []
+    write_tools = env.spec.write_tools()
     for action in actions:
-        result = execute_tool(state, action.name, action.arguments)
-        if action.name in WRITE_TOOLS and not result.error:
+        result = env.spec.execute_tool(state, action.name, action.arguments)
+        if action.name in write_tools and not result.error:
             writes.append(_signature(action.name, action.arguments))
     return writes, state.db_hash()
 
@@ -99,7 +99,7 @@ def progress(env: DomainEnv, task: Task, record: EpisodeRecord) -> float:
 
 def order_matters(env: DomainEnv, task: Task) -> bool:
     """Whether playing the task's writes in reverse order ends in another database than the gold order."""
-    if sum(action.name in WRITE_TOOLS for action in task.actions) < 2:
+    if sum(action.name in task.write_tools for action in task.actions) < 2:
         return False
     return _replay(env, reordered_actions(task))[1] != _replay(env, task.actions)[1]
 

@@ -1,7 +1,7 @@
 """PRM-Lite text and argument detectors: what counts as a placeholder, a confirmation, an id, a reportable value.
 
-Every set here is derived from the tool schemas (one place; no per-tool lists), so a new tool with an ``*_id``
-argument is covered without editing the rules.
+Every argument set comes from the domain's ``Vocabulary`` (derived from its tool schemas: no per-tool lists), so a
+new tool with an ``*_id`` argument is covered without editing the rules.
 """
 
 from __future__ import annotations
@@ -13,22 +13,9 @@ from typing import Any
 
 from tau2_rl.envs.episode import AGENT_STOP_TOKEN, ToolCallRecord, TurnRecord
 from tau2_rl.envs.tool_calls import TOOL_CALL_OPEN
-from tau2_rl.rewards.prm.vocabulary import Vocabulary, vocabulary
+from tau2_rl.rewards.prm.vocabulary import Vocabulary
 
 USER, TOOL = "user", "tool"  # where a value first appeared
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Schema-derived argument sets (one place; no per-tool lists): the airline's, kept under their names; every domain's
-# are ``vocabulary(domain)``'s (``tau2_rl.rewards.prm.vocabulary``).
-
-AIRLINE = vocabulary("airline")
-ID_ARGUMENT_NAMES: frozenset[str] = AIRLINE.id_argument_names
-"""Argument names whose values are entity ids (user_id, reservation_id, payment_id, flight_number), at any depth."""
-LOOKUP_TOOLS: dict[str, str] = dict(AIRLINE.lookup_tools)
-"""Read tools that fetch one record by its id (tool → id argument): what counts as verifying an entity (B6)."""
-VERIFIABLE_ID_NAMES: frozenset[str] = AIRLINE.verifiable_id_names
-EXAMPLE_VALUES: frozenset[str] = AIRLINE.example_values
-"""Example values from the tool descriptions: a model that copies them has not looked anything up."""
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Text detectors
@@ -41,7 +28,7 @@ _PLACEHOLDER_PARTS = re.compile(r"xxx|placeholder")
 _YOUR = re.compile(r"^your[_\s-]")
 
 
-def is_placeholder(name: str | None, value: str, vocab: Vocabulary = AIRLINE) -> bool:
+def is_placeholder(name: str | None, value: str, vocab: Vocabulary) -> bool:
     """Whether a string argument is a template or stand-in rather than a value the agent obtained."""
     text = value.strip().lower()
     if text in _PLACEHOLDER_WORDS or text in vocab.example_values:
@@ -180,7 +167,7 @@ def _iter_strings(value: Any, name: str | None = None) -> Iterator[tuple[str | N
             yield from _iter_strings(item, name)
 
 
-def id_values(arguments: Mapping[str, Any] | None, vocab: Vocabulary = AIRLINE) -> list[tuple[str, str]]:
+def id_values(arguments: Mapping[str, Any] | None, vocab: Vocabulary) -> list[tuple[str, str]]:
     """(argument name, normalized value) of every id-valued argument at any depth (``vocab``: the domain's id
     arguments and how its ids are normalized)."""
     if not arguments:
@@ -212,11 +199,7 @@ def _text_before_calls(turn: TurnRecord) -> str:
     return turn.raw_text.split(TOOL_CALL_OPEN, 1)[0].replace(AGENT_STOP_TOKEN, "").strip()
 
 
-ENUM_ARGUMENT_NAMES: frozenset[str] = AIRLINE.enum_argument_names
-"""Arguments whose value is one of a fixed set (cabin, flight_type, insurance): chosen, never looked up."""
-
-
-def value_strings(arguments: Mapping[str, Any] | None, vocab: Vocabulary = AIRLINE) -> list[str]:
+def value_strings(arguments: Mapping[str, Any] | None, vocab: Vocabulary) -> list[str]:
     """The lower-cased string values of a call's arguments that the agent must have obtained from somewhere: every
     string leaf except enum choices (ids, dates, names, airport codes)."""
     return [

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tau2_rl.envs.episode import EpisodeRecord, ToolCallRecord
-from tau2_rl.rewards.prm.consent import consent_issues, write_charges
+from tau2_rl.envs.spec import DomainSpec
 from tau2_rl.rewards.prm.detectors import (
     TOOL,
     USER,
@@ -29,7 +29,6 @@ from tau2_rl.rewards.prm.detectors import (
     is_confirmation,
     mentionable_values,
 )
-from tau2_rl.rewards.prm.policy import PolicyFacts, write_violations
 from tau2_rl.rewards.prm.reference import REFERENCE_TERMS, HasDomain, ReferenceTerm, reference_turns
 from tau2_rl.rewards.prm.rules import (
     DEFAULT_RULE_SET,
@@ -91,28 +90,30 @@ def score_episode(
     weights: dict[str, float] | None = None,
     rules: str = DEFAULT_RULE_SET,
     env: HasDomain | None = None,
-    domain: str | None = None,
+    spec: DomainSpec | None = None,
 ) -> PRMResult:
     """Scores every assistant turn of ``record`` with the rules of version ``rules``, in one pass over
     ``record.messages``.
 
     Turn k is judged against the user messages and successful tool results that precede its assistant message; the
     results of its own calls are folded into the context only after it is scored, except that each write's policy
-    check (``policy.write_violations``) sees the records returned by the calls before it in the same turn.
+    check (``DomainPolicy.write_violations``) sees the records returned by the calls before it in the same turn.
 
     The reference sets (``REFERENCE_SETS``: "reference", "reference+v2") also score each turn against the task's
-    gold actions, which only they read, from ``env`` (the environment that played the episode: ``env.domain``); the
+    gold actions, which only they read, from ``env`` (the environment that played the episode: ``env.task``); the
     turn scores are summed and the episode total clipped once.
 
-    ``domain`` (default: ``env``'s, else the airline) picks the rules' vocabulary (``vocabulary``): which arguments
-    are ids, which tools look a record up, and whether the airline policy's rules (P9–P11, B8) apply.
+    The record's domain (``spec``, else that of its task in ``env``) picks the rules' vocabulary (``vocabulary``):
+    which arguments are ids, which tools look a record up, and whether a domain policy's rules (P9–P11, B8) apply.
     """
     low, high = clip
     if not low <= high:
         raise ValueError(f"clip must be (low, high) with low <= high, got {clip}")
     if rules not in PRM_RULE_SETS:
         raise UnknownRuleSetError(f"unknown PRM-Lite rule set {rules!r}; valid: {', '.join(PRM_RULE_SETS)}")
-    vocab = vocabulary(domain or _env_domain(env))
+    if spec is None and env is None:
+        raise ValueError("score_episode needs the record's domain: pass spec=... or the environment (env=...)")
+    vocab = vocabulary(spec if spec is not None else env.task(record.task_id).spec)  # type: ignore[union-attr]
     if rules in REFERENCE_SETS:
         return _score_with_reference(record, (low, high), weights, rules, env, vocab)
     rule_set = get_rule_set(rules)
@@ -169,18 +170,12 @@ def _score_with_reference(
     return _clipped(turn_scores, fired_per_turn, raw, rule_counts, clip)
 
 
-def _env_domain(env: HasDomain | None) -> str:
-    """The name of the domain ``env`` plays (an ``DomainEnv``: ``env.domain.name``); the airline without one."""
-    name = getattr(getattr(env, "domain", None), "name", None)
-    return name if isinstance(name, str) and name else "airline"
-
-
 def _score_rules(
     record: EpisodeRecord, rule_set: Mapping[str, Rule], resolved: Mapping[str, float], vocab: Vocabulary
 ) -> tuple[list[float], list[dict[str, int]], dict[str, int]]:
     """One pass of ``rule_set`` over ``record``: per-turn scores and firings, and the episode's firing counts.
-    Without the airline policy (``vocab.checks_airline_policy``) no policy or consent verdict is made: P9–P11 and
-    B8 read the airline's records."""
+    Without a domain policy (``vocab.policy``) no policy or consent verdict is made: P9–P11 and B8 read the
+    records a domain's policy checks."""
     n_assistant = sum(message.get("role") == "assistant" for message in record.messages)
     skip = n_assistant - len(record.turns)  # the fixed greeting(s) before the first policy turn
     if skip < 0:
@@ -204,7 +199,8 @@ def _score_rules(
     previous_call: ToolCallRecord | None = None
     successful_read_before = False
     user_asked_human = False
-    facts = PolicyFacts()
+    policy = vocab.policy
+    facts = policy.new_facts() if policy is not None else None
 
     turn_scores: list[float] = []
     fired_per_turn: list[dict[str, int]] = []
@@ -216,7 +212,8 @@ def _score_rules(
             content = str(message.get("content") or "")
             seen_texts.append(content.lower())
             seen_users.append(content)
-            facts.user_said.append(content.lower())
+            if facts is not None:
+                facts.user_said.append(content.lower())
             for token in _tokens(content):
                 seen_values.setdefault(token, USER)
             user_asked_human = user_asked_human or asks_for_human(content)
@@ -231,9 +228,9 @@ def _score_rules(
         calls = [record.tool_calls[index] for index in indices]
         violations: list[list[str]] = []
         consent: list[list[str]] = []
-        for call in calls if vocab.checks_airline_policy else ():  # in order: earlier reads inform later writes
-            violations.append(write_violations(facts, call) if call.is_write and not call.error else [])
-            consent.append(consent_issues(write_charges(facts, call), last_agent_message, facts.user_said))
+        for call in calls if policy is not None else ():  # in order: earlier reads inform later writes
+            violations.append(policy.write_violations(facts, call) if call.is_write and not call.error else [])
+            consent.append(policy.consent_issues(facts, call, last_agent_message))
             facts.observe(call)
         last_user = str(turn.last_user_message or "")
         ctx = TurnContext(
@@ -277,7 +274,7 @@ def _score_rules(
 
         # Fold this turn into the context of the next ones (rule_counts already is: rules read it as fired_before).
         message_text = str(turn.message or "")
-        if message_text:
+        if message_text and facts is not None:
             facts.agent_said.append(message_text.lower())
         agent_mentioned.update(mentionable_values(message_text))
         last_agent_message = message_text or last_agent_message

@@ -14,7 +14,7 @@ reward replays its gold actions. This module scores each assistant turn against 
   on the last turn.
 
 It uses privileged task information: a training signal only, never an evaluation metric. It reads the task through
-the environment object the outcome reward uses (``env.domain``), never a file; the rule modules stay pure.
+the environment object that played the episode (``env.task``), never a file; the rule modules stay pure.
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tau2_rl.domains import execute_tool
 from tau2_rl.envs.behaviours import reordered_actions
-from tau2_rl.envs.data import Domain, GoldAction, Task
+from tau2_rl.envs.data import GoldAction, Task
 from tau2_rl.envs.episode import REWARDABLE_TERMINATIONS, EpisodeRecord
 from tau2_rl.envs.state import CanonicalBase, EpisodeState
 from tau2_rl.rewards.outcome import communicate_checks, gold_db_hash, matches_gold
@@ -121,8 +120,8 @@ class ReferenceTurns:
 def reference_turns(record: EpisodeRecord, env: HasDomain) -> ReferenceTurns:
     """Which reference terms fire on each turn of ``record`` against its task's gold actions and required info
     (``env``: the environment that played it)."""
-    task = env.domain.get_task(record.task_id)
-    ordered = write_order_matters(env.base, task)
+    task = env.task(record.task_id)
+    ordered = write_order_matters(env.base_of(record.task_id), task)
     gold_writes = [a for a in task.actions if a.name in task.write_tools]  # the task's domain's write tools
     gold_other = [a for a in task.actions if a.name not in task.write_tools]
     matched_writes = [False] * len(gold_writes)
@@ -180,7 +179,7 @@ def write_order_matters(base: CanonicalBase, task: Task) -> bool:
         else:
             state = EpisodeState(base)
             for action in reordered_actions(task):
-                execute_tool(state, action.name, action.arguments)
+                base.spec.execute_tool(state, action.name, action.arguments)
             _ORDER_MATTERS[key] = state.db_hash() != gold_db_hash(base, task)
     return _ORDER_MATTERS[key]
 
@@ -189,11 +188,12 @@ _ORDER_MATTERS: dict[tuple[int, str], bool] = {}
 
 
 class HasDomain(Protocol):
-    """The environment (an ``DomainEnv``), as far as the reference reads it: its domain, whose tasks hold the gold
-    actions, and its canonical database (for the gold replay)."""
+    """The environment (a ``DomainEnv`` or ``MultiDomainEnv``), as far as the reference reads it: the task a record
+    played, whose gold actions it scores against, and that task's canonical database (for the gold replay)."""
 
-    domain: Domain
-    base: CanonicalBase
+    def task(self, key: str) -> Task: ...
+
+    def base_of(self, key: str) -> CanonicalBase: ...
 
 
 def _first_match(

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tau2_rl.files import mkstemp_honouring_umask
 from tau2_rl.rewards.prm.engine import PRM_RULE_SETS
@@ -20,13 +21,11 @@ from tau2_rl.rewards.prm.reference import REFERENCE_TERMS, ReferenceTerm
 from tau2_rl.rewards.prm.rules import DEFAULT_RULE_SET, RULE_SETS, Rule
 from tau2_rl.rewards.prm.stats import Calibration, RealCalibration
 
+if TYPE_CHECKING:
+    from tau2_rl.envs.episode import DomainEnv
+
 DOCS_START, DOCS_END = "<!-- rules:start -->", "<!-- rules:end -->"
 CALIBRATION_START, CALIBRATION_END = "<!-- calibration:start -->", "<!-- calibration:end -->"
-REAL_SET_DIR = Path(__file__).resolve().parents[3] / "tests" / "data" / "real_trajectories"
-REAL_TRAJECTORIES = REAL_SET_DIR / "gpt-4o-airline-v1-tasks-00-24.json"
-REAL_TASK_MAP = REAL_SET_DIR / "v1_to_tau2_task.json"
-"""The real calibration set in the repository: 100 GPT-4o conversations of τ-bench v1 tasks 0–24 (MIT; its README)."""
-
 
 PER_COUNT_RULES = ("P8", "B3", "P9", "P10", "P11", "B9", "P12", "B10", "B11", "P14", "P13")
 """Rules that fire more than once a turn (per call, per tool, per write): the table says "per count"."""
@@ -55,6 +54,13 @@ def rules_markdown() -> str:
         lines += [f"**Rule set {name}**{default}", "", *_rule_table(RULE_SETS[name]), ""]
     title = "**Rule set reference** (the task's gold actions: training only; `reference+v2` adds the v2 table)"
     lines += [title, "", *_rule_table(REFERENCE_TERMS), ""]
+    from tau2_rl.domains import DOMAINS, get_domain
+    from tau2_rl.rewards.prm.vocabulary import vocabulary
+
+    for name in DOMAINS:
+        policy = vocabulary(get_domain(name)).policy
+        checks = "; ".join(f"{key}: {text}" for key, text in policy.violations.items()) if policy else "none (off)"
+        lines += [f"P9's checks on {name}: {checks}", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -320,15 +326,15 @@ def update_docs(path: str | Path, calibration: str | None = None) -> None:
 
 
 def calibrate_all(
-    trajectories: str | Path = REAL_TRAJECTORIES, task_map: str | Path = REAL_TASK_MAP
+    env: DomainEnv, trajectories: str | Path | None = None, task_map: str | Path | None = None
 ) -> tuple[dict[str, Calibration], dict[str, RealCalibration]]:
-    """Every rule set on the scripted corpus and on the real conversations (built and imported once)."""
-    from tau2_rl.envs.episode import DomainEnv
+    """Every rule set on ``env``'s scripted corpus and on real conversations (built and imported once; default: the
+    domain's real set, ``PrmTerms.real_set``)."""
     from tau2_rl.rewards.prm.conversations import import_conversations
     from tau2_rl.rewards.prm.corpus import build_corpus
     from tau2_rl.rewards.prm.stats import calibrate, calibrate_real
 
-    env = DomainEnv()
+    trajectories, task_map = _real_set(env, trajectories, task_map)
     corpus = build_corpus(env)
     imported = import_conversations(trajectories, task_map, env)
     writes = {task_id: task.writes for task_id, task in env.domain.tasks.items()}
@@ -338,13 +344,24 @@ def calibrate_all(
     )
 
 
-def score_conversations(trajectories: str, task_map: str, rules: str) -> str:
-    """The real-set report of ``trajectories`` (the CLI's ``--trajectories``); skipped ones go to stderr."""
-    from tau2_rl.envs.episode import DomainEnv
+def _real_set(
+    env: DomainEnv, trajectories: str | Path | None, task_map: str | Path | None
+) -> tuple[str | Path, str | Path]:
+    """The given conversations and task map, else the domain's real set; a domain without one says so."""
+    if trajectories is not None and task_map is not None:
+        return trajectories, task_map
+    real = env.spec.prm_terms().real_set
+    if real is None:
+        raise ValueError(f"the {env.spec.name} domain has no real calibration set: pass --trajectories and --task_map")
+    return real
+
+
+def score_conversations(env: DomainEnv, trajectories: str, task_map: str, rules: str) -> str:
+    """The real-set report of ``trajectories`` on ``env``'s domain (the CLI's ``--trajectories``); skipped ones go to
+    stderr."""
     from tau2_rl.rewards.prm.conversations import import_conversations
     from tau2_rl.rewards.prm.stats import calibrate_real
 
-    env = DomainEnv()
     imported = import_conversations(trajectories, task_map, env)
     for reason in imported.skipped:
         print(f"not replayed: {reason}", file=sys.stderr)
@@ -352,6 +369,14 @@ def score_conversations(trajectories: str, task_map: str, rules: str) -> str:
         raise ValueError(f"--trajectories: no conversation of {trajectories} could be replayed")
     writes = {task_id: task.writes for task_id, task in env.domain.tasks.items()}
     return real_markdown(calibrate_real(imported, writes, rules=rules, env=env))
+
+
+def domain_env(name: str | None) -> DomainEnv:
+    """The environment of ``--domain`` (the CLI default when not given)."""
+    from tau2_rl.domains import DEFAULT_DOMAIN, get_domain
+    from tau2_rl.envs.episode import DomainEnv
+
+    return DomainEnv(get_domain(name or DEFAULT_DOMAIN))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -372,6 +397,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--task_map", metavar="FILE", help="with --trajectories: source task id -> τ² task id (JSON)")
     parser.add_argument(
+        "--domain", default=None, help="the τ² domain the conversations and corpus are of (default: the CLI's default)"
+    )
+    parser.add_argument(
         "--prm_rules",
         choices=PRM_RULE_SETS,
         default=DEFAULT_RULE_SET,
@@ -391,20 +419,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.task_map:
             parser.error("--trajectories needs --task_map FILE (source task id -> τ² task id)")
         try:
-            sys.stdout.write(score_conversations(args.trajectories, args.task_map, args.prm_rules))
+            sys.stdout.write(score_conversations(domain_env(args.domain), args.trajectories, args.task_map,
+                                                 args.prm_rules))  # fmt: skip
         except (ConversationFileError, ValueError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
         return 0
     if args.calibration:
-        from tau2_rl.envs.episode import DomainEnv
         from tau2_rl.rewards.prm.corpus import build_corpus
         from tau2_rl.rewards.prm.stats import calibrate
 
-        env = DomainEnv()
+        env = domain_env(args.domain)
         sys.stdout.write(calibration_markdown(calibrate(build_corpus(env), rules=args.prm_rules, env=env)))
         return 0
-    corpus, real = calibrate_all()
+    corpus, real = calibrate_all(domain_env(args.domain))
     update_docs(args.update_docs, docs_calibration_markdown(corpus, real))
     return 0
 

@@ -22,11 +22,10 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from typing import Any
 
 from tau2_rl.envs.episode import ToolCallRecord, TurnRecord
 from tau2_rl.rewards.prm.detectors import (
-    AIRLINE,
-    ID_ARGUMENT_NAMES,
     TOOL,
     _iter_strings,
     _text_before_calls,
@@ -37,7 +36,6 @@ from tau2_rl.rewards.prm.detectors import (
     mentionable_values,
     value_strings,
 )
-from tau2_rl.rewards.prm.policy import VIOLATIONS, PolicyFacts, denies, justified_refusal
 from tau2_rl.rewards.prm.vocabulary import Vocabulary
 
 MAX_FREE_TOOL_CALLS = 8
@@ -74,11 +72,11 @@ class TurnContext:
     cancelled_ids: AbstractSet[str]  # reservation ids whose latest tool result says they are cancelled
     chained_values: AbstractSet[str]  # tool-derived ids that already earned B2
     fired_before: Mapping[str, int]  # rule id -> firings in earlier turns
+    vocab: Vocabulary  # the domain's ids, look-ups, examples, read and terminal tools, policy (``vocabulary``)
     user_agreed: bool = False  # the latest user message agrees, in any words (v2's confirmation detector)
-    facts: PolicyFacts = field(default_factory=PolicyFacts)  # records seen before the turn (and within it, in order)
-    violations: Sequence[Sequence[str]] = ()  # per call of the turn: the policy rules its write breaks (``policy``)
-    consent: Sequence[Sequence[str]] = ()  # per call of the turn: what its charge was not agreed to (``consent``)
-    vocab: Vocabulary = AIRLINE  # the domain's ids, look-ups, examples, read and terminal tools (``vocabulary``)
+    facts: Any = None  # the domain policy's record of what was seen before the turn (and within it); None: no policy
+    violations: Sequence[Sequence[str]] = ()  # per call of the turn: the policy checks its write breaks (P9)
+    consent: Sequence[Sequence[str]] = ()  # per call of the turn: what its charge was not agreed to (P10, P11)
 
 
 def _successful_writes(ctx: TurnContext) -> list[ToolCallRecord]:
@@ -296,11 +294,12 @@ def _p5_unconfirmed_write_v2(ctx: TurnContext) -> int:
 
 
 def _p7_premature_transfer_v2(ctx: TurnContext) -> int:
+    policy = ctx.vocab.policy
     if (
-        ctx.vocab.checks_airline_policy
+        policy is not None
         and not ctx.calls
         and declines_request(ctx.turn.message or "")
-        and justified_refusal(ctx.facts, ctx.turn.message)
+        and policy.justified_refusal(ctx.facts, ctx.turn.message)
     ):
         return 0
     return _p7_premature_transfer(ctx)
@@ -330,11 +329,12 @@ def _p11_over_budget(ctx: TurnContext) -> int:
 
 
 def _b8_justified_refusal(ctx: TurnContext) -> int:
-    if not ctx.vocab.checks_airline_policy or ctx.calls or ctx.fired_before.get("B8", 0) or not ctx.turn.message:
+    policy = ctx.vocab.policy
+    if policy is None or ctx.calls or ctx.fired_before.get("B8", 0) or not ctx.turn.message:
         return 0
     if not ctx.successful_read_before:
         return 0  # v1's P7 intent: a refusal is judged on the records, and a blind one has none
-    return int(denies(ctx.turn.message) and justified_refusal(ctx.facts, ctx.turn.message))
+    return int(policy.denies(ctx.turn.message) and policy.justified_refusal(ctx.facts, ctx.turn.message))
 
 
 @dataclass(frozen=True)
@@ -392,14 +392,15 @@ _RULE_LIST = [
         -0.04,
         "A write call when the user's latest message has no explicit, non-negated confirmation (yes, go ahead, "
         "proceed, confirm, ...).",
-        "The airline policy requires explicit user confirmation before any action that changes the booking database.",
+        "τ²'s domain policies require explicit user confirmation before any action that changes the database.",
         _p5_unconfirmed_write,
     ),
     Rule(
         "P6",
         "unseen_id",
         -0.05,
-        f"A call that fails and has an id-valued argument ({', '.join(sorted(ID_ARGUMENT_NAMES))}; at any depth) "
+        "A call that fails and has an id-valued argument (the domain's `*_id` / `*_ids` arguments and flight numbers; "
+        "at any depth) "
         "whose value never appeared in a user message or a successful tool result before this turn.",
         "A hallucinated id that reaches no record is a guess; charged only when the call fails, because a successful "
         "call on an id seen nowhere cannot be told from a correct id the agent knew (the seed rule fired on 54% of "
@@ -546,8 +547,9 @@ _V2_LIST = [
         "P9",
         "policy_violating_write",
         -0.10,
-        "Per successful write that the airline policy forbids on the records the agent's tool results showed before "
-        "it: " + "; ".join(f"{key}: {text}" for key, text in VIOLATIONS.items()),
+        "Per successful write that the domain's policy forbids on the records the agent's tool results showed before "
+        "it (its checks: the domain folder's `DomainPolicy.violations`, listed per domain below the tables); off on a "
+        "domain without such checks.",
         "What real agents get wrong is confirmed writes the policy forbids; the records that decide them are in the "
         "agent's own context, so this is a process check. It outweighs every bonus a write can earn.",
         _p9_policy_violation,

@@ -132,10 +132,11 @@ def calibrate(
     corpus: Sequence[Trajectory],
     results: Sequence[PRMResult] | None = None,
     rules: str = DEFAULT_RULE_SET,
-    env: HasDomain | None = None,
+    *,
+    env: HasDomain,
 ) -> Calibration:
     """Scores ``corpus`` with rule set ``rules`` (unless ``results`` are given) and computes the report's numbers;
-    ``env`` (the corpus's environment) is what the reference sets read the tasks from."""
+    ``env`` (the corpus's environment) is what the rules read the domain from and the reference sets the tasks."""
     if results is None:
         results = [score_episode(t.record, rules=rules, env=env) for t in corpus]
     results = list(results)
@@ -501,13 +502,15 @@ def calibrate_real(
     task_writes: Mapping[str, bool],
     rules: str = DEFAULT_RULE_SET,
     weights: dict[str, float] | None = None,
-    env: HasDomain | None = None,
+    *,
+    env: HasDomain,
 ) -> RealCalibration:
     """Scores the imported conversations with rule set ``rules`` (``weights`` overriding some of its weights, as the
     config's ``prm_weights`` does) and computes the real-set report.
 
     ``task_writes`` (τ² task id → whether its gold actions write) only splits the report; the rules never see it
-    (the reference sets read the tasks from ``env``, the environment the conversations were replayed in)."""
+    (the rules read the domain and the reference sets the tasks from ``env``, the environment the conversations were
+    replayed in)."""
     conversations = report.conversations
     results = [score_episode(c.record, rules=rules, weights=weights, env=env) for c in conversations]
     scores = [r.process_score for r in results]

@@ -1,22 +1,81 @@
 """What PRM-Lite's rules know of a domain: its tools' id arguments, look-ups, examples, read and terminal tools.
 
 The rules are statements about a trajectory ("a failed call with an id nobody showed", "a write on a record the agent
-fetched first"), not about the airline; what makes them airline rules is only which arguments are ids, which tools
+fetched first"), not about one domain; what makes them a domain's rules is only which arguments are ids, which tools
 fetch one record, which values the tool descriptions give as examples, and which records can be cancelled. A
 ``Vocabulary`` holds exactly that per domain, derived from the domain's tool schemas where it can be (one place; no
-per-tool lists), so retail's 15 tools get the rules' retail form and telecom's will get its own.
+per-tool lists) and from the few terms its folder gives (``PrmTerms``: ``DomainSpec.prm_terms``).
 
-What is not in a vocabulary is the airline *policy*: P9–P11, B8 and P7's exemption for justified refusals read the
-airline's reservations, fares, bags and certificates (``policy``, ``consent``). A domain without
-``checks_airline_policy`` has them switched off (they never fire; docs/prm_lite.md says why).
+What is not derivable is a domain's *policy*: v2's P9–P11, B8 and P7's exemption for justified refusals check writes
+and refusals against the policy on the records the agent's tool results showed. A domain whose folder has such checks
+(``DomainPolicy``: the airline's reservations, fares, bags and certificates) gets them; on a domain without
+(``policy=None``) those rules never fire (docs/prm_lite.md says why, per domain).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from tau2_rl.envs.episode import ToolCallRecord
+    from tau2_rl.envs.spec import DomainSpec
+
+
+class PolicyFacts(Protocol):
+    """The records a domain policy's checks have seen so far in an episode, and what each side said."""
+
+    user_said: list[str]
+    agent_said: list[str]
+
+    def observe(self, call: ToolCallRecord) -> None: ...
+
+
+class DomainPolicy(Protocol):
+    """A domain policy as checks on writes and refusals, judged only on the trajectory's own tool results (v2's
+    P9–P11, B8, P7's exemption)."""
+
+    violations: Mapping[str, str]
+    """Each check's key → the policy sentence it enforces (P9's rationale lists them)."""
+
+    def new_facts(self) -> PolicyFacts:
+        """An empty record of what the episode showed (updated call by call: ``observe``)."""
+        ...
+
+    def write_violations(self, facts: Any, call: ToolCallRecord) -> list[str]:
+        """The keys of the checks a successful write breaks (P9)."""
+        ...
+
+    def consent_issues(self, facts: Any, call: ToolCallRecord, quoted_in: str) -> list[str]:
+        """``misquoted_charge`` (P10) / ``over_budget`` (P11): what the call's charge was not agreed to."""
+        ...
+
+    def justified_refusal(self, facts: Any, text: str) -> bool:
+        """Whether a refusal is one the policy and the records back (B8, P7's exemption)."""
+        ...
+
+    def denies(self, text: str) -> bool:
+        """Whether ``text`` refuses the request (B8)."""
+        ...
+
+
+@dataclass(frozen=True)
+class PrmTerms:
+    """What a domain's folder tells PRM-Lite (``DomainSpec.prm_terms``); the rest is derived from its tools."""
+
+    examples: Sequence[str]
+    """The example values of the tool descriptions: a model that copies them has looked nothing up (P1)."""
+    record_id_field: str
+    """The id field of the records whose latest status, "cancelled", makes a write on them dead (B6)."""
+    id_prefix: str = ""
+    """Leading characters of ids that are not part of a word token (retail's ``#W…`` order ids)."""
+    policy: DomainPolicy | None = None
+    """The domain policy's checks (v2's P9–P11, B8); ``None``: those rules are off on the domain."""
+    real_set: tuple[str, str] | None = None
+    """The domain's real calibration set, if it has one: (real agents' conversations, their task map: source task
+    id → τ² task id), the report's default (``python -m tau2_rl.rewards.prm``)."""
 
 
 def walk_properties(schema: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
@@ -35,7 +94,7 @@ def is_id_name(name: str) -> bool:
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """One domain's terms for PRM-Lite (``vocabulary(domain)``)."""
+    """One domain's terms for PRM-Lite (``vocabulary(spec)``)."""
 
     domain: str
     id_argument_names: frozenset[str]
@@ -53,8 +112,8 @@ class Vocabulary:
     id_prefix: str = ""
     """Leading characters of ids that are not part of a word token (retail's ``#W…`` order ids): stripped when ids are
     matched against the tokens of messages and results."""
-    checks_airline_policy: bool = False
-    """P9–P11, B8 and P7's refusal exemption apply (they read the airline policy's records)."""
+    policy: DomainPolicy | None = None
+    """The domain policy's checks: P9–P11, B8 and P7's refusal exemption apply only with them."""
 
     @property
     def verifiable_id_names(self) -> frozenset[str]:
@@ -66,16 +125,14 @@ class Vocabulary:
         return text.lstrip(self.id_prefix) if self.id_prefix else text
 
 
-def _derived(
+def derive_vocabulary(
     domain: str,
     schemas: list[dict[str, Any]],
     read_tools: frozenset[str],
     terminal_tools: frozenset[str],
-    examples: tuple[str, ...],
-    record_id_field: str,
-    id_prefix: str = "",
-    checks_airline_policy: bool = False,
+    terms: PrmTerms,
 ) -> Vocabulary:
+    """A domain's vocabulary from its tool schemas, tool types and ``terms``."""
     parameters = {tool["function"]["name"]: tool["function"]["parameters"] for tool in schemas}
     lookups = {}
     for name in sorted(read_tools):
@@ -88,46 +145,23 @@ def _derived(
             name for params in parameters.values() for name, _ in walk_properties(params) if is_id_name(name)
         ),
         lookup_tools=lookups,
-        example_values=frozenset(value.lower() for value in examples),
+        example_values=frozenset(value.lower() for value in terms.examples),
         enum_argument_names=frozenset(
             name for params in parameters.values() for name, prop in walk_properties(params) if "enum" in prop
         ),
         read_tools=read_tools,
         terminal_tools=terminal_tools,
-        record_id_field=record_id_field,
-        id_prefix=id_prefix,
-        checks_airline_policy=checks_airline_policy,
+        record_id_field=terms.record_id_field,
+        id_prefix=terms.id_prefix,
+        policy=terms.policy,
     )
 
 
-def _airline() -> Vocabulary:
-    from tau2_rl.envs.tools import READ_TOOLS, TERMINAL_TOOLS, TOOL_SCHEMAS
-
-    examples = ("sara_doe_496", "ZFA04Y", "8JX2WO", "credit_card_7815826", "gift_card_7815826",
-                "certificate_7815826", "2024-01-01")  # fmt: skip
-    return _derived("airline", TOOL_SCHEMAS, READ_TOOLS, TERMINAL_TOOLS, examples, "reservation_id",
-                    checks_airline_policy=True)  # fmt: skip
-
-
-def _retail() -> Vocabulary:
-    from tau2_rl.domains import get_domain
-    from tau2_rl.envs.protocol import TAU2, agent_tool_schemas
-
-    spec = get_domain("retail")
-    # τ²'s retail descriptions' examples (none of them is a value of the database: tests/test_prm_domains.py).
-    examples = ("#W0000000", "1008292230", "6086499569", "gift_card_0000000", "credit_card_0000000", "sara_doe_496",
-                "something@example.com", "123 Main St")  # fmt: skip
-    return _derived("retail", agent_tool_schemas(TAU2, "retail"), spec.read_tools(), spec.terminal_tools, examples,
-                    "order_id", id_prefix="#")  # fmt: skip
-
-
-VOCABULARIES = {"airline": _airline, "retail": _retail}
-"""Domain name → its vocabulary's builder (a domain that joins adds one line here)."""
-
-
 @functools.cache
-def vocabulary(domain: str = "airline") -> Vocabulary:
-    """The PRM-Lite vocabulary of ``domain`` (``--domain``)."""
-    if domain not in VOCABULARIES:
-        raise ValueError(f"PRM-Lite has no vocabulary for domain {domain!r}; known: {', '.join(VOCABULARIES)}")
-    return VOCABULARIES[domain]()
+def vocabulary(spec: DomainSpec) -> Vocabulary:
+    """The PRM-Lite vocabulary of the domain ``spec``: derived from the schemas its agent is shown under the
+    project's protocol (``tau2_rl.envs.protocol.agent_tool_schemas``) and its folder's ``PrmTerms``."""
+    from tau2_rl.envs.protocol import TAU2_RL, agent_tool_schemas
+
+    return derive_vocabulary(spec.name, agent_tool_schemas(TAU2_RL, spec), spec.read_tools(), spec.terminal_tools,
+                             spec.prm_terms())  # fmt: skip

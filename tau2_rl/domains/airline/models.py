@@ -11,7 +11,7 @@ left out because they change nothing a tool does.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -193,8 +193,3 @@ class FlightDB(BaseModel):
 
 
 TABLE_MODELS: dict[str, type[BaseModel]] = {"flights": Flight, "reservations": Reservation, "users": User}
-
-
-def dump(model: BaseModel) -> dict[str, Any]:
-    """``model_dump`` without the serializer warnings: τ² stores some arguments unvalidated (that is the point)."""
-    return model.model_dump(warnings=False)

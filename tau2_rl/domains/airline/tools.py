@@ -14,17 +14,11 @@ Where τ² would hang instead of answering (``calculate("9 ** 9 ** 9")``) we ans
 
 from __future__ import annotations
 
-import inspect
-import logging
 from collections.abc import Callable
 from copy import deepcopy
-from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
-
-from tau2_rl.envs.calculator import calculate
-from tau2_rl.envs.models import (
+from tau2_rl.domains.airline.models import (
     AirportCode,
     Certificate,
     DirectFlight,
@@ -36,11 +30,10 @@ from tau2_rl.envs.models import (
     Reservation,
     ReservationFlight,
     User,
-    dump,
 )
-from tau2_rl.envs.state import EpisodeState, dumps_unbounded
-
-logger = logging.getLogger(__name__)
+from tau2_rl.envs.calculator import calculate
+from tau2_rl.envs.state import EpisodeState
+from tau2_rl.envs.toolkit import Dumped, ToolError, ToolResult, respond
 
 CURRENT_DATETIME = "2024-05-15T15:00:00"  # τ²'s fixed "now"
 NEW_RESERVATION_IDS = ("HATHAT", "HATHAU", "HATHAV")
@@ -52,10 +45,6 @@ AIRPORTS = [
     ("PHX", "Phoenix"), ("IAH", "Houston"), ("LAS", "Las Vegas"), ("MCO", "Orlando"), ("EWR", "Newark"),
     ("CLT", "Charlotte"), ("MSP", "Minneapolis"), ("DTW", "Detroit"), ("PHL", "Philadelphia"), ("LGA", "LaGuardia"),
 ]  # fmt: skip
-
-
-class ToolError(ValueError):
-    """A failure τ²'s tools raise as ``ValueError(message)``; shown as ``Error: <message>``."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -540,86 +529,6 @@ TOOL_FUNCTIONS: dict[str, Callable[..., Any]] = {name: getattr(AirlineTools, nam
 """The unbound tool methods by name (τ²'s ``use_tool`` calls them with the arguments as keywords)."""
 
 
-@dataclass
-class ToolResult:
-    """What a tool call produced: the observation text shown to the model and whether it failed."""
-
-    content: str
-    error: bool
-    error_kind: str | None = None  # "unknown_tool", "bad_arguments", "execution"
-
-
-class Dumped(dict):
-    """A record already in ``model_dump`` form (a read returns the stored dict instead of a model)."""
-
-
-def _jsonable(value: Any) -> Any:
-    """τ²'s ``Environment.to_json_str`` conversion: models dumped, top-level scalars as strings, containers walked."""
-    if isinstance(value, BaseModel):
-        return dump(value)
-    if isinstance(value, Dumped):  # τ² would dump a model here: the nested values are not walked
-        return dict(value)
-    if isinstance(value, str) or value is None:
-        return value
-    if isinstance(value, (int, float, bool)):
-        return str(value)
-    if isinstance(value, list):
-        return [_jsonable(item) for item in value]
-    if isinstance(value, tuple):
-        return tuple(_jsonable(item) for item in value)
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    raise ValueError(f"Unsupported type: {type(value)}")
-
-
-def format_observation(value: Any) -> str:
-    """τ² shows strings as they are and everything else as ``json.dumps(..., default=str)``."""
-    return value if isinstance(value, str) else dumps_unbounded(_jsonable(value), default=str)
-
-
-def _collision(arguments: dict[str, Any]) -> str | None:
-    """The TypeError τ²'s ``self.make_tool_call(name, requestor=..., **arguments)`` raises before any tool runs."""
-    if "requestor" in arguments:  # a repeated keyword at the call site: Python names the function fully
-        return (
-            "tau2.environment.environment.Environment.make_tool_call() got multiple values for keyword argument "
-            "'requestor'"
-        )
-    for key in arguments:
-        if key in ("self", "tool_name"):
-            return f"Environment.make_tool_call() got multiple values for argument '{key}'"
-    return None
-
-
-def _bad_binding(method: Callable[..., Any], arguments: dict[str, Any]) -> bool:
-    try:
-        inspect.signature(method).bind(**arguments)
-    except TypeError:
-        return True
-    return False
-
-
 def execute_tool(state: EpisodeState, name: str, arguments: Any) -> ToolResult:
     """Runs one call as τ²'s ``Environment.get_response`` does. Never raises: failures become ``Error: ...``."""
-    if name not in TOOL_FUNCTIONS:
-        return ToolResult(f"Error: Tool '{name}' not found.", True, "unknown_tool")
-    if not isinstance(arguments, dict):  # τ²'s ToolCall only holds an object; our parser may hand over anything
-        return ToolResult(
-            f"Error: Arguments of tool '{name}' must be a JSON object, got {type(arguments).__name__}",
-            True,
-            "bad_arguments",
-        )
-    collision = _collision(arguments)
-    if collision is not None:
-        return ToolResult(f"Error: {collision}", True, "bad_arguments")
-    method = getattr(AirlineTools(state), name)
-    try:
-        return ToolResult(format_observation(method(**arguments)), False)
-    except Exception as err:  # τ²: any exception is the observation "Error: <str(exception)>"
-        kind = (
-            "bad_arguments"
-            if isinstance(err, ValidationError) or (isinstance(err, TypeError) and _bad_binding(method, arguments))
-            else "execution"
-        )
-        if not isinstance(err, (ToolError, ValidationError, TypeError, KeyError, AttributeError, ValueError)):
-            logger.debug("tool %s raised %r on arguments %r", name, err, arguments)
-        return ToolResult(f"Error: {err}", True, kind)
+    return respond(name, arguments, getattr(AirlineTools(state), name) if name in TOOL_FUNCTIONS else None)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from tau2_rl.domains.airline.policy_checks import MAX_PASSENGERS, PolicyFacts, load_json
 from tau2_rl.envs.episode import ToolCallRecord
-from tau2_rl.rewards.prm.policy import MAX_PASSENGERS, PolicyFacts, load_json
 
 CONSENT_ISSUES: dict[str, str] = {
     "misquoted_charge": "The agent's listing quoted dollar amounts, none of them the amount the write charged.",

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from tau2_rl.domains.airline.tools import CURRENT_DATETIME
 from tau2_rl.envs.episode import ToolCallRecord
-from tau2_rl.envs.tools import CURRENT_DATETIME
 from tau2_rl.rewards.prm.detectors import declines_request
 
 NOW = datetime.fromisoformat(CURRENT_DATETIME)
