@@ -154,7 +154,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, AN
     """How ``pytest -n 2`` shares the tests out. A run that includes slow or vLLM tests sends a module's tests to one
     worker (``--dist loadfile``, pyproject.toml), so a module's shared run starts once; the default suite alone
     (``-m "not slow"``: many short tests, few shared runs) is spread test by test (``load``), which balanced the two
-    workers better: 254 s against 299 s for stage 1 of a fresh clone's .ci/run (session 19)."""
+    workers better: 254 s against 299 s for stage 1 of a fresh clone's .ci/run (b68501f)."""
     from xdist.scheduler import LoadFileScheduling, LoadScheduling
 
     if default_suite_alone(config):
@@ -163,11 +163,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, AN
 
 
 MODULE_SECONDS = {
-    # slow stage (measured session 21 on a fresh clone, 2 cores; a module's test time, setup included)
+    # slow stage (measured at ad66fc1 on a fresh clone, 2 cores; a module's test time, setup included)
     "test_sharded.py": 480, "test_readme_numbers.py": 215, "test_default_learning.py": 190, "test_sft.py": 145,
     "test_quick_start_ahead.py": 125, "test_graceful_stop.py": 120, "test_generation_ahead.py": 110,
     "test_experiment.py": 92, "test_multiprocess.py": 45, "test_sharded_sft.py": 45, "test_schedule_e2e.py": 43,
-    "test_deepspeed_cpu.py": 40, "test_retail_training.py": 90,  # retail's: session 22, measured alone
+    "test_deepspeed_cpu.py": 40, "test_retail_training.py": 190,  # the mixed quick start: at f027585, measured alone
     # vLLM stage (the same run's measure; test_vllm_served.py's from its 8 tasks then, 4 now)
     "test_vllm.py": 500, "test_vllm_served.py": 300, "test_vllm_async.py": 175,
 }  # fmt: skip
@@ -176,7 +176,7 @@ so the order decides how the two workers' loads end. ``schedule_order`` starts t
 tests (they stop the other worker anyway), then the longest: a replay of the measured durations under xdist's
 scheduler and the serial lock gave 1,417 s for the slow stage against 1,556 s in file order (lower bound 1,277 s).
 A module missing here only starts later; nothing breaks. The default suite alone (``-m "not slow"``, spread test
-by test) keeps file order: sorted, a fresh clone's stage 1 took 368 s of tests; in file order 314 s (session 20,
+by test) keeps file order: sorted, a fresh clone's stage 1 took 368 s of tests; in file order 314 s (ac44447,
 same machine)."""
 
 
@@ -192,7 +192,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ``vllm`` (CI's vLLM stage: ``-m vllm``), so ``-m "not slow"`` stays fast on a machine that has vLLM installed.
     Under ``pytest -n 2`` two vLLM modules run at once, each worker's engines bound to a core of their own
     (``tests/vllm_cpu.py::cpu_env``); a test that needs both cores at once (two ranks, an engine each) is marked
-    ``serial`` itself. (Until session 20 every vLLM test ran alone: 1,133 s for the stage.)
+    ``serial`` itself. (Before dd2178f every vLLM test ran alone: 1,133 s for the stage.)
 
     Under ``pytest -n 2`` (pyproject.toml's addopts: both cores) ``--dist loadfile`` sends a module's tests to one
     worker, so a module's shared run (a module-scoped fixture: one run, many checks) starts once (the default suite
@@ -215,7 +215,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """A test marked ``serial`` (it times a signal, a deadline or a rendezvous, or needs both cores at once) runs
     alone: under ``pytest -n 2`` the other worker waits between its tests until it is done, so no such test shares
     the two cores. A two-process run whose outcome does not depend on timing (DDP, FSDP2 or ZeRO against one
-    process) is not serial: it shares the cores, slower but with the same result (session 20: 882 s of the slow
+    process) is not serial: it shares the cores, slower but with the same result (dd2178f: 882 s of the slow
     stage ran alone, 40% of its test time).
 
     The lock wraps setup, call and teardown, so a module-scoped run set up by a serial test is alone too. Readers

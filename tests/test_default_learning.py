@@ -204,7 +204,7 @@ def test_grpo_raises_the_outcome_reward_on_the_airline_domain(
     assert with_tools >= TOOL_USING_SHARE * len(successes), successes
 
 
-@pytest.mark.exhaustive  # CI: tests/test_learning.py's flipped control, for every variant (session 21: CI time)
+@pytest.mark.exhaustive  # CI: tests/test_learning.py's flipped control, for every variant (issue 50: CI time)
 def test_sign_flipped_advantages_do_not_raise_the_reward(default_policy, reward_before, tmp_path):
     trainer, steps, moved = train(default_policy, tmp_path, "vanilla", "flip_sign")
     after = mean_reward(trainer.model, trainer.processing_class, EVAL_EPISODES)

@@ -243,7 +243,7 @@ def test_ctrl_c_with_requests_in_flight_leaves_no_thread_socket_or_loop(env, stu
 
     # Python's own Ctrl-C handler for the test: under pytest -n 2 an earlier test on this worker may have left a
     # trainer's graceful-stop handler installed (tau2_rl/run/stop.py turns a first SIGINT into a flag), and then
-    # the signal never raised here (session 22's fresh-clone CI: the episode waited out the stub's 60 s instead).
+    # the signal never raised here (f34312e's fresh-clone CI: the episode waited out the stub's 60 s instead).
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     interrupt = threading.Thread(target=ctrl_c_once_the_request_hangs, daemon=True)
     interrupt.start()

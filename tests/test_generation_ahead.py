@@ -317,7 +317,7 @@ def test_a_rollout_worker_killed_mid_run_stops_the_run_in_one_line_with_a_checkp
 
 
 BEFORE_GENERATION_AHEAD = "c22928a"  # the last commit before --max_staleness existed (issue 38)
-OLD_PACKAGE = "airline_rl"  # the package's name in that tree (tau2_rl since session 23)
+OLD_PACKAGE = "airline_rl"  # the package's name in that tree (tau2_rl since 499c40a)
 # wall-clock figures, which differ run to run
 TIMING = re.compile(r"time|timing|seconds|per_second|latency|idle_share|idle_fraction|in_flight|flos")
 
@@ -332,8 +332,8 @@ def _logged_steps(command: list[str], cwd: Path, out: Path) -> list[dict]:
 
 
 def with_later_numerics(tree: Path) -> None:
-    """The two deliberate changes of a run's figures made after issue 38 (session 21), applied to the extracted old
-    tree as text patches, so that what is compared is still the synchronous loop itself: the episode seeds include
+    """The two deliberate changes of a run's figures made after issue 38 (fa6d1b5, a40362a), applied to the extracted
+    old tree as text patches, so that what is compared is still the synchronous loop itself: the episode seeds include
     ``--seed`` (``MultiTurnGRPOTrainer._episode_seed``), and on CPU TRL's fused head scores the labelled positions
     only (``tau2_rl.trainers.fused_head``). A patch that no longer applies fails here, loudly."""
     path = tree / OLD_PACKAGE / "trainers" / "multiturn_grpo.py"

@@ -392,7 +392,7 @@ def test_ctrl_c_in_a_terminal_checkpoints_prints_one_line_and_a_second_stops_at_
 
 def test_a_training_that_raises_gives_the_stop_signals_back() -> None:
     """``train_or_stop`` installs the graceful-stop handlers; a training that raises never reaches ``on_train_end``,
-    and its handlers stayed on the process (session 22's CI: a later in-process test's Ctrl-C became a stop flag)."""
+    and its handlers stayed on the process (f34312e's CI: a later in-process test's Ctrl-C became a stop flag)."""
     from tau2_rl.run.stop import STOP_SIGNALS, train_or_stop
 
     class Failing:

@@ -124,6 +124,6 @@ def test_grpo_raises_the_reward_and_flipped_advantages_lower_it(
     flipped, _ = run(tmp_path, tiny_model_dir, tiny_tokenizer, short_env, variant, "flip_sign")
     print(f"{variant}: baseline {baseline:.2f}; learned {learned}; flipped {flipped}")  # shown with pytest -s
     # the flipped run unlearns the tool call: its last steps end near 0 and below the untrained policy's rate
-    # (session 21: with --seed in the episode seeds the masked control measured b = 0.16, not 0.29; the former
+    # (a40362a: with --seed in the episode seeds the masked control measured b = 0.16, not 0.29; the former
     # "b - 0.25" needed b >= 0.25 to be satisfiable at all)
     assert mean(flipped[-K:]) <= min(baseline - 0.1, 0.1), (variant, baseline, flipped)

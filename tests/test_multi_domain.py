@@ -145,3 +145,31 @@ def test_the_default_policy_of_two_domains_names_its_domains_and_tasks(tmp_path:
         default_policy.build_default_policy(tmp_path / "p", ["3", "retail/24"], epochs=1, specs=[AIRLINE, RETAIL])
     record = json.loads(write_prompt_style(tmp_path, True, [AIRLINE, RETAIL]).read_text())
     assert record["domains"] == ["airline", "retail"] and set(record["texts"]) == {"airline", "retail"}
+
+
+def test_collect_and_sft_data_over_two_domains(tmp_path: Path) -> None:
+    """collect_trajectories.py --domain airline,retail: rows keyed by domain, each with its own domain's schemas."""
+    from tau2_rl.configs import CollectArguments
+    from tau2_rl.data.collect import collect, decode_rows, load_trajectories
+
+    args = CollectArguments(domain="airline,retail", tasks="airline/3,retail/24", output_dir=str(tmp_path / "c"),
+                            hub_dir=str(tmp_path / "hub"), progress=False)  # fmt: skip
+    result = collect(args)
+    rows = {row["task_id"]: row for row in decode_rows(load_trajectories(result.output_dir))}
+    assert set(rows) == {"airline/3", "retail/24"} and all(row["reward"] == 1.0 for row in rows.values())
+    names = {key: {tool["function"]["name"] for tool in row["tools"]} for key, row in rows.items()}
+    assert "get_reservation_details" in names["airline/3"] and "get_order_details" in names["retail/24"]
+    info = json.loads((Path(result.output_dir) / "collect_info.json").read_text())
+    assert info["domains"] == ["airline", "retail"] and info["split"] == "seed,tau2"
+    with pytest.raises(Exception, match="unknown task ids \\['24'\\]"):
+        collect(CollectArguments(domain="airline,retail", tasks="24", output_dir=str(tmp_path / "d"),
+                                 hub_dir=str(tmp_path / "hub"), progress=False))  # fmt: skip
+
+
+def test_the_held_out_evaluation_logs_each_domain_apart() -> None:
+    from tau2_rl.evaluation.heldout import log_values
+
+    one = {"pass1": {"overall": {"value": 0.5}}, "episodes": 4}
+    logs = log_values({**one, "domains": {"airline": one, "retail": {"pass1": {"overall": {"value": 0.25}}}}})
+    assert logs["eval_pass^1"] == 0.5 and logs["eval_airline_pass^1"] == 0.5 and logs["eval_retail_pass^1"] == 0.25
+    assert "eval_retail_episodes" not in logs  # missing values are left out, as for one domain

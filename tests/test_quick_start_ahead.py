@@ -2,7 +2,7 @@
 synchronous one does (tests/test_readme_numbers.py), and its staleness stays within k.
 
 A module of its own (it was in tests/test_readme_numbers.py, beside the synchronous quick start): the two
-32-step runs share nothing, so under ``pytest -n 2 --dist loadfile`` they start on different workers (session 20).
+32-step runs share nothing, so under ``pytest -n 2 --dist loadfile`` they start on different workers (dd2178f).
 """
 
 from __future__ import annotations

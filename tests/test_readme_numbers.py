@@ -72,7 +72,7 @@ def test_the_docs_hold_what_the_command_last_recorded(readme_numbers) -> None:
 
 QUICK_START_GAIN_FLOOR = 0.10
 """The README's quick start must gain at least this much outcome reward first → last quarter. Measured over seeds
-42, 1, 2: +0.25, +0.27, +0.16 on a 2-core AMD EPYC (session 21: the seed reaches the episodes and the CPU head scores
+42, 1, 2: +0.25, +0.27, +0.16 on a 2-core AMD EPYC (a40362a: the seed reaches the episodes and the CPU head scores
 the labelled positions only; the figures before, +0.37 to +0.39, were one run three times); with the earlier
 per-batch sampling +0.23 to +0.32 on a 2-core Intel Xeon; the binomial noise of one quarter's mean (8 steps × 16
 episodes) is about ±0.04, so the floor sits below every measured gain."""

@@ -12,6 +12,7 @@ import pytest
 
 import train_grpo
 import train_sft
+from tau2_rl.envs.multi import run_env, run_split
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GRPO_RECIPES = sorted(
@@ -29,7 +30,10 @@ def test_grpo_recipe_parses(recipe: Path) -> None:
         args=["--config", str(recipe), *CPU_OVERRIDES]
     )
     assert training_args.variant in {"vanilla", "turn_discount", "prm_lite", "lata", "joint"}
-    assert training_args.max_steps > 0 and script_args.split
+    assert training_args.max_steps > 0
+    # its domains and split resolve (a split no domain of it has, or a domain nobody registered, fails here)
+    split = run_split(run_env(script_args.domain_specs()), script_args.split, script_args.split_file)
+    assert split.train and split.test
     # One advantage normalisation for every variant (a fair ablation), and not the group std, which blows PRM-Lite's
     # small differences in all-fail groups up to unit-size advantages (issue 12).
     assert training_args.scale_rewards == "none"

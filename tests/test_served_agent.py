@@ -165,7 +165,7 @@ def test_tau2_harness_agrees_on_retail(tmp_path: Path) -> None:
 
 # Every task under each stub agent's mode (-m exhaustive, ~70 s each): CI checks the agreement on four tasks above
 # (agent_write: text, a lookup with text beside the call, then a write) and, in its vLLM stage, on four tasks of
-# the served default policy (tests/test_vllm_served.py); all 50 under agent_write moved here in session 20 (CI time).
+# the served default policy (tests/test_vllm_served.py); all 50 under agent_write moved here in dd2178f (CI time).
 @pytest.mark.slow
 @pytest.mark.exhaustive
 @pytest.mark.parametrize("mode", ["agent_text", "agent_lookup", "agent_write"])

@@ -2,7 +2,7 @@
 one-process loss curve and end with its weights.
 
 A module of its own (it was part of tests/test_sharded.py, whose GRPO runs share one reference run): under
-``pytest -n 2 --dist loadfile`` it can start on the other worker while the GRPO runs go on (session 20).
+``pytest -n 2 --dist loadfile`` it can start on the other worker while the GRPO runs go on (dd2178f).
 """
 
 from __future__ import annotations

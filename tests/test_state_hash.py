@@ -245,7 +245,7 @@ def test_hash_equals_naive_hash_on_random_sequences(base: CanonicalBase, caplog:
     gen = CallGenerator(rng, make_pools(base))
     seen: list[tuple[bytes, str]] = []
     stats = {"calls": 0, "errors": 0, "writes_ok": 0, "changed": 0, "twins": 0, "kinds": set()}
-    with caplog.at_level(logging.ERROR, logger="tau2_rl.envs.tools"):
+    with caplog.at_level(logging.ERROR, logger="tau2_rl.envs.toolkit"):
         for i in range(NUM_SEQUENCES):
             state, calls, results = run_sequence(base, gen)
             digest = state.db_hash()
@@ -267,7 +267,7 @@ def test_hash_equals_naive_hash_on_random_sequences(base: CanonicalBase, caplog:
                 seen.append((twin.fingerprint(), twin.db_hash()))
                 stats["twins"] += 1
     # no call crashed inside a tool (execute_tool logs unexpected exceptions before turning them into errors)
-    assert not [r for r in caplog.records if r.name == "tau2_rl.envs.tools"], caplog.text
+    assert not [r for r in caplog.records if r.name == "tau2_rl.envs.toolkit"], caplog.text
     # the generator really exercised the tools
     assert stats["calls"] > 5 * NUM_SEQUENCES
     assert stats["writes_ok"] > 300 and stats["changed"] > NUM_SEQUENCES // 2

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 # What the GPU recipes set and CPU cannot do (no bf16 kernels worth it for a tiny model, no sleep mode), and the
 # one-line system prompt the CPU quick start trains with: the full ~7k-token prompt (with the tiny tokenizer) made
-# each 2-turn GRPO step 40-60 s of attention on CPU, what nothing checked here depends on (session 20: CI time).
+# each 2-turn GRPO step 40-60 s of attention on CPU, what nothing checked here depends on (dd2178f: CI time).
 GRPO_CPU_FLAGS = ["--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--vllm_enable_sleep_mode", "false",
                   "--gradient_checkpointing", "false", "--vllm_gpu_memory_utilization", str(GPU_MEMORY_UTILIZATION),
                   "--vllm_max_model_length", str(MAX_MODEL_LEN), "--compact_prompt", "true"]  # fmt: skip

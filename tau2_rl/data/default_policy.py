@@ -207,7 +207,11 @@ def build_default_policy(
 
 
 def _build(
-    work: Path, tmp_dir: Path, tasks: list[str], params: dict[str, Any], data_dir: str | None,
+    work: Path,
+    tmp_dir: Path,
+    tasks: list[str],
+    params: dict[str, Any],
+    data_dir: str | None,
     specs: Sequence[DomainSpec],
 ) -> dict:
     """tiny model → the teachers' trajectories (one dataset) → train_sft; the model's files end up in ``tmp_dir``."""
@@ -251,8 +255,11 @@ def _build(
                     tasks=",".join(mine),
                     max_turns=params["max_turns"],
                     min_reward=0.0,  # the noop's failures are kept on purpose (the oracle's episodes all score 1)
-                    output_dir=str(work / f"trajectories-{teacher}" if len(specs) == 1 else
-                                   work / f"trajectories-{spec.name}-{teacher}"),
+                    output_dir=str(
+                        work / f"trajectories-{teacher}"
+                        if len(specs) == 1
+                        else work / f"trajectories-{spec.name}-{teacher}"
+                    ),
                     hub_dir=str(work / "hub"),
                     progress=False,
                 ),

@@ -36,9 +36,7 @@ def style_name(compact: bool) -> str:
     return COMPACT if compact else FULL
 
 
-def write_prompt_style(
-    model_dir: str | os.PathLike[str], compact: bool, specs: Sequence[DomainSpec]
-) -> Path:
+def write_prompt_style(model_dir: str | os.PathLike[str], compact: bool, specs: Sequence[DomainSpec]) -> Path:
     """Records the prompt a model in ``model_dir`` was trained with, and on which domains (``specs``), atomically."""
     path = Path(model_dir) / PROMPT_STYLE_FILE
     payload: dict[str, Any] = {"system_prompt": style_name(compact)}

@@ -35,6 +35,7 @@ __all__ = ["INPUT_ERRORS", *sorted(_EXPORTS)]
 
 def input_errors() -> tuple[type[Exception], ...]:
     """Errors caused by bad input: evaluate.py reports their message (it names the thing) instead of a traceback."""
+    from tau2_rl.domains import UnknownDomainError
     from tau2_rl.envs.data import DomainDataError
     from tau2_rl.envs.splits import SplitError
     from tau2_rl.run.hub import HubError
@@ -44,7 +45,8 @@ def input_errors() -> tuple[type[Exception], ...]:
     from .results import ResultsError
 
     # ConnectionError: the LLM user's endpoint does not answer (EndpointUnreachableError)
-    return (EvaluationError, ResultsError, CompareError, HubError, SplitError, DomainDataError, ConnectionError)
+    return (EvaluationError, ResultsError, CompareError, HubError, SplitError, DomainDataError, UnknownDomainError,
+            ConnectionError)  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

@@ -626,10 +626,10 @@ def writes_tau2_results(args: EvalArguments) -> bool:
 
 
 def plan(args: EvalArguments) -> Plan:
-    validate_arguments(args)
     specs = args.domain_specs()
-    for spec in specs:  # a missing file fails here, before anything heavy loads
+    for spec in specs:  # a missing file fails here, before anything heavy loads (τ²'s package, a model)
         check_domain_files(spec, args.data_dir)
+    validate_arguments(args)
     env = run_env(specs, args.data_dir, args.env_config())
     split = run_split(env, args.split, args.split_file)
     task_ids = select_tasks(args.tasks, env, split)

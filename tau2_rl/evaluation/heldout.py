@@ -201,9 +201,7 @@ class HeldoutEvaluation:
         self.label = label
         self.env_args = env_args
         several = len(env.members) > 1
-        self.meta = {
-            t: task_meta(env.task(t), split.group_of(t), env.base_of(t), several) for t in self.task_ids
-        }
+        self.meta = {t: task_meta(env.task(t), split.group_of(t), env.base_of(t), several) for t in self.task_ids}
         self.domains = domains_config(env, env_args.data_dir)
 
     def dataset(self) -> datasets.Dataset:

@@ -447,8 +447,15 @@ def summary_markdown(data: Mapping[str, Any]) -> str:
                      f"{fmt(floor.get(key))} |")  # fmt: skip
     domains = metrics.get("domains") or {}
     if domains:
-        lines += ["", "## Domains", "", "Each domain's tasks apart (its own groups; the noop floor of its tasks).", "",
-                  "| domain | tasks | pass^1 | CI | generalization | noop floor |", "|---|---:|---:|---|---:|---:|"]
+        lines += [
+            "",
+            "## Domains",
+            "",
+            "Each domain's tasks apart (its own groups; the noop floor of its tasks).",
+            "",
+            "| domain | tasks | pass^1 | CI | generalization | noop floor |",
+            "|---|---:|---:|---|---:|---:|",
+        ]
         for domain, domain_metrics in domains.items():
             entry = (domain_metrics.get("pass1") or {}).get("overall") or {}
             general = (domain_metrics.get("pass1") or {}).get("generalization") or {}

@@ -5,7 +5,7 @@ states through the LM head in vocabulary tiles. On Triton devices it projects on
 -100; elsewhere every position (a fixed tile shape, for compilers that would recompile per batch), the choice read
 from ``trl.trainer.utils._use_triton``. On CPU "every position" is the prompt and the padding of a GRPO batch of
 whole episodes, and everything outside the assistant tokens of an SFT row, each pushed through a ~151k-token head
-forward and backward: ~30% of a quick-start GRPO step (session 21: 6 steps in 37.3 s → 25.8 s).
+forward and backward: ~30% of a quick-start GRPO step (fa6d1b5: 6 steps in 37.3 s → 25.8 s).
 
 The labelled positions get the same log-probabilities (and entropies) either way: each row's head product is its
 own. The head's weight gradient is a sum over rows; summing fewer zero rows can change its last bit (6e-8 after 6

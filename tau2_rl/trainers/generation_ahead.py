@@ -216,7 +216,7 @@ def worker_main(
 
     Stop signals are the trainer's to act on: torchrun's agent signals each rank's whole process group and Ctrl-C
     the terminal's, both of which hold the worker. Killed there mid-batch, the worker's rank read "the rollout
-    worker died" before its own stop handler had finished the step (session 21: a faster step moved the signal into
+    worker died" before its own stop handler had finished the step (after fa6d1b5 a faster step moved the signal into
     that window). So the worker ignores SIGTERM and SIGINT; the trainer finishes its step, saves, and stops the
     worker itself (``GenerationAhead.close``: a stop request, else SIGKILL)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -360,7 +360,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         accelerate gives process p the global rows [p·rows, (p+1)·rows) of each generation batch, so N processes ×
         B rows play exactly the episodes of 1 process × N·B rows (house style 10: a run does not depend on its
         process count). ``--seed`` is in it because the episodes are the run's only randomness when it starts from
-        a checkpoint (the quick start's default policy): before session 21 it was not, and seeds 42, 1 and 2 of
+        a checkpoint (the quick start's default policy): before a40362a it was not, and seeds 42, 1 and 2 of
         the quick start trained the same run."""
         global_index = self.accelerator.process_index * rows + index
         step = self.state.global_step if step is None else step  # generation ahead: the step it trains at

@@ -260,9 +260,7 @@ def replay_conversation(
     return record, dropped, mismatches
 
 
-def import_conversations(
-    path: str | Path, task_map: str | Path | Mapping[str, str], env: DomainEnv
-) -> ImportReport:
+def import_conversations(path: str | Path, task_map: str | Path | Mapping[str, str], env: DomainEnv) -> ImportReport:
     """Replays every conversation of ``path`` under its mapped τ² task of ``env``'s domain; unreplayable ones go to
     ``skipped``."""
     mapping = load_task_map(task_map) if isinstance(task_map, (str, Path)) else dict(task_map)
