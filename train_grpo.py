@@ -35,6 +35,7 @@ from tau2_rl.trainers.grpo_run import (
     compact_prompt,
     hub_card_config,
     resolve_model_path,
+    reward_scorer,
     run_environment,
     run_fingerprint,
     stop_for_user_errors,
@@ -58,6 +59,8 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
         run.claim_hub(overwrite=script_args.overwrite_hub)
         schedule = script_args.episode_schedule()
         heldout = build_heldout(script_args, training_args, env, user, split, run.run_name)  # None: no evaluation
+        played = list(dict.fromkeys([*train_dataset["task_id"], *(heldout.task_ids if heldout else [])]))
+        score = reward_scorer(script_args, env, played)  # every term of these tasks' rewards, or one line now
     except (HubError, KeyError, ValueError, ConnectionError) as err:  # --data_dir, --split, --tasks, --user_*
         # flags, a user endpoint that does not answer, the held-out evaluation's settings
         raise SystemExit(f"error: {err.args[0] if isinstance(err, KeyError) else err}") from None
@@ -82,6 +85,7 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
             peft_config=get_peft_config(model_args),
             heldout=heldout,
             schedule=schedule,
+            score=score,
         )
     except LaunchError as err:  # a sharded config that would not shard, a setting the rollouts cannot honour
         raise SystemExit(f"error: {err}") from None

@@ -58,7 +58,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         base_model.check_local_model(model_args.model_name_or_path)
     run.claim_hub(overwrite=script_args.overwrite_hub)  # another run's export would be replaced by this one's
 
-    env = run_env(script_args.domain_specs(), script_args.data_dir, script_args.env_config())
+    env = run_env(script_args.domain_specs(), script_args.data_dirs(), script_args.env_config())
     split = run_split(env, script_args.split, script_args.split_file)
     if script_args.tasks is not None:  # an unknown id is named here, not reported later as an empty dataset
         select_tasks(parse_task_list(script_args.tasks), split, env.task_keys, allow_test_tasks=True)

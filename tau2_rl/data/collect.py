@@ -53,7 +53,7 @@ from tau2_rl.envs.multi import RunEnv, run_env, run_split
 from tau2_rl.envs.runner import run_episodes
 from tau2_rl.envs.splits import Split
 from tau2_rl.envs.users import get_user_simulator
-from tau2_rl.rewards.outcome import outcome_reward
+from tau2_rl.rewards.outcome import require_scorable, scorer
 from tau2_rl.run.hub import WRITERS_KEY, check_writer, ensure_writable, write_json_atomic, writer_id
 
 logger = logging.getLogger(__name__)
@@ -440,9 +440,17 @@ def collect(
 
     start = time.perf_counter()
     _validate(args)
-    env = env or run_env(args.domain_specs(), args.data_dir, args.env_config())
+    try:
+        env = env or run_env(args.domain_specs(), args.data_dirs(), args.env_config())
+    except ValueError as err:  # --task_set, --domain
+        raise CollectError(str(err)) from None
     split = run_split(env, args.split, args.split_file)
     tasks = select_tasks(parse_task_list(args.tasks), split, env.task_keys, args.allow_test_tasks)
+    try:  # every term of these tasks' rewards (the min_reward filter reads it), or one line now
+        judge = args.judge()
+        require_scorable({key: env.task(key) for key in tasks}, judge is not None)
+    except ValueError as err:
+        raise CollectError(str(err)) from None
     output_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args, split.name)
     name = args.dataset_name or output_dir.name
     ensure_writable(args.hub_dir)
@@ -486,7 +494,7 @@ def collect(
             chunk = pending[begin : begin + args.chunk_size]
             specs = [(task_id, args.seed + attempt) for task_id, attempt in chunk]
             episodes = [env.reset(task_id, seed) for task_id, seed in specs]  # kept: agent_state says teacher errors
-            records = run_episodes(env, teacher, user, specs, episodes=episodes, progress=False, score=outcome_reward,
+            records = run_episodes(env, teacher, user, specs, episodes=episodes, progress=False, score=scorer(judge),
                                    schedule=schedule)  # fmt: skip
             for (task_id, attempt), episode, record in zip(chunk, episodes, records, strict=True):
                 teacher_error = episode.agent_state.get("teacher_error")

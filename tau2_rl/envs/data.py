@@ -19,7 +19,7 @@ import functools
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -78,6 +78,8 @@ class Task:
     """The domain's tools that change the database."""
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The task's record as read from tasks.json (τ²'s own models render and score it: tau2_rl.envs.protocol)."""
+    unscorable: str = field(default="", compare=False, repr=False)
+    """Why the project cannot score the task as its release does ("" when it can): a run over it is refused."""
 
     @property
     def domain(self) -> str:
@@ -335,10 +337,22 @@ def _load_domain(spec: DomainSpec, data_dir: str | None) -> Domain:
         raise DomainDataError(f"{tasks_location} is not valid JSON: {err}") from err
     _expect(isinstance(tasks_raw, list), tasks_location, "<root>", "a list of tasks")
     write_tools = spec.write_tools()
+    tool_names = set(spec.tool_types())
+    task_set = spec.task_set_of(data_dir)
+    lacking = task_set.missing_tools if task_set is not None else frozenset()  # the release's, known to be missing
     tasks: dict[str, Task] = {}
     for i, raw in enumerate(tasks_raw):
         task = _parse_task(raw, i, tasks_location, spec, write_tools)
         _expect(task.task_id not in tasks, tasks_location, f"[{i}].id", f"a unique id (duplicate {task.task_id})")
+        for j, action in enumerate(task.actions):  # a gold call no tool answers would score nothing silently
+            where = f"[{i}] (task {task.task_id}).evaluation_criteria.actions[{j}].name"
+            expected = f"a tool of the {spec.name} domain ({action.name!r} is none of its {len(tool_names)} tools)"
+            _expect(action.name in tool_names | lacking, tasks_location, where, expected)
+        missing = sorted({action.name for action in task.actions} & lacking)
+        if missing:
+            tools = ", ".join(missing)
+            why = f"its gold calls {tools}, a tool of its release that the project's {spec.name} tools lack"
+            task = replace(task, unscorable=why)
         tasks[task.task_id] = task
     policy, _ = _read_text(spec, data_dir, "policy.md")
     split_raw, split_location = _load_json(spec, data_dir, "split_tasks.json")

@@ -10,7 +10,7 @@ key, so rewards, results and GRPO groups tell the two tasks "3" apart.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -78,9 +78,17 @@ class MultiDomainEnv:
         return (MultiDomainEnv, (self.members,))
 
 
-def run_env(specs: Sequence[DomainSpec], data_dir: str | None = None, config: EnvConfig | None = None) -> Any:
-    """The environment of a run over ``specs``: the ``DomainEnv`` of one domain, a ``MultiDomainEnv`` of several
-    (``data_dir``: with several domains, a τ²-bench checkout's ``data/`` holding each one's files)."""
+def run_env(
+    specs: Sequence[DomainSpec],
+    data_dir: str | Mapping[str, str | None] | None = None,
+    config: EnvConfig | None = None,
+) -> Any:
+    """The environment of a run over ``specs``: the ``DomainEnv`` of one domain, a ``MultiDomainEnv`` of several.
+    ``data_dir``: one directory (with several domains, a τ²-bench checkout's ``data/`` holding each one's files), or
+    each domain's own (``EnvArguments.data_dirs``: ``--task_set``)."""
+    if isinstance(data_dir, Mapping):
+        envs = [DomainEnv(spec, data_dir.get(spec.name), config) for spec in specs]
+        return envs[0] if len(envs) == 1 else MultiDomainEnv(envs)
     if data_dir is not None and len(specs) > 1:
         root = Path(data_dir) / "tau2" / "domains"
         missing = [spec.name for spec in specs if not (root / spec.tau2_domain).is_dir()]

@@ -311,7 +311,8 @@ def run_episodes(
     """Plays one episode per ``(task_id, seed)`` in ``specs`` and scores it; returns the records in order.
 
     ``score(episode)`` is the reward of a finished episode (its dict goes to ``record.reward``): the callers hand in
-    the outcome reward (``tau2_rl.rewards.outcome.outcome_reward``). The loop knows no reward of its own, since
+    the outcome reward (``tau2_rl.rewards.outcome.scorer``); a scorer with a ``prepare(episodes)`` gets the finished
+    batch first (the NL judge sends its requests together). The loop knows no reward of its own, since
     ``rewards/`` reads what ``envs/`` records and never the other way round.
 
     ``episodes`` may hold pre-made episodes (``env.reset``) for callers that keep references to them;
@@ -348,6 +349,9 @@ def run_episodes(
         loop.account_in_flight()
         bar.close()
     start = time.perf_counter()
+    prepare = getattr(score, "prepare", None)
+    if prepare is not None:  # a scorer that asks an endpoint (the NL judge) sends the batch's requests at once
+        prepare(episodes)
     for episode in episodes:
         episode.record.reward = score(episode)
     timings.reward += time.perf_counter() - start

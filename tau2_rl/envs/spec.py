@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -37,6 +37,20 @@ if TYPE_CHECKING:
 # The spec is the bottom of the package: it imports no module of the project (they import it), so the types of the
 # callables a domain gives are named in their docstrings: ``Task`` (tau2_rl.envs.data), ``EpisodeState``
 # (tau2_rl.envs.state), ``ToolResult`` (tau2_rl.envs.toolkit).
+
+
+@dataclass(frozen=True)
+class TaskSet:
+    """Another release of a domain's four files, installed as a package (``--task_set``)."""
+
+    package: str
+    package_path: str
+    release: str
+    requirement: str
+    """What to ``pip install`` for it (README, and the error when it is missing)."""
+    missing_tools: frozenset[str] = frozenset()
+    """Tools of that release the domain's toolkit lacks: its files load, and a task whose gold calls one is refused
+    at start (its agent would lack a tool τ² offers), never scored."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +136,11 @@ class DomainSpec:
     """The embedded default policy's warm-up data: teacher → copies of its dialogues."""
     profile_tasks: Mapping[str, Mapping[str, str]]
     """Ablation profile → stage kind (collect, grpo, eval) → its ``--tasks`` (empty: the split's tasks)."""
+    default_task_set: str = ""
+    """The name of the release the default package's files are (``--task_set`` with it keeps the default)."""
+    task_sets: Mapping[str, TaskSet] = field(default_factory=dict)
+    """Other releases of its files, by name (``--task_set 1.0.1``: τ²-bench 1.0.1's retail); the default is the
+    package above."""
     own_tool_schemas: Callable[[], list[dict[str, Any]]] | None = None
     """The schemas the project's own protocol (``tau2_rl``) shows; ``None``: τ²'s own, as under ``tau2``."""
     terminal_tools: frozenset[str] = frozenset({"transfer_to_human_agents"})
@@ -136,6 +155,42 @@ class DomainSpec:
     @property
     def tau2_domain(self) -> str:
         return self.tau2_name or self.name
+
+    def task_set_dir(self, name: str) -> str:
+        """The installed directory of the task set ``name`` (``--task_set``); a name the domain does not have, or a
+        package not installed, is a ValueError naming the flag and what to install."""
+        from importlib import resources
+
+        if name not in self.task_sets:
+            known = ", ".join(self.task_sets) or "none"
+            raise ValueError(f"--task_set {name!r}: the {self.name} domain has no such task set (its others: {known})")
+        task_set = self.task_sets[name]
+        try:
+            root = resources.files(task_set.package).joinpath(task_set.package_path)
+        except ModuleNotFoundError:
+            raise ValueError(
+                f"--task_set {name} needs the {self.name} files of {task_set.release}: pip install "
+                f"{task_set.requirement}"
+            ) from None
+        return str(root)
+
+    def task_set_of(self, data_dir: str | None) -> TaskSet | None:
+        """The installed task set whose directory ``data_dir`` is, if any."""
+        for name, task_set in self.task_sets.items():
+            try:
+                if data_dir is not None and str(self.task_set_dir(name)) == str(data_dir):
+                    return task_set
+            except ValueError:
+                continue
+        return None
+
+    def release_of(self, data_dir: str | None) -> str:
+        """Which release the files a run reads are: the default package's, an installed task set's, or a
+        directory's own (``--data_dir``)."""
+        if data_dir is None:
+            return self.release
+        task_set = self.task_set_of(data_dir)
+        return task_set.release if task_set is not None else f"the files of {data_dir}"
 
     def write_tools(self) -> frozenset[str]:
         return frozenset(name for name, kind in self.tool_types().items() if kind == "write")

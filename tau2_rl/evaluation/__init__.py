@@ -38,6 +38,7 @@ def input_errors() -> tuple[type[Exception], ...]:
     from tau2_rl.domains import UnknownDomainError
     from tau2_rl.envs.data import DomainDataError
     from tau2_rl.envs.splits import SplitError
+    from tau2_rl.rewards.judge import JudgeError
     from tau2_rl.run.hub import HubError
 
     from .compare import CompareError
@@ -46,7 +47,7 @@ def input_errors() -> tuple[type[Exception], ...]:
 
     # ConnectionError: the LLM user's endpoint does not answer (EndpointUnreachableError)
     return (EvaluationError, ResultsError, CompareError, HubError, SplitError, DomainDataError, UnknownDomainError,
-            ConnectionError)  # fmt: skip
+            JudgeError, ConnectionError)  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

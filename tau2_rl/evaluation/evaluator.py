@@ -47,7 +47,7 @@ from tau2_rl.envs.runner import Agent, RunTimings, run_episodes
 from tau2_rl.envs.splits import Split
 from tau2_rl.envs.users import check_user_endpoint, get_user_simulator
 from tau2_rl.envs.users.base import UserSimulator
-from tau2_rl.rewards.outcome import outcome_reward
+from tau2_rl.rewards.outcome import require_scorable, scorer
 from tau2_rl.run.hub import HubError, read_refs, resolve_model, revision_name
 
 from .results import (
@@ -407,6 +407,7 @@ def build_config(
         "split": split.name,
         "split_file": args.split_file,
         "data_dir": args.data_dir,
+        "task_set": args.task_set,
         "tasks": list(task_ids),
         "num_samples": args.num_samples,
         "seed": args.seed,
@@ -618,6 +619,8 @@ class Plan:
     targets: list[EvalTarget]
     configs: list[dict[str, Any]]
     tau2_results: bool = False
+    judge: Any = None
+    """τ²'s NL-assertion judge (``--judge_*``), for tasks whose reward needs it."""
 
 
 def writes_tau2_results(args: EvalArguments) -> bool:
@@ -627,12 +630,21 @@ def writes_tau2_results(args: EvalArguments) -> bool:
 
 def plan(args: EvalArguments) -> Plan:
     specs = args.domain_specs()
+    try:
+        data_dirs = args.data_dirs()  # --data_dir, or each domain's --task_set
+    except ValueError as err:
+        raise EvaluationError(str(err)) from None
     for spec in specs:  # a missing file fails here, before anything heavy loads (τ²'s package, a model)
-        check_domain_files(spec, args.data_dir)
+        check_domain_files(spec, data_dirs.get(spec.name) if isinstance(data_dirs, dict) else data_dirs)
     validate_arguments(args)
-    env = run_env(specs, args.data_dir, args.env_config())
+    env = run_env(specs, data_dirs, args.env_config())
     split = run_split(env, args.split, args.split_file)
     task_ids = select_tasks(args.tasks, env, split)
+    try:  # every term of every task's reward can be computed, or the run stops here
+        judge = args.judge()
+        require_scorable({key: env.task(key) for key in task_ids}, judge is not None)
+    except ValueError as err:
+        raise EvaluationError(str(err)) from None
     targets = resolve_targets(args)
     if args.temperature is None:  # τ²'s harness samples a served agent greedily; a local policy samples on-policy
         args.temperature = 0.0 if any(t.kind == "served" for t in targets) else 1.0
@@ -655,15 +667,17 @@ def plan(args: EvalArguments) -> Plan:
     paths = [t.results_path for t in targets]
     if len(set(paths)) != len(paths):
         raise EvaluationError(f"two evaluations would write the same results file: {paths}")
-    domains = domains_config(env, args.data_dir)
+    domains = domains_config(env)
     configs = [build_config(args, target, task_ids, compact, domains=domains, split=split) for target in targets]
+    for config in configs:  # who judged NL_ASSERTION (a fingerprint field: another judge is another evaluation)
+        config["judge"] = {"base_url": judge.config.base_url, "model": judge.config.model} if judge else None
     for config in configs:  # the generalization weights: the split's group sizes (not a fingerprint field)
         config["group_sizes"] = split_group_sizes(split)
         if len(env.members) > 1:  # each domain's own weights, for its figures apart
             config["domain_group_sizes"] = domain_group_sizes(env, split)
     for target, config in zip(targets, configs, strict=True):
         check_compatible(target.results_path, config)  # refuses a file from another configuration, before any work
-    return Plan(env, split, task_ids, targets, configs, writes_tau2_results(args))
+    return Plan(env, split, task_ids, targets, configs, writes_tau2_results(args), judge)
 
 
 def chunked(items: list[Any], size: int) -> list[list[Any]]:
@@ -774,7 +788,7 @@ def evaluate_target(
                 specs,
                 timings=timings,
                 on_finished=bar.update,
-                score=outcome_reward,
+                score=scorer(plan_.judge),
                 schedule=schedule,
             )
             duration = (time.perf_counter() - chunk_start) / max(1, len(chunk))
@@ -819,6 +833,11 @@ def run_evaluation(args: EvalArguments) -> list[Path]:
     """Evaluates every target of ``args``; returns the results files written."""
     plan_ = plan(args)
     check_served_agents(args, plan_)
+    if plan_.judge is not None:
+        try:
+            plan_.judge.check_endpoint(timeout=min(10.0, args.judge_timeout))
+        except ValueError as err:
+            raise EvaluationError(str(err)) from None
     user = build_user(args)
     written = []
     try:

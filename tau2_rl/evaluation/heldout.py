@@ -202,7 +202,7 @@ class HeldoutEvaluation:
         self.env_args = env_args
         several = len(env.members) > 1
         self.meta = {t: task_meta(env.task(t), split.group_of(t), env.base_of(t), several) for t in self.task_ids}
-        self.domains = domains_config(env, env_args.data_dir)
+        self.domains = domains_config(env)
 
     def dataset(self) -> datasets.Dataset:
         """One row per held-out task: what TRL's Trainer needs as ``eval_dataset`` when ``eval_strategy`` is set."""
@@ -234,6 +234,7 @@ class HeldoutEvaluation:
             "split": self.split.name,
             "split_file": self.env_args.split_file,
             "data_dir": self.env_args.data_dir,
+            "task_set": self.env_args.task_set,
             "tasks": list(self.task_ids),
             "num_samples": self.num_samples,
             "seed": args.seed,
@@ -319,7 +320,7 @@ class HeldoutEvaluation:
                             self.user,
                             specs,
                             timings=timings,
-                            score=outcome_reward,
+                            score=getattr(trainer, "score", outcome_reward),
                             schedule=trainer.schedule,
                         )
                         backend.drain()

@@ -62,6 +62,7 @@ FINGERPRINT_FIELDS = (
     "split",
     "split_file",
     "data_dir",
+    "task_set",
     "tasks",
     "num_samples",
     "seed",
@@ -75,6 +76,7 @@ FINGERPRINT_FIELDS = (
     "max_steps",
     "max_tool_errors",
     "user",
+    "judge",
 )
 """Config fields that change what an episode is: a results file is only resumed when all of them are equal."""
 
@@ -212,17 +214,20 @@ def task_meta(task: Task, group: str, base: CanonicalBase, with_domain: bool = F
     return meta
 
 
-def domains_config(env: RunEnv, data_dir: str | None) -> dict[str, Any]:
+def domains_config(env: RunEnv) -> dict[str, Any]:
     """What a results file records of the run's domains: ``domain`` (``--domain``'s names) and the task set scored
     (``tasks_sha256``: a domain's tasks file; with several, one per domain, and each one's release)."""
-    specs = [member.spec for member in env.members]
-    shas = {spec.name: domain_file_sha256(spec, data_dir, "tasks.json") for spec in specs}
-    if len(specs) == 1:
-        return {"domain": specs[0].name, "tasks_sha256": shas[specs[0].name]}
+    shas = {m.spec.name: domain_file_sha256(m.spec, m.data_dir, "tasks.json") for m in env.members}
+    if len(env.members) == 1:
+        (name,) = shas
+        return {"domain": name, "tasks_sha256": shas[name]}
     return {
         "domain": ",".join(shas),
         "tasks_sha256": shas,
-        "domains": {spec.name: {"tasks_sha256": shas[spec.name], "release": spec.release} for spec in specs},
+        "domains": {
+            m.spec.name: {"tasks_sha256": shas[m.spec.name], "release": m.spec.release_of(m.data_dir)}
+            for m in env.members
+        },  # fmt: skip
     }
 
 

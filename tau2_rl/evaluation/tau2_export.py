@@ -23,9 +23,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tau2_rl.envs.episode import GREETING, EpisodeRecord
+from tau2_rl.envs.episode import EpisodeRecord
 from tau2_rl.envs.protocol import TAU2_TERMINATIONS, tau2_reference
-from tau2_rl.envs.tool_calls import parse_assistant_text
+from tau2_rl.envs.transcript import tau2_messages
 
 if TYPE_CHECKING:
     from tau2_rl.envs.data import Task
@@ -52,55 +52,6 @@ def own_part(data: dict[str, Any]) -> dict[str, Any]:
     return next((data[key] for key in (OWN_KEY, *LEGACY_OWN_KEYS) if key in data), {})
 
 
-def tau2_messages(record: EpisodeRecord) -> list[dict[str, Any]]:
-    """The episode's conversation as τ² message dicts (``turn_idx`` numbered as τ²'s ``get_trajectory`` does)."""
-    messages = record.messages
-    out: list[dict[str, Any]] = []
-    turns = iter(record.turns)
-    index, greeted = 0, False
-    while index < len(messages):
-        message = messages[index]
-        role = message["role"]
-        index += 1
-        if role == "system":
-            continue
-        if role == "user":
-            out.append({"role": "user", "content": message.get("content")})
-            continue
-        if role == "tool":  # tool messages are emitted with their assistant message below
-            raise ValueError(f"task {record.task_id}: a tool message without its assistant message")
-        if not greeted:
-            greeted = True
-            out.append({"role": "assistant", "content": message.get("content") or GREETING})
-            continue
-        turn = next(turns)
-        calls = [record.tool_calls[i] for i in turn.tool_call_indices]
-        index += len(calls)  # their tool messages follow this assistant message
-        parsed = [call for call in calls if call.error_kind != "parse"]
-        content = message.get("content")
-        if calls and "tool_calls" not in message and parsed:  # some blocks did not parse: the text around them
-            content = parse_assistant_text(turn.raw_text).text
-        ids = [f"call_{turn.index}_{k}" for k in range(len(parsed))]
-        out.append(
-            {
-                "role": "assistant",
-                "content": content if content else None,
-                "tool_calls": [
-                    {"id": call_id, "name": call.name, "arguments": call.arguments or {}, "requestor": "assistant"}
-                    for call_id, call in zip(ids, parsed, strict=True)
-                ]
-                or None,
-            }
-        )
-        for call_id, call in zip(ids, parsed, strict=True):
-            out.append(
-                {"id": call_id, "role": "tool", "content": call.result, "requestor": "assistant", "error": call.error}
-            )
-    for position, message in enumerate(out):
-        message["turn_idx"] = position
-    return out
-
-
 def tau2_reward_info(record: EpisodeRecord, task: Task) -> dict[str, Any]:
     """Our reward breakdown in τ²'s ``RewardInfo`` shape (as τ²'s ``evaluate_simulation`` fills it)."""
     reward = dict(record.reward or {})
@@ -118,10 +69,20 @@ def tau2_reward_info(record: EpisodeRecord, task: Task) -> dict[str, Any]:
     breakdown = {}
     if "DB" in basis:
         breakdown["DB"] = db
+    extra: dict[str, Any] = {}
+    if "ACTION" in basis and reward.get("action_checks") is not None:  # τ²'s ActionCheck per gold action
+        gold = (task.raw.get("evaluation_criteria") or {}).get("actions") or []
+        extra["action_checks"] = [{"action": action, "action_match": bool(match), "action_reward": float(match)}
+                                  for action, match in zip(gold, reward["action_checks"], strict=True)]  # fmt: skip
+        breakdown["ACTION"] = 1.0 if reward.get("action_ok") else 0.0
+    if "NL_ASSERTION" in basis and reward.get("nl_checks") is not None:  # τ²'s NLAssertionCheck per verdict
+        extra["nl_assertions"] = [dict(check) for check in reward["nl_checks"]]
+        breakdown["NL_ASSERTION"] = 1.0 if reward.get("nl_ok") else 0.0
     if "COMMUNICATE" in basis:
         breakdown["COMMUNICATE"] = communicate
     return {
         "reward": float(reward.get("reward", 0.0)),
+        **extra,
         "db_check": {"db_match": bool(reward.get("db_match")), "db_reward": db},
         "communicate_checks": [
             {"info": info, "met": info not in missing, "justification": "tau2_rl.rewards.outcome"}

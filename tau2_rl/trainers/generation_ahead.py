@@ -89,6 +89,8 @@ class WorkerSpec:
     model_generation_config: Any = None
     server: ServerSpec | None = None
     """vLLM server mode: the worker samples on the server instead of its own copy of the policy."""
+    score: Any = None
+    """The trainer's outcome reward (picklable: with a judge, its settings; the worker builds its own client)."""
 
 
 @dataclass
@@ -312,7 +314,7 @@ def _play(spec: WorkerSpec, backend: Any, request: BatchRequest) -> tuple[list, 
     timings = RunTimings()
     records = run_episodes(
         spec.env, agent, spec.user, request.specs, timings=timings, episodes=episodes,
-        score=outcome_reward, schedule=spec.schedule,
+        score=spec.score or outcome_reward, schedule=spec.schedule,
     )  # fmt: skip
     prm_start = time.perf_counter()
     clip = spec.prm_clip
@@ -504,6 +506,7 @@ class GenerationAhead:
             dtype=next(model.parameters()).dtype,
             model_generation_config=getattr(model, "generation_config", None),
             server=served_spec(trainer) if self.served else None,
+            score=trainer.score,
         )
         self.process = ctx.Process(
             target=worker_main,

@@ -21,6 +21,7 @@ from tau2_rl.envs.multi import RunEnv, run_env, run_split
 from tau2_rl.envs.prompt_style import compact_env, style_name, use_compact_prompt
 from tau2_rl.envs.splits import Split
 from tau2_rl.evaluation.results import domains_config
+from tau2_rl.rewards.outcome import require_scorable, scorer
 from tau2_rl.run.cli import error_line, exit_with_line
 from tau2_rl.run.guard import model_identity
 
@@ -50,7 +51,7 @@ def compact_prompt(script_args: GRPOScriptArguments, model_args: ModelConfig) ->
 
 def run_environment(script_args: GRPOScriptArguments, compact: bool) -> tuple[RunEnv, Split]:
     """The run's environment over ``--domain`` (each domain with its one-line prompt when ``compact``) and split."""
-    env = run_env(script_args.domain_specs(), script_args.data_dir, script_args.env_config())
+    env = run_env(script_args.domain_specs(), script_args.data_dirs(), script_args.env_config())
     if compact:
         for member in env.members:
             compact_env(member)
@@ -72,6 +73,17 @@ def task_dataset(script_args: GRPOScriptArguments, env: RunEnv, split: Split) ->
     prompts = {t: [{"role": "system", "content": env.env_of(t).system_prompt}] for t in task_ids}
     rows = [{"prompt": prompts[t], "task_id": t} for _ in range(script_args.task_repeats) for t in task_ids]
     return datasets.Dataset.from_list(rows)
+
+
+def reward_scorer(script_args: GRPOScriptArguments, env: RunEnv, task_ids: list[str]) -> Any:
+    """The outcome reward of the run's tasks (training and held-out): with τ²'s NL-assertion judge (``--judge_*``,
+    its endpoint checked now) when one is given; a task whose reward needs a term the run cannot compute stops the
+    run here, in one line (``require_scorable``)."""
+    judge = script_args.judge()
+    require_scorable({key: env.task(key) for key in task_ids}, judge is not None)
+    if judge is not None:
+        judge.check_endpoint(timeout=min(10.0, script_args.judge_timeout))
+    return scorer(judge)
 
 
 def run_fingerprint(
@@ -101,6 +113,7 @@ def run_fingerprint(
         "user_simulator": script_args.user_simulator,
         "user_model": script_args.user_model,
         "compact_prompt": compact,
+        **({"judge": script_args.judge_model} if script_args.judge_base_url else {}),  # who judges NL_ASSERTION
         # another domain is another run; the fingerprint of the domain that predates domains stays as it was
         **({"domain": tag} if tag is not None else {}),
     }  # fmt: skip
@@ -122,7 +135,7 @@ def hub_card_config(
         "learning_rate": training_args.learning_rate,
         "num_generations": training_args.num_generations,
         "max_completion_length": training_args.max_completion_length,
-        **domains_config(env, script_args.data_dir),
+        **domains_config(env),
         "split": split.name,
         "user_simulator": script_args.user_simulator,
         "system_prompt": style_name(compact),

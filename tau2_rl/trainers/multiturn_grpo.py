@@ -210,9 +210,11 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         reward_funcs: list | None = None,
         heldout: HeldoutEvaluation | None = None,
         schedule: Schedule | None = None,
+        score: Any = None,
     ) -> None:
         """``schedule``: when the episode loop calls the policy (``--schedule``, ``--min_ready``, ``--batch_window``;
-        default event-driven, which is the lock-step waves with the scripted user)."""
+        default event-driven, which is the lock-step waves with the scripted user); ``score``: the outcome reward
+        (``tau2_rl.rewards.outcome.scorer``: with the NL-assertion judge when the tasks need one; default without)."""
         if heldout is not None and eval_dataset is None:  # Trainer needs an eval_dataset once eval_strategy is set
             eval_dataset = heldout.dataset()
         score_labelled_positions_on_cpu()
@@ -235,6 +237,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
                 raise LaunchError(f"--rollout_prefix_reuse true cannot be honoured: {reason}; leave it unset (auto)")
         self.env = env
         self.user = user
+        self.score = score if score is not None else outcome_reward
         self._rollout_rows: list[dict] = []
         self._rollout_episodes: list[Episode] = []
         self._rollout_seconds = 0.0
@@ -389,7 +392,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
                 specs,
                 timings=timings,
                 episodes=episodes,
-                score=outcome_reward,
+                score=self.score,
                 schedule=self.schedule,
             )
             backend.drain()

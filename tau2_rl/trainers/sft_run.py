@@ -112,7 +112,7 @@ def export_and_summarize(
             "max_steps": args.max_steps,
             "max_length": args.max_length,
             "lora": lora,
-            **domains_config(env, script_args.data_dir),
+            **domains_config(env),
             "split": split.name,
         },
         "data": report.summary(),

