@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from tau2_rl.domains import get_domain
 from tau2_rl.envs.behaviours import corrupt_arguments, get_behaviour
 from tau2_rl.envs.episode import DomainEnv, EpisodeRecord, ToolCallRecord, TurnRecord
+from tau2_rl.envs.state import EpisodeState
 from tau2_rl.rewards.prm import RULES, auc, detectors, engine, rules, score_episode, spearman
 from tau2_rl.rewards.prm.conversations import import_conversations
 from tau2_rl.rewards.prm.corpus import Trajectory, build_corpus
@@ -397,6 +398,8 @@ def test_importer_names_file_conversation_and_field(tmp_path: Path) -> None:
     task_map = _write(tmp_path, "map.json", {"0": {"tau2_task": "20"}, "1": "19", "2": {"tau2_task": "no-such"}})
     hello = {"role": "user", "content": "Hi, I am mia_li_3668."}
     good_call = {"function": {"name": "get_user_details", "arguments": '{"user_id": "mia_li_3668"}'}}
+    right = {"function": {"name": "get_user_details", "arguments": '{"user_id": "mia_li_3668"}'}}
+    profile = AIRLINE.execute_tool(EpisodeState(ENV.base), "get_user_details", {"user_id": "mia_li_3668"}).content
     think = {"function": {"name": "think", "arguments": '{"thought": "hmm"}'}}
     conversations = [
         {"task_id": 0, "reward": 1.0, "trial": 0, "traj": [hello, {"role": "assistant", "content": None,
@@ -405,7 +408,8 @@ def test_importer_names_file_conversation_and_field(tmp_path: Path) -> None:
          "get_user_details", "content": "Error: user not found"}, {"role": "assistant", "content": "Done."}]},
         {"task_id": 0, "reward": 0.0},  # no traj
         {"task_id": 9, "reward": 0.0, "traj": []},  # not in the map
-        {"task_id": 2, "reward": 0.0, "traj": []},  # mapped to a task that does not exist
+        {"task_id": 0, "reward": 1.0, "traj": [hello, {"role": "assistant", "content": "", "tool_calls": [right]},
+         {"role": "tool", "name": "get_user_details", "content": profile}, {"role": "assistant", "content": "Hi"}]},
         {"task_id": 1, "reward": 0.0, "traj": [hello, {"role": "assistant", "content": "",
          "tool_calls": [{"function": {"name": "get_user_details", "arguments": "{not json"}}]}]},
         {"task_id": 1, "reward": "yes", "traj": []},
@@ -414,15 +418,15 @@ def test_importer_names_file_conversation_and_field(tmp_path: Path) -> None:
     ]  # fmt: skip
     path = _write(tmp_path, "conversations.json", conversations)
     imported = import_conversations(path, task_map, ENV)
-    assert [c.index for c in imported.conversations] == [0]
-    (first,) = imported.conversations
+    assert [c.index for c in imported.conversations] == [0, 3]
+    first, matching = imported.conversations
+    assert matching.observation_mismatches == 0 and len(matching.record.tool_calls) == 1
     assert first.dropped_calls == 1 and [c.name for c in first.record.tool_calls] == ["get_user_details"]
     assert len(first.record.turns) == 2  # the think-only message is gone
     assert first.observation_mismatches == 1  # the recorded error is not what our tool says
     expected = [
         "conversation 1: missing field 'traj'",
         "conversation 2.task_id: '9' is not in the task map",
-        "conversation 3.task_id: '2' maps to unknown τ² task 'no-such'",
         "conversation 4: traj[1].tool_calls[0].function.arguments: arguments are not JSON",
         "conversation 5.reward: expected a number, got 'yes'",
         "conversation 6: must be an object, got str",
@@ -431,6 +435,15 @@ def test_importer_names_file_conversation_and_field(tmp_path: Path) -> None:
     assert len(imported.skipped) == len(expected)
     for line, want in zip(imported.skipped, expected, strict=True):
         assert line.startswith(f"{path}: ") and want in line, line
+    # a conversation mapped to a task the domain does not have: the whole file is refused, with the count
+    unknown = _write(tmp_path, "unknown.json", [conversations[3], {"task_id": 2, "reward": 0.0, "traj": []}])
+    with pytest.raises(ConversationFileError, match=r"1 of 2 conversations map to tasks the airline domain does not "
+                       r"have \('2' → 'no-such'\)"):  # fmt: skip
+        import_conversations(unknown, task_map, ENV)
+    # replays that disagree with their record on most observations: not this domain's conversations
+    wrong = _write(tmp_path, "wrong.json", [conversations[0]])
+    with pytest.raises(ConversationFileError, match="1 of the 1 replayed tool observations differ"):
+        import_conversations(wrong, task_map, ENV)
     with pytest.raises(ConversationFileError, match="--trajectories: no such file"):
         import_conversations(tmp_path / "missing.json", task_map, ENV)
     with pytest.raises(ConversationFileError, match="must be a JSON list"):

@@ -130,3 +130,26 @@ def test_a_cancelled_order_is_tracked_and_the_reference_reward_reads_retails_gol
         assert (done["B9"], done["P12"], done["P13"]) == (succeeded, 0, gold_writes - succeeded), oracle.task_id
         nothing = score_episode(noop, rules="reference", env=env).rule_counts
         assert (nothing["B9"], nothing["P13"]) == (0, gold_writes), noop.task_id
+
+
+def test_the_report_gives_retail_figures_on_retail_conversations_and_refuses_another_domain(
+    played: dict[str, list], tmp_path, capsys
+) -> None:
+    """``python -m tau2_rl.rewards.prm --domain retail --trajectories …``: retail conversations replayed on retail's
+    tools give retail's report; read as the airline's (the default domain) they are refused with the count, never
+    turned into a figure (issue 62: 345 retail conversations once gave an "airline" AUC of 0.745)."""
+    from tau2_rl.rewards.prm.report import main
+
+    conversations = [
+        {"task_id": record.task_id, "trial": 0, "reward": record.reward["reward"], "traj": record.messages}
+        for name in ("oracle_text", "noop", "unconfirmed_write")
+        for record in played[name]
+    ]
+    path, task_map = tmp_path / "retail.json", tmp_path / "map.json"
+    path.write_text(json.dumps(conversations), encoding="utf-8")
+    task_map.write_text(json.dumps({t: t for t in SAMPLE}), encoding="utf-8")
+    assert main(["--domain", "retail", "--trajectories", str(path), "--task_map", str(task_map)]) == 0
+    out = capsys.readouterr().out
+    assert "per-task AUC" in out or "AUC" in out
+    assert main(["--trajectories", str(path), "--task_map", str(task_map)]) == 2  # the airline's: refused
+    assert "replayed tool observations differ from the recorded ones" in capsys.readouterr().err

@@ -268,6 +268,7 @@ def import_conversations(path: str | Path, task_map: str | Path | Mapping[str, s
     if not isinstance(raw, list):
         raise ConversationFileError(f"--trajectories: {path} must be a JSON list of conversations")
     report = ImportReport(path=str(path))
+    unknown: list[str] = []  # conversations mapped to a task the domain does not have: the wrong domain or map
     if isinstance(task_map, (str, Path)):
         report.label_notes = load_label_notes(task_map)
     for index, item in enumerate(raw):
@@ -286,7 +287,8 @@ def import_conversations(path: str | Path, task_map: str | Path | Mapping[str, s
                 raise ConversationError(f"{where}.task_id: {source!r} is not in the task map")
             task_id = mapping[source]
             if task_id not in env.domain.tasks:
-                raise ConversationError(f"{where}.task_id: {source!r} maps to unknown τ² task {task_id!r}")
+                unknown.append(f"{source!r} → {task_id!r}")
+                continue
             if not isinstance(item["traj"], list):
                 raise ConversationError(f"{where}.traj: expected a list of messages")
             record, dropped, mismatches = replay_conversation(env, task_id, item["traj"], where)
@@ -307,4 +309,33 @@ def import_conversations(path: str | Path, task_map: str | Path | Mapping[str, s
                 observation_mismatches=mismatches,
             )
         )
+    check_domain_match(report, unknown, env, path)
     return report
+
+
+MISMATCH_LIMIT = 0.5
+"""More than this share of replayed tool observations differing from the recorded ones means the conversations were
+not held against this domain's database (the airline's own real set, τ-bench v1's conversations on τ²'s data,
+differs on 54 of 563: a changed airport list's shape and one reservation)."""
+
+
+def check_domain_match(report: ImportReport, unknown: list[str], env: DomainEnv, path: str | Path) -> None:
+    """Refuses conversations that are not of ``env``'s domain, with the counts: a task id the domain does not have
+    (any), or replays that disagree with what was recorded on most observations. A figure computed on them would be
+    another domain's tasks scored under this one's."""
+    domain = env.spec.name
+    if unknown:
+        total = len(unknown) + len(report.conversations) + len(report.skipped)
+        raise ConversationFileError(
+            f"--trajectories {path}: {len(unknown)} of {total} conversations map to tasks the {domain} domain does "
+            f"not have ({', '.join(unknown[:3])}"
+            f"{' …' if len(unknown) > 3 else ''}): another domain's conversations, or the wrong --task_map "
+            f"(--domain {domain})"
+        )
+    calls = sum(len(c.record.tool_calls) for c in report.conversations)
+    mismatched = sum(c.observation_mismatches for c in report.conversations)
+    if calls and mismatched > MISMATCH_LIMIT * calls:
+        raise ConversationFileError(
+            f"--trajectories {path}: {mismatched} of the {calls} replayed tool observations differ from the recorded "
+            f"ones: these conversations were not held against the {domain} domain's database (--domain {domain})"
+        )
