@@ -89,9 +89,12 @@ def compare_harnesses(
         return sorted(request_key(b) for b in kept)
 
     domain = overrides.get("domain", "airline")
+    spec = get_domain(domain)
+    task_set = overrides.get("task_set")
+    judge = (overrides["judge_base_url"], overrides["judge_model"]) if overrides.get("judge_base_url") else None
     tau2 = run_tau2_harness(
         agent_url, agent_model, user.base_url, user.model, task_ids, tmp_path / "tau2", concurrency=concurrency,
-        spec=get_domain(domain),
+        spec=spec, data_dir=spec.task_set_dir(task_set) if task_set else None, judge=judge,
     )  # fmt: skip
     theirs_agent = agent_bodies() if agent_stub is not None else None
     theirs_user = sorted(request_key(b, sampling=False) for b in user.bodies)

