@@ -99,7 +99,8 @@ def test_the_judge_asks_what_taus_judge_asks_and_gets_the_same_verdicts(env, stu
     stub.reset_counters()
     run = tau2_reference().SimulationRun.model_validate(simulation_run(record, 0, task, "2026-01-01T00:00:00", 0.0))
     theirs = tau2_module("tau2.evaluator.evaluator_nl_assertions").NLAssertionsEvaluator.evaluate_nl_assertions(
-        run.messages, list(task.nl_assertions))
+        run.messages, list(task.nl_assertions)
+    )
     (body,) = stub.bodies
     assert body["messages"] == ours["messages"]  # τ²'s system prompt, its user prompt over the same conversation
     ours_verdicts = [(c["nl_assertion"], c["met"]) for c in record.reward["nl_checks"]]
@@ -132,8 +133,15 @@ def test_an_evaluation_needing_the_judge_is_refused_without_one_and_scores_with_
         run_evaluation(EvalArguments(**args))
     with pytest.raises(EvaluationError, match=r"3 of the 5 tasks \(2, 3, 4\) need the reward term NL_ASSERTION"):
         run_evaluation(EvalArguments(**args, tasks="2,3,4,33,34"))
-    (path,) = run_evaluation(EvalArguments(**args, tasks="2,3,4,33,34", judge_base_url=stub.base_url,
-                                           judge_model="judge-model", judge_cache_dir=str(tmp_path / "cache")))
+    (path,) = run_evaluation(
+        EvalArguments(
+            **args,
+            tasks="2,3,4,33,34",
+            judge_base_url=stub.base_url,
+            judge_model="judge-model",
+            judge_cache_dir=str(tmp_path / "cache"),
+        )
+    )
     import json
 
     data = json.loads(path.read_text())
@@ -171,7 +179,29 @@ def test_the_action_term_is_taus_action_match() -> None:
                      score=lambda e: compute_reward(e).to_dict())  # fmt: skip
         ours = episode.record.reward
         run = tau2_reference().SimulationRun.model_validate(
-            simulation_run(episode.record, 0, env.task("3"), "2026-01-01", 0.0))
+            simulation_run(episode.record, 0, env.task("3"), "2026-01-01", 0.0)
+        )
         theirs = action.calculate_reward(tau2_task(env.task("3")), run.messages)
         assert ours["reward"] == theirs.reward == expected and ours["action_ok"] == (expected == 1.0)
         assert ours["action_checks"] == [check.action_match for check in theirs.action_checks]
+
+
+def test_the_reference_process_reward_follows_the_basis(env, stub) -> None:
+    """1.0.1's retail names DB and NL_ASSERTION, not COMMUNICATE: the oracle's required information earns no B11
+    there; a basis without DB makes writes neither progress nor a fault (no B9, P12, P13)."""
+    from tau2_rl.rewards.prm import score_episode
+
+    (record,) = play(env, "oracle_text", ["2"], judge_of(stub))
+    assert env.task("2").communicate_info and "COMMUNICATE" not in env.task("2").reward_basis
+    counts = score_episode(record, rules="reference", env=env).rule_counts
+    assert counts["B11"] == 0 and counts["B9"] == sum(call.is_write and not call.error for call in record.tool_calls)
+
+    class NoDatabase:  # the same task, its basis without DB
+        def task(self, key: str):
+            return dataclasses.replace(env.task(key), reward_basis=("NL_ASSERTION",))
+
+        def base_of(self, key: str):
+            return env.base_of(key)
+
+    counts = score_episode(record, rules="reference", env=NoDatabase()).rule_counts
+    assert counts["B9"] == counts["P12"] == counts["P13"] == counts["B11"] == 0

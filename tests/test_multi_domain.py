@@ -119,8 +119,14 @@ def test_a_training_step_over_two_domains_shows_each_domains_reward(tmp_path, ti
     rows = [{"prompt": [{"role": "system", "content": env.env_of(t).system_prompt}], "task_id": t}
             for t in ("airline/3", "retail/24")]  # fmt: skip
     args = make_args(tmp_path, "joint", tiny_tokenizer, per_device_train_batch_size=8, shuffle_dataset=False)
-    trainer = MultiTurnGRPOTrainer(model=tiny_model, args=args, env=env, user=get_user_simulator("scripted"),
-                                   train_dataset=datasets.Dataset.from_list(rows), processing_class=tiny_tokenizer)
+    trainer = MultiTurnGRPOTrainer(
+        model=tiny_model,
+        args=args,
+        env=env,
+        user=get_user_simulator("scripted"),
+        train_dataset=datasets.Dataset.from_list(rows),
+        processing_class=tiny_tokenizer,
+    )
     trainer.train()
     logs = trainer.state.log_history[0]
     assert logs["domain/airline/episodes"] == logs["domain/retail/episodes"] == 4  # a group (4) of each
@@ -128,8 +134,16 @@ def test_a_training_step_over_two_domains_shows_each_domains_reward(tmp_path, ti
     assert played == {"airline/3", "retail/24"}
     line = format_step_line(1, 1, logs, 1.0)
     assert f"airline {logs['domain/airline/outcome_reward']:.3f} · retail" in line
-    history = [{"step": s, "loss": 0.0, "episode/outcome_reward": 0.5, "domain/airline/outcome_reward": a,
-                "domain/retail/outcome_reward": r} for s, (a, r) in enumerate([(0.0, 0.5), (0.5, 0.5), (1.0, 0.25)])]
+    history = [
+        {
+            "step": s,
+            "loss": 0.0,
+            "episode/outcome_reward": 0.5,
+            "domain/airline/outcome_reward": a,
+            "domain/retail/outcome_reward": r,
+        }
+        for s, (a, r) in enumerate([(0.0, 0.5), (0.5, 0.5), (1.0, 0.25)])
+    ]
     last = summary_line(history, str(tmp_path), None, None, None)
     assert "first → last quarter; airline +1.000; retail -0.250)" in last
 

@@ -47,6 +47,7 @@ def score_episode(record: EpisodeRecord, **kwargs: Any) -> PRMResult:
     """PRM-Lite on an airline episode (every episode of this module is one)."""
     return score_any_episode(record, spec=AIRLINE, **kwargs)
 
+
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "prm_lite.md"
 
 

@@ -169,6 +169,12 @@ def format_step_line(
     domains = domain_rewards(logs)
     if domains:  # a run over several domains: each one's outcome reward this step (those it played)
         parts.insert(2, " · ".join(f"{domain} {value:.3f}" for domain, value in domains.items()))
+    judged = {term: logs[f"reward_term/{term}"] for term in ("ACTION", "NL_ASSERTION")
+              if isinstance(logs.get(f"reward_term/{term}"), int | float)}  # fmt: skip
+    if judged:  # a basis beyond DB and COMMUNICATE: the share of episodes meeting each of its terms
+        terms = {t: logs[f"reward_term/{t}"] for t in ("DB", "COMMUNICATE")
+                 if isinstance(logs.get(f"reward_term/{t}"), int | float)}  # fmt: skip
+        parts.append("terms " + " · ".join(f"{t} {v:.2f}" for t, v in {**terms, **judged}.items()))
     user_errors = logs.get("episode/user_sim_errors")
     if isinstance(user_errors, int | float) and user_errors > 0:  # only when there are any: a dead endpoint shows
         parts.append(f"user errors {user_errors:g}")

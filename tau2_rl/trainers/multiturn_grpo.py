@@ -700,6 +700,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
                 "turn_tokens": [t.num_policy_tokens or 0 for t in r.turns],
                 "rules": s["prm"]["rule_counts"],
                 "domain": self.env.task(r.task_id).domain,
+                "terms": reward_terms(s["reward"], self.env.task(r.task_id).reward_basis),
             }
             for s, r in zip(summaries, records, strict=True)
         ]
@@ -715,6 +716,9 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         metrics["episode/truncation_rate"].append(sum(e["truncated"] for e in everything) / n)
         user_errors = sum(bool(e["user_error"]) for e in everything)
         metrics["episode/user_sim_errors"].append(float(user_errors))
+        for term in sorted({t for e in everything for t in e["terms"]}):  # each term of the tasks' reward bases
+            met = [e["terms"][term] for e in everything if term in e["terms"]]
+            metrics[f"reward_term/{term}"].append(sum(met) / len(met))
         if len(self.env.members) > 1:  # a run over several domains: each domain's episodes apart (those it played)
             for domain in sorted({e["domain"] for e in everything}):
                 mine = [e for e in everything if e["domain"] == domain]
@@ -829,6 +833,18 @@ class UserErrorStop(TrainerCallback):
     @property
     def stopped(self) -> bool:
         return self.stopped_at is not None
+
+
+REWARD_TERM_FIELDS = {"DB": "db_match", "COMMUNICATE": "communicate_ok", "ACTION": "action_ok",
+                      "NL_ASSERTION": "nl_ok"}  # fmt: skip
+
+
+def reward_terms(reward: dict[str, Any], basis: tuple[str, ...]) -> dict[str, float]:
+    """Whether each term of ``basis`` was met (1.0 / 0.0) by an episode's reward breakdown: the step line's and
+    TensorBoard's ``reward_term/<TERM>`` (an episode that did not end properly meets none of them)."""
+    rewardable = bool(reward.get("rewardable_termination"))
+    return {term: float(rewardable and bool(reward.get(field))) for term, field in REWARD_TERM_FIELDS.items()
+            if term in basis}  # fmt: skip
 
 
 def _episode_summary(record: EpisodeRecord, prm: PRMResult) -> dict[str, Any]:

@@ -13,6 +13,9 @@ reward replays its gold actions. This module scores each assistant turn against 
 - P13: each gold write never matched, and P15: an episode that did not end by the agent or the user, both charged
   on the last turn.
 
+The terms follow the task's ``reward_basis``: the write terms (B9, P12, P13, P14) only where it names DB, B11 only
+where it names COMMUNICATE (τ²-bench 1.0.1's retail counts its ``communicate_info`` nowhere).
+
 It uses privileged task information: a training signal only, never an evaluation metric. It reads the task through
 the environment object that played the episode (``env.task``), never a file; the rule modules stay pure.
 """
@@ -121,8 +124,10 @@ def reference_turns(record: EpisodeRecord, env: HasDomain) -> ReferenceTurns:
     """Which reference terms fire on each turn of ``record`` against its task's gold actions and required info
     (``env``: the environment that played it)."""
     task = env.task(record.task_id)
-    ordered = write_order_matters(env.base_of(record.task_id), task)
-    gold_writes = [a for a in task.actions if a.name in task.write_tools]  # the task's domain's write tools
+    basis = set(task.reward_basis)  # progress toward the terms the task's reward counts, none other
+    ordered = "DB" in basis and write_order_matters(env.base_of(record.task_id), task)
+    # the task's domain's write tools; the gold writes are what its DB term checks
+    gold_writes = [a for a in task.actions if a.name in task.write_tools] if "DB" in basis else []
     gold_other = [a for a in task.actions if a.name not in task.write_tools]
     matched_writes = [False] * len(gold_writes)
     matched_other = [False] * len(gold_other)
@@ -138,6 +143,8 @@ def reference_turns(record: EpisodeRecord, env: HasDomain) -> ReferenceTurns:
             call = record.tool_calls[index]
             if call.error:
                 continue  # a failed call changed nothing and looked nothing up
+            if call.is_write and "DB" not in basis:
+                continue  # the reward does not look at the database: a write is neither progress nor a fault
             if call.is_write:
                 hit = _first_match(gold_writes, matched_writes, call.name, call.arguments)
                 if hit is None:
@@ -153,7 +160,7 @@ def reference_turns(record: EpisodeRecord, env: HasDomain) -> ReferenceTurns:
             ):
                 credited_reads += 1
                 counts["B10"] = counts.get("B10", 0) + 1
-        if turn.message and task.communicate_info:
+        if turn.message and task.communicate_info and "COMMUNICATE" in basis:
             new = [info for info, ok in communicate_checks(task, [turn.message]).items() if ok and info not in said]
             said.update(new)
             if new:
