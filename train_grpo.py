@@ -25,6 +25,7 @@ from tau2_rl.data import base_model
 from tau2_rl.envs.prompt_style import write_prompt_style
 from tau2_rl.envs.users import check_user_endpoint, get_user_simulator
 from tau2_rl.evaluation.heldout import build_heldout
+from tau2_rl.rewards.judge import JudgeError
 from tau2_rl.run.cli import parse_or_exit, run_main
 from tau2_rl.run.console import DropNoneLogs, install_first, silence_known_warnings, use_step_lines
 from tau2_rl.run.hub import HubError, LocalHubCallback, save_consolidated
@@ -103,8 +104,8 @@ def main(script_args: GRPOScriptArguments, training_args: MultiTurnGRPOConfig, m
 
     try:
         result = run.train(trainer)
-    except RolloutWorkerError as err:  # --max_staleness: the worker died or failed; the last step is kept
-        stop_for_worker_failure(trainer, err)
+    except (RolloutWorkerError, JudgeError) as err:  # the worker died or failed, the judge failed: one line, the last
+        stop_for_worker_failure(trainer, err)  # finished step kept as a checkpoint
     if trainer.user_error_stop.stopped:  # the user simulator failed every episode: not a trained model
         stop_for_user_errors(trainer, script_args)
     run.save_metrics(trainer, result)

@@ -205,3 +205,66 @@ def test_the_reference_process_reward_follows_the_basis(env, stub) -> None:
 
     counts = score_episode(record, rules="reference", env=NoDatabase()).rule_counts
     assert counts["B9"] == counts["P12"] == counts["P13"] == counts["B11"] == 0
+
+
+def judged_trainer(tmp_path, tiny_model, tiny_tokenizer, judge: NLJudge):
+    """One GRPO step of the tiny model on two 1.0.1 retail tasks (one judged, one DB alone) with ``judge``: the
+    scripted user stops after two replies, so the babbling policy's episodes end as τ² scores them."""
+    import datasets
+    from test_trainer import make_args
+
+    from tau2_rl.rewards.outcome import scorer
+    from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
+
+    short = DomainEnv(RETAIL, RETAIL_1_0_1, EnvConfig(max_turns=8))
+    short.system_prompt, short.tools = RETAIL.compact_prompt, []  # the tiny model's short prompt, as the quick starts
+    rows = [{"prompt": [{"role": "system", "content": short.system_prompt}], "task_id": t} for t in ("2", "33")]
+    args = make_args(tmp_path, "vanilla", tiny_tokenizer, per_device_train_batch_size=8, shuffle_dataset=False)
+    return MultiTurnGRPOTrainer(model=tiny_model, args=args, env=short, processing_class=tiny_tokenizer,
+                                user=get_user_simulator("scripted", max_user_turns=2), score=scorer(judge),
+                                train_dataset=datasets.Dataset.from_list(rows))  # fmt: skip
+
+
+def test_a_grpo_step_scores_the_judged_term_and_logs_each_term(tmp_path, stub, tiny_model, tiny_tokenizer) -> None:
+    judge = judge_of(stub)
+    trainer = judged_trainer(tmp_path, tiny_model, tiny_tokenizer, judge)
+    trainer.train()
+    logs = trainer.state.log_history[0]
+    records = [episode.record for episode in trainer._rollout_episodes]
+    judged = [r for r in records if r.task_id == "2" and r.reward["rewardable_termination"]]
+    assert judged and judge.stats()["requests"] == len(judged)  # each ended episode of the judged task, once
+    assert all("nl_ok" in r.reward and "nl_ok" not in s.reward for r in judged for s in records if s.task_id == "33")
+    nl = [float(r.reward["rewardable_termination"] and r.reward["nl_ok"]) for r in records if r.task_id == "2"]
+    assert logs["reward_term/NL_ASSERTION"] == pytest.approx(sum(nl) / len(nl))
+    assert "reward_term/DB" in logs and "reward_term/COMMUNICATE" not in logs  # 1.0.1's retail: DB, NL_ASSERTION
+
+
+def test_a_judge_failing_in_training_stops_it_in_one_line(
+    tmp_path, tiny_model, tiny_tokenizer, tiny_model_dir, monkeypatch, capsys
+) -> None:
+    """The trainer raises ``JudgeError`` (no reward without its term); train_grpo.py says it in one line, exit 1,
+    keeping the last finished step (none here) for a rerun to resume."""
+    import json
+
+    import train_grpo
+    from tau2_rl.configs import GRPOScriptArguments
+
+    with StubServer("judge_garbage", model="judge-model") as bad:
+        trainer = judged_trainer(tmp_path / "trainer", tiny_model, tiny_tokenizer, judge_of(bad))
+        with pytest.raises(JudgeError, match="failed after 1 attempt"):
+            trainer.train()
+        monkeypatch.setattr(GRPOScriptArguments, "user_kwargs", lambda self: {"max_user_turns": 2})
+        argv = ["--model_name_or_path", str(tiny_model_dir), "--domain", "retail", "--task_set", "1.0.1",
+                "--tasks", "2", "--compact_prompt", "true", "--num_generations", "2",
+                "--per_device_train_batch_size", "2", "--max_steps", "2", "--max_turns", "8", "--max_turn_tokens", "8",
+                "--max_completion_length", "192", "--judge_base_url", bad.base_url, "--judge_model", "judge-model",
+                "--judge_max_retries", "0", "--output_dir", str(tmp_path / "out"), "--hub_dir", str(tmp_path / "hub"),
+                "--eval_strategy", "no", "--report_to", "none", "--use_cpu", "true", "--bf16", "false",
+                "--gradient_checkpointing", "false", "--generation_kwargs",
+                json.dumps({"forced_eos_token_id": tiny_tokenizer.eos_token_id})]  # fmt: skip
+        with pytest.raises(SystemExit) as info:
+            train_grpo.cli(argv)
+    assert info.value.code == 1
+    (line,) = [x for x in capsys.readouterr().err.strip().splitlines() if "error" in x]
+    assert line.startswith("error: the NL-assertion judge judge-model at "), line  # a run's failure: exit 1
+    assert "stopped at step 0 (no step finished: nothing to save); rerun the same command to resume" in line

@@ -294,6 +294,6 @@ class NLJudge:
         self._count("failures")
         raise JudgeError(
             f"the NL-assertion judge {self.config.model} at {self.config.base_url} failed after "
-            f"{self.config.max_retries + 1} attempt(s): {last}; fix --judge_base_url / --judge_model and rerun (the "
-            "verdicts already given are cached)"
+            f"{self.config.max_retries + 1} attempt(s): {last}; fix --judge_base_url / --judge_model and rerun"
+            + (" (the verdicts already given are cached)" if self.cache is not None else "")
         )
