@@ -63,9 +63,9 @@ def main() -> None:
 
     start = time.perf_counter()
     tasks = [t.strip() for t in script_args.warmup_tasks.split(",")]
-    build_default_policy(
-        default_policy_dir(args.outputs, tasks, script_args.warmup_epochs), tasks, epochs=script_args.warmup_epochs
-    )
+    specs = script_args.domain_specs()
+    build_default_policy(default_policy_dir(args.outputs, tasks, script_args.warmup_epochs, specs), tasks,
+                         epochs=script_args.warmup_epochs, specs=specs)  # fmt: skip
     build_seconds = time.perf_counter() - start
     start = time.perf_counter()
     train_grpo.main(script_args, training_args, model_args)

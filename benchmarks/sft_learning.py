@@ -138,7 +138,7 @@ def run(
 
     # Before: the freshly built tiny model on the same tokenised rows.
     env = DomainEnv(AIRLINE)
-    split = get_split(script_args.split)
+    split = get_split(script_args.split or AIRLINE.default_split, AIRLINE.split_file())
     base = train_sft.resolve_model_path(model_args, script_args, training_args.output_dir, env)
     tokenizer = AutoTokenizer.from_pretrained(base)
     rows, report = prepare_sft_dataset(trajectories, tokenizer, split=split, max_length=training_args.max_length)

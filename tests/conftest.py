@@ -108,7 +108,7 @@ def default_policy_cache() -> Path:
     tasks, epochs = quick_start_warmup()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, "-m", "tau2_rl.data.default_policy", "--tasks", tasks, "--epochs", str(epochs),
-               "--output_dir", str(default_policy_dir(outputs, tasks.split(","), epochs))]  # fmt: skip
+               "--output_dir", str(default_policy_dir(outputs, tasks.split(","), epochs, [AIRLINE]))]  # fmt: skip
     subprocess.run(command, cwd=root, env=env, check=True, capture_output=True, timeout=1200)
     return outputs
 
@@ -119,7 +119,7 @@ def default_policy_path(default_policy_cache: Path) -> Path:
     from tau2_rl.data.default_policy import default_policy_dir
 
     tasks, epochs = quick_start_warmup()
-    return default_policy_dir(default_policy_cache, tasks.split(","), epochs)
+    return default_policy_dir(default_policy_cache, tasks.split(","), epochs, [AIRLINE])
 
 
 @pytest.fixture(scope="module")

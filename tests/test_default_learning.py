@@ -103,8 +103,8 @@ def mean_reward(model, tokenizer, episodes: int) -> float:
 @pytest.fixture(scope="module")
 def default_policy(default_policy_cache) -> str:
     """The recipe's default policy, from the session's cache (tests/conftest.py; this reuses, never rebuilds)."""
-    directory = default_policy_dir(default_policy_cache, WARMUP_TASKS, WARMUP_EPOCHS)
-    return str(build_default_policy(directory, WARMUP_TASKS, epochs=WARMUP_EPOCHS))
+    directory = default_policy_dir(default_policy_cache, WARMUP_TASKS, WARMUP_EPOCHS, [AIRLINE])
+    return str(build_default_policy(directory, WARMUP_TASKS, epochs=WARMUP_EPOCHS, specs=[AIRLINE]))
 
 
 @pytest.fixture(scope="module")

@@ -239,6 +239,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tau2_rl.configs import EnvArguments, MultiTurnGRPOConfig
+from tau2_rl.domains import get_domain
 from tau2_rl.envs.episode import DomainEnv, EnvConfig
 from tau2_rl.envs.splits import Split
 from tau2_rl.envs.users import get_user_simulator
@@ -248,7 +249,7 @@ from tau2_rl.trainers.multiturn_grpo import MultiTurnGRPOTrainer
 torch.set_num_threads(1)
 model_dir, out = sys.argv[1], Path(sys.argv[2])
 tokenizer = AutoTokenizer.from_pretrained(model_dir)
-env = DomainEnv(AIRLINE, config=EnvConfig(max_turns=2))
+env = DomainEnv(get_domain("airline"), config=EnvConfig(max_turns=2))
 env.system_prompt, env.tools = "You are an airline customer service agent.", []
 args = MultiTurnGRPOConfig(
     output_dir=str(out / "run"), variant="vanilla", per_device_train_batch_size=4, per_device_eval_batch_size=2,
