@@ -36,10 +36,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from tau2_rl.domains import get_domain
-
-AIRLINE = get_domain("airline")
-
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "tests" / "data" / "tau2_reference.json"
 MAX_INLINE_CHARS = 500  # longer observations are stored as sha256 + length + head, to keep the file small
@@ -432,12 +428,13 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
 
 def check(path: Path) -> dict[str, float]:
     sys.path.insert(0, str(ROOT))
+    from tau2_rl.domains import get_domain
     from tau2_rl.domains.airline.tools import execute_tool
     from tau2_rl.envs.episode import shared_base
     from tau2_rl.envs.state import EpisodeState
 
     reference = json.loads(path.read_text())
-    base = shared_base(AIRLINE)
+    base = shared_base(get_domain("airline"))
     calls = same = same_flag = hashes = same_hash = sequences = same_final = 0
     for sequence in reference["sequences"]:
         state = EpisodeState(base)
