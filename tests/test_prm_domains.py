@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -152,4 +153,13 @@ def test_the_report_gives_retail_figures_on_retail_conversations_and_refuses_ano
     out = capsys.readouterr().out
     assert "per-task AUC" in out or "AUC" in out
     assert main(["--trajectories", str(path), "--task_map", str(task_map)]) == 2  # the airline's: refused
+    assert "replayed tool observations differ from the recorded ones" in capsys.readouterr().err
+    import runpy  # benchmarks/prm_calibration.py reads conversations too: the same --domain, the same refusal
+
+    bench = runpy.run_path(str(Path(__file__).resolve().parents[1] / "benchmarks" / "prm_calibration.py"))["main"]
+    flags = ["--trajectories", str(path), "--task_map", str(task_map), "--tasks", SAMPLE[0]]
+    assert bench(["--domain", "retail", *flags]) == 0
+    assert f"real set: {len(conversations)} conversations" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench(flags)
     assert "replayed tool observations differ from the recorded ones" in capsys.readouterr().err
