@@ -63,7 +63,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     if script_args.tasks is not None:  # an unknown id is named here, not reported later as an empty dataset
         select_tasks(parse_task_list(script_args.tasks), split, env.task_keys, allow_test_tasks=True)
     with training_args.main_process_first(desc="teacher trajectories"):  # the default collects them once
-        trajectories = resolve_dataset(script_args)
+        trajectories = resolve_dataset(script_args, env)
     model_path = resolve_model_path(model_args, script_args, training_args.output_dir, env)
     tokenizer = base_model.load_tokenizer(model_path, model_args)
     fingerprint = run_fingerprint(script_args, training_args, model_args, model_path, env, split)

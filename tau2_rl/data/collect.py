@@ -606,6 +606,27 @@ def _readable(path: str | os.PathLike[str], load: Any, *args: Any, **kwargs: Any
     return dataset
 
 
+def collection_domains(path: str | os.PathLike[str], hub_dir: str | os.PathLike[str] = "hub") -> list[str] | None:
+    """The domains a collection (or its local-hub export) recorded in its ``collect_info.json``: the legacy domain's
+    for one written before domains were recorded, None for a dataset no collection wrote (nothing to compare)."""
+    from tau2_rl.domains import legacy_domain
+
+    for candidate in (Path(path), Path(hub_dir) / HUB_DATASETS_DIR / str(path)):
+        info_path = candidate / INFO_FILE
+        if candidate.is_dir() and info_path.is_file():
+            try:
+                info = json.loads(info_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return None  # unreadable: the rows' task ids are still checked
+            if not isinstance(info, dict):
+                return None
+            domains = info.get("domains")
+            if domains is None:
+                return [legacy_domain().name]
+            return [str(d) for d in domains] if isinstance(domains, list) else None
+    return None
+
+
 def load_trajectories(path: str | os.PathLike[str], hub_dir: str | os.PathLike[str] = "hub") -> datasets.Dataset:
     """A trajectory dataset from a collection directory, a ``save_to_disk`` directory, a local-hub dataset directory
     (``data/*.parquet``) or a dataset name in ``<hub_dir>/datasets``."""

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
 TERMS = ("DB", "COMMUNICATE", "ACTION", "ENV_ASSERTION", "NL_ASSERTION")
 """τ²'s reward terms (``RewardType``)."""
-NOT_COMPUTED = {"ENV_ASSERTION": "the environment assertions of a domain whose user holds tools (telecom): not "
-                "computed by this project yet"}  # fmt: skip
+NOT_COMPUTED = {"ENV_ASSERTION": "the environment assertions on the final state (a domain whose user holds tools): "
+                "not computed by this project yet"}  # fmt: skip
 """Terms no run can compute yet, and why: a task that needs one is refused, never scored without it."""
 
 

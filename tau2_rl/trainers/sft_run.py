@@ -13,7 +13,7 @@ from typing import Any
 import datasets
 
 from tau2_rl.configs import CollectArguments, SFTScriptArguments
-from tau2_rl.data.collect import collect, load_trajectories
+from tau2_rl.data.collect import collect, collection_domains, load_trajectories
 from tau2_rl.data.default_policy import domains_tag
 from tau2_rl.envs.multi import RunEnv
 from tau2_rl.envs.splits import Split
@@ -25,12 +25,13 @@ from tau2_rl.run.hub import save_consolidated
 from tau2_rl.trainers.sft import SFTDataError, SFTDataReport, ShardedSFTTrainer, export_model_dir, validate_columns
 
 
-def resolve_dataset(script_args: SFTScriptArguments) -> datasets.Dataset:
+def resolve_dataset(script_args: SFTScriptArguments, env: RunEnv) -> datasets.Dataset:
     """The trajectories: ``--dataset_path``, or the embedded default (oracle on the split's covered tasks)."""
     if script_args.dataset_path:
         dataset = load_trajectories(script_args.dataset_path, script_args.hub_dir)
         try:  # a foreign dataset is refused here, before any model is built
             validate_columns(dataset)
+            check_domains(dataset, collection_domains(script_args.dataset_path, script_args.hub_dir), env)
         except SFTDataError as err:
             raise SFTDataError(f"--dataset_path {script_args.dataset_path}: {err}") from None
         return dataset
@@ -48,6 +49,28 @@ def resolve_dataset(script_args: SFTScriptArguments) -> datasets.Dataset:
     )
     result = collect(args)  # resumable: a second run only reloads it
     return load_trajectories(result.output_dir)
+
+
+def check_domains(dataset: datasets.Dataset, recorded: list[str] | None, env: RunEnv) -> None:
+    """Trajectories of another domain are refused, not trained on under this one's name: the domains their
+    collection recorded (``collect_info.json``) must be the run's ``--domain``'s, and every row's task id one of its
+    tasks (a task id the domain lacks is counted, never skipped)."""
+    mine = [member.spec.name for member in env.members]
+    if recorded is not None and not set(recorded) <= set(mine):
+        raise SFTDataError(
+            f"its trajectories were collected on the {' and '.join(recorded)} domain(s); this run's --domain is "
+            f"{','.join(mine)} (pass --domain {','.join(recorded)})"
+        )
+    keys = set(env.task_keys)
+    ids = [str(task_id) for task_id in dataset["task_id"]]
+    unknown = sorted({task_id for task_id in ids if task_id not in keys}, key=lambda t: (len(t), t))
+    if unknown:
+        rows = sum(task_id not in keys for task_id in ids)
+        raise SFTDataError(
+            f"{rows} of its {len(ids)} rows name task ids the {','.join(mine)} domain(s) lack "
+            f"({', '.join(unknown[:8])}{', …' if len(unknown) > 8 else ''}): trajectories of another domain or task "
+            "set? pass their --domain (and --task_set)"
+        )
 
 
 def run_fingerprint(
