@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 DOMAIN_FILES = ("db.json", "tasks.json", "policy.md", "split_tasks.json")
 DATA_DIR_VARIABLE = "TAU2_DATA_DIR"
+REQUESTORS = ("assistant", "user")
 
 
 class DomainDataError(ValueError):
@@ -48,6 +49,38 @@ class GoldAction:
     arguments: dict[str, Any]
     compare_args: tuple[str, ...] | None = None
     """The arguments τ² compares with an agent's call (``None``: all the call's arguments)."""
+    requestor: str = "assistant"
+    """Whose tool it is: ``assistant`` (the agent's) or ``user`` (a domain whose user holds tools)."""
+
+
+@dataclass(frozen=True)
+class EnvCall:
+    """A function of one side's toolkit run on the environment outside the conversation (τ²'s ``EnvFunctionCall``):
+    an initialization action, or with ``assert_value`` an assertion on the final state (τ²'s ``EnvAssertion``)."""
+
+    env_type: str
+    """``assistant`` (the agent's toolkit) or ``user`` (the user's)."""
+    func_name: str
+    arguments: dict[str, Any]
+    assert_value: bool = True
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class InitialState:
+    """τ²'s ``initial_state`` of a task: data merged into the databases, actions run on them, a conversation that
+    has already happened. Empty for every airline and retail task."""
+
+    initialization_data: dict[str, Any] | None = None
+    """``{"agent_data": …, "user_data": …}``, either may be absent."""
+    initialization_actions: tuple[EnvCall, ...] = ()
+    message_history: tuple[dict[str, Any], ...] = ()
+
+    def features(self) -> list[str]:
+        """The parts this state uses, by τ²'s field names (empty: a fresh database and conversation)."""
+        return [name for name, value in (("initialization_data", self.initialization_data),
+                                         ("initialization_actions", self.initialization_actions),
+                                         ("message_history", self.message_history)) if value]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -80,6 +113,9 @@ class Task:
     """The task's record as read from tasks.json (τ²'s own models render and score it: tau2_rl.envs.protocol)."""
     unscorable: str = field(default="", compare=False, repr=False)
     """Why the project cannot score the task as its release does ("" when it can): a run over it is refused."""
+    initial_state: InitialState = field(default_factory=InitialState, compare=False, repr=False)
+    env_assertions: tuple[EnvCall, ...] = field(default=(), compare=False, repr=False)
+    """τ²'s ``evaluation_criteria.env_assertions``: the ENV_ASSERTION term's checks of the final state."""
 
     @property
     def domain(self) -> str:
@@ -248,8 +284,10 @@ def _parse_task(raw: Any, index: int, location: str, spec: DomainSpec, write_too
     scenario = raw.get("user_scenario")
     _expect(isinstance(scenario, dict), location, f"{path}.user_scenario", "an object")
     instr = scenario.get("instructions")
-    _expect(isinstance(instr, dict), location, f"{path}.user_scenario.instructions", "an object")
+    _expect(isinstance(instr, dict | str), location, f"{path}.user_scenario.instructions", "an object or a text")
     ipath = f"{path}.user_scenario.instructions"
+    if isinstance(instr, str):  # τ²'s unstructured form (its mock tasks): the whole text is the reason for the call
+        instr = {"reason_for_call": instr}
     instructions = UserInstructions(
         reason_for_call=_str_field(instr, "reason_for_call", location, ipath, optional=False),
         known_info=_str_field(instr, "known_info", location, ipath),
@@ -268,6 +306,8 @@ def _parse_task(raw: Any, index: int, location: str, spec: DomainSpec, write_too
         _expect(isinstance(action.get("name"), str), location, f"{apath}.name", "a tool name")
         _expect(isinstance(action.get("arguments", {}), dict), location, f"{apath}.arguments", "an object")
         compare = action.get("compare_args")
+        requestor = action.get("requestor", "assistant")
+        _expect(requestor in REQUESTORS, location, f"{apath}.requestor", "'assistant' or 'user'")
         _expect(
             compare is None or (isinstance(compare, list) and all(isinstance(a, str) for a in compare)),
             location,
@@ -280,6 +320,7 @@ def _parse_task(raw: Any, index: int, location: str, spec: DomainSpec, write_too
                 name=action["name"],
                 arguments=action.get("arguments", {}),
                 compare_args=None if compare is None else tuple(compare),
+                requestor=requestor,
             )
         )
     communicate = criteria.get("communicate_info") or []
@@ -291,6 +332,8 @@ def _parse_task(raw: Any, index: int, location: str, spec: DomainSpec, write_too
     )
     description = raw.get("description") or {}
     persona = scenario.get("persona")
+    assertions = criteria.get("env_assertions") or []
+    _expect(isinstance(assertions, list), location, f"{cpath}.env_assertions", "a list of assertions")
     return Task(
         task_id=str(raw["id"]),
         purpose=str(description.get("purpose") or "") if isinstance(description, dict) else "",
@@ -303,7 +346,53 @@ def _parse_task(raw: Any, index: int, location: str, spec: DomainSpec, write_too
         spec=spec,
         write_tools=write_tools,
         raw=raw,
+        initial_state=_initial_state(raw.get("initial_state"), location, f"{path}.initial_state"),
+        env_assertions=tuple(
+            _env_call(a, location, f"{cpath}.env_assertions[{j}]", assertion=True) for j, a in enumerate(assertions)
+        ),  # fmt: skip
     )
+
+
+def _env_call(raw: Any, location: str, path: str, assertion: bool = False) -> EnvCall:
+    _expect(isinstance(raw, dict), location, path, "an object with env_type, func_name and arguments")
+    _expect(raw.get("env_type") in REQUESTORS, location, f"{path}.env_type", "'assistant' or 'user'")
+    _expect(isinstance(raw.get("func_name"), str), location, f"{path}.func_name", "a function name")
+    _expect(isinstance(raw.get("arguments", {}), dict), location, f"{path}.arguments", "an object")
+    if not assertion:
+        return EnvCall(raw["env_type"], raw["func_name"], raw.get("arguments", {}))
+    _expect(isinstance(raw.get("assert_value", True), bool), location, f"{path}.assert_value", "true or false")
+    _expect(isinstance(raw.get("message") or "", str), location, f"{path}.message", "a string")
+    return EnvCall(raw["env_type"], raw["func_name"], raw.get("arguments", {}), raw.get("assert_value", True),
+                   raw.get("message") or "")  # fmt: skip
+
+
+def _initial_state(raw: Any, location: str, path: str) -> InitialState:
+    if raw is None:
+        return InitialState()
+    _expect(isinstance(raw, dict), location, path, "an object (or null)")
+    data = raw.get("initialization_data")
+    _expect(data is None or isinstance(data, dict), location, f"{path}.initialization_data", "an object (or null)")
+    actions = raw.get("initialization_actions") or []
+    _expect(isinstance(actions, list), location, f"{path}.initialization_actions", "a list of function calls")
+    history = raw.get("message_history") or []
+    _expect(isinstance(history, list) and all(isinstance(m, dict) for m in history), location,
+            f"{path}.message_history", "a list of messages")  # fmt: skip
+    return InitialState(
+        initialization_data=data or None,
+        initialization_actions=tuple(
+            _env_call(a, location, f"{path}.initialization_actions[{j}]") for j, a in enumerate(actions)
+        ),  # fmt: skip
+        message_history=tuple(history),
+    )
+
+
+def unsupported_features(task: Task) -> list[str]:
+    """τ² task features the episode loop does not run yet: a task using one is refused (``Task.unscorable``), not
+    played as if they were absent."""
+    features = task.initial_state.features()
+    if any(action.requestor == "user" for action in task.actions):
+        features.append("gold actions of the user (requestor 'user')")
+    return features
 
 
 def _validate_split(raw: Any, location: str, task_ids: set[str]) -> dict[str, list[str]]:
@@ -353,6 +442,8 @@ def _load_domain(spec: DomainSpec, data_dir: str | None) -> Domain:
             tools = ", ".join(missing)
             why = f"its gold calls {tools}, a tool of its release that the project's {spec.name} tools lack"
             task = replace(task, unscorable=why)
+        elif not task.unscorable and (beyond := unsupported_features(task)):
+            task = replace(task, unscorable=f"it needs {', '.join(beyond)}, not run by this project yet")
         tasks[task.task_id] = task
     policy, _ = _read_text(spec, data_dir, "policy.md")
     split_raw, split_location = _load_json(spec, data_dir, "split_tasks.json")

@@ -9,6 +9,7 @@ result is shown as τ²'s ``Environment.to_json_str`` shows it.
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import logging
 from collections.abc import Callable
@@ -55,6 +56,8 @@ def _jsonable(value: Any) -> Any:
         return tuple(_jsonable(item) for item in value)
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, datetime.date):  # a datetime too: τ²'s isoformat (inside a model, default=str's space)
+        return value.isoformat()
     raise ValueError(f"Unsupported type: {type(value)}")
 
 
