@@ -67,12 +67,15 @@ def build_splits(spec: DomainSpec) -> dict:
     recipe = spec.split_recipe
     domain = load_domain(spec)
     tasks = domain.tasks
-    official_train, official_test = domain.official_split["train"], domain.official_split["test"]
+    official = domain.official_split  # a domain without τ²'s train / test lists (mock): every task train
+    official_train = official.get("train", list(tasks) if "test" not in official else [])
+    official_test = official.get("test", [])
+    playable = [t for t in official_train if not tasks[t].unscorable]  # covered: the oracle plays them
     splits: dict[str, dict] = {}
     if recipe.seed_test is not None:
         seed_test = _draw(official_test, tasks, recipe.seed_test, official_test, recipe.order_salt)
         seed_train = _ordered([t for t in tasks if t not in seed_test])
-        covered = _draw(official_train, tasks, recipe.covered, seed_train, recipe.order_salt)
+        covered = _draw(playable, tasks, recipe.covered, seed_train, recipe.order_salt)
         splits["seed"] = {
             "description": f"{len(seed_train)} train ({len(covered)} covered) / {len(seed_test)} test drawn from "
             "tau2's official test list",
@@ -82,7 +85,7 @@ def build_splits(spec: DomainSpec) -> dict:
         }
         same = ", same covered tasks"
     else:
-        covered = _draw(official_train, tasks, recipe.covered, official_train, recipe.order_salt)
+        covered = _draw(playable, tasks, recipe.covered, official_train, recipe.order_salt)
         same = f" ({len(covered)} covered)"
     splits["tau2"] = {
         "description": f"tau2-bench's official {len(official_train)} train / {len(official_test)} test split{same}",

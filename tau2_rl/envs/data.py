@@ -116,6 +116,9 @@ class Task:
     initial_state: InitialState = field(default_factory=InitialState, compare=False, repr=False)
     env_assertions: tuple[EnvCall, ...] = field(default=(), compare=False, repr=False)
     """τ²'s ``evaluation_criteria.env_assertions``: the ENV_ASSERTION term's checks of the final state."""
+    checks_environment: bool = field(default=True, compare=False, repr=False)
+    """False when the task names neither gold actions nor assertions (both null): τ²'s environment evaluator then
+    scores DB and ENV_ASSERTION as met without a look."""
 
     @property
     def domain(self) -> str:
@@ -347,6 +350,7 @@ def _parse_task(raw: Any, index: int, location: str, spec: DomainSpec, write_too
         write_tools=write_tools,
         raw=raw,
         initial_state=_initial_state(raw.get("initial_state"), location, f"{path}.initial_state"),
+        checks_environment=criteria.get("actions") is not None or criteria.get("env_assertions") is not None,
         env_assertions=tuple(
             _env_call(a, location, f"{cpath}.env_assertions[{j}]", assertion=True) for j, a in enumerate(assertions)
         ),  # fmt: skip
@@ -387,17 +391,26 @@ def _initial_state(raw: Any, location: str, path: str) -> InitialState:
 
 
 def unsupported_features(task: Task) -> list[str]:
-    """τ² task features the episode loop does not run yet: a task using one is refused (``Task.unscorable``), not
-    played as if they were absent."""
-    features = task.initial_state.features()
+    """τ² task features the episode loop does not run for the task's domain: a task using one is refused
+    (``Task.unscorable``), not played as if they were absent. A domain that runs in τ²'s own Environment
+    (``DomainSpec.environment``) sets up initialization data and actions and runs environment assertions; the
+    copy-on-write state does neither; no domain yet replays a message history or plays the user's gold actions."""
+    in_tau2 = task.spec.environment is not None
+    features = [name for name in task.initial_state.features() if name == "message_history" or not in_tau2]
     if any(action.requestor == "user" for action in task.actions):
         features.append("gold actions of the user (requestor 'user')")
+    if "ENV_ASSERTION" in task.reward_basis and not in_tau2:
+        features.append("the reward term ENV_ASSERTION (assertions on the final state)")
     return features
 
 
 def _validate_split(raw: Any, location: str, task_ids: set[str]) -> dict[str, list[str]]:
+    """τ²'s official split lists: ``train`` and ``test`` where it has them (its mock domain has only ``base``)."""
     _expect(isinstance(raw, dict), location, "<root>", "an object mapping split names to task id lists")
+    _expect(any(isinstance(ids, list) for ids in raw.values()), location, "<root>", "at least one list of task ids")
     for name in ("train", "test"):
+        if name not in raw and "train" not in raw and "test" not in raw:
+            continue
         _expect(isinstance(raw.get(name), list), location, name, "a list of task ids")
         unknown = [t for t in raw[name] if str(t) not in task_ids]
         _expect(not unknown, location, name, f"known task ids (unknown: {unknown})")

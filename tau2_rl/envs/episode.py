@@ -23,11 +23,15 @@ from tau2_rl.envs.protocol import (
     protocol_rules,
 )
 from tau2_rl.envs.spec import DomainSpec
-from tau2_rl.envs.state import CanonicalBase, EpisodeState
+from tau2_rl.envs.state import CanonicalBase
 from tau2_rl.envs.text import clean_text, clean_value
 from tau2_rl.envs.tool_calls import ParsedTurn, parse_assistant_text
+from tau2_rl.envs.world import WorldBase
 
 logger = logging.getLogger(__name__)
+
+Base = CanonicalBase | WorldBase
+"""A domain's shared base: the copy-on-write state's, or a τ² ``Environment``'s (``tau2_rl.envs.world``)."""
 
 GREETING = "Hi! How can I help you today?"
 """τ²'s fixed first agent message; the simulated user answers it with the reason for the call."""
@@ -124,7 +128,7 @@ class Episode:
     def __init__(
         self,
         task: Task,
-        base: CanonicalBase,
+        base: Base,
         system_prompt: str,
         seed: int,
         config: EnvConfig,
@@ -132,7 +136,11 @@ class Episode:
     ) -> None:
         """``tools``: the schemas the policy's prompt shows for this episode (its domain's; ``[]``: none)."""
         self.task = task
-        self.state = EpisodeState(base)
+        self.state = base.new_state()
+        if task.initial_state.features():  # τ²'s set_state (data, then actions); a task the loop cannot set up is
+            if task.unscorable or not hasattr(self.state, "initialize"):  # refused before any run reaches here
+                raise ValueError(f"task {task.task_id}: {task.unscorable or 'its initial state cannot be set up'}")
+            self.state.initialize(task)
         self.tools: list[dict[str, Any]] = [] if tools is None else tools
         self._execute = base.spec.execute_tool
         self._write_tools = task.write_tools
@@ -337,7 +345,7 @@ class DomainEnv:
     def env_of(self, key: str) -> DomainEnv:
         return self
 
-    def base_of(self, key: str) -> CanonicalBase:
+    def base_of(self, key: str) -> Base:
         return self.base
 
     def __reduce__(self) -> tuple:
@@ -354,12 +362,14 @@ def _rebuilt_env(
     return env
 
 
-_BASES: dict[tuple[DomainSpec, str | None], CanonicalBase] = {}
+_BASES: dict[tuple[DomainSpec, str | None], Base] = {}
 
 
-def shared_base(spec: DomainSpec, data_dir: str | None = None) -> CanonicalBase:
-    """The process-wide ``CanonicalBase`` of a domain's data directory (built once: ~0.1 s for the airline)."""
+def shared_base(spec: DomainSpec, data_dir: str | None = None) -> Base:
+    """The process-wide base of a domain's data directory (built once: ~0.1 s for the airline): the copy-on-write
+    state's ``CanonicalBase``, or for a domain that runs in τ²'s Environment its ``WorldBase``."""
     key = (spec, data_dir)
     if key not in _BASES:
-        _BASES[key] = CanonicalBase(load_domain(spec, data_dir).db, spec)
+        domain = load_domain(spec, data_dir)
+        _BASES[key] = CanonicalBase(domain.db, spec) if spec.environment is None else WorldBase(domain, spec)
     return _BASES[key]

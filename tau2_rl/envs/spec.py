@@ -147,6 +147,10 @@ class DomainSpec:
     """Tools that end the conversation in effect (the user answers the transfer)."""
     tau2_name: str = ""
     """The domain's name in τ²'s package (``tau2.domains.<tau2_name>``); default ``name``."""
+    environment: Callable[[Any, Any, str], Any] | None = None
+    """For a domain whose episodes run in τ²'s own ``Environment`` (``tau2_rl.envs.world``): (agent database,
+    user database or None, policy) → a τ² ``Environment`` on them. ``None``: the copy-on-write state
+    (``tau2_rl.envs.state``) and ``execute_tool``."""
     unnamed_before_domains: bool = False
     """The domain of everything written before the project recorded domains: a results file, a fingerprint, a cache
     entry or a model card without a domain means this one, and its runs' fingerprints and cache names stay as they

@@ -136,6 +136,17 @@ class CanonicalBase:
         self.base_hash = hasher.hexdigest()
         self._memo: dict[bytes, str] = {b"": self.base_hash}
 
+    def new_state(self) -> EpisodeState:
+        """A fresh episode's state over this base (copies nothing)."""
+        return EpisodeState(self)
+
+    def gold_state(self, task: Any) -> EpisodeState:
+        """A fresh state with the task's gold actions replayed (τ² logs and skips a failing gold action)."""
+        state = EpisodeState(self)
+        for action in task.actions:
+            self.spec.execute_tool(state, action.name, action.arguments)
+        return state
+
     def _header(self, position: int) -> bytes:
         name = json.dumps(self.table_order[position]).encode()
         return (b"{" if position == 0 else b"}, ") + name + b": {"

@@ -96,12 +96,14 @@ def respond(
     arguments: Any,
     method: Callable[..., Any] | None,
     run: Callable[..., Any] | None = None,
+    after: Callable[[], Any] | None = None,
 ) -> ToolResult:
     """One call answered as τ²'s ``Environment.get_response`` answers it. Never raises.
 
     ``method``: the tool's bound method on the domain's toolkit (``None``: the domain has no tool ``name``);
     ``run``: what actually computes the result when it is not ``method`` itself (the guarded ``calculate``), called
-    only once the arguments bind to ``method``, so binding errors are τ²'s own.
+    only once the arguments bind to ``method``, so binding errors are τ²'s own; ``after``: what τ² runs after a call
+    that succeeded, inside the same error handling (``sync_tools``), before the result is shown.
     """
     if method is None:
         return ToolResult(f"Error: Tool '{name}' not found.", True, "unknown_tool")
@@ -117,7 +119,11 @@ def respond(
     try:
         if run is not None and not bad_binding(method, arguments):
             return ToolResult(format_observation(run(**arguments)), False)
-        return ToolResult(format_observation(method(**arguments)), False)
+        if after is None:
+            return ToolResult(format_observation(method(**arguments)), False)
+        result = method(**arguments)
+        after()
+        return ToolResult(format_observation(result), False)
     except Exception as err:  # τ²: any exception is the observation "Error: <str(exception)>"
         kind = (
             "bad_arguments"

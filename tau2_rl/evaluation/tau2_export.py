@@ -70,6 +70,14 @@ def tau2_reward_info(record: EpisodeRecord, task: Task) -> dict[str, Any]:
     if "DB" in basis:
         breakdown["DB"] = db
     extra: dict[str, Any] = {}
+    if reward.get("env_checks"):  # τ²'s EnvAssertionCheck per assertion (τ² runs them whatever the basis)
+        fields = ("env_type", "func_name", "arguments", "assert_value", "message")
+        extra["env_assertions"] = [
+            {"env_assertion": {k: check[k] for k in fields}, "met": bool(check["met"]), "reward": float(check["met"])}
+            for check in reward["env_checks"]
+        ]
+    if "ENV_ASSERTION" in basis and reward.get("env_ok") is not None:
+        breakdown["ENV_ASSERTION"] = 1.0 if reward["env_ok"] else 0.0
     if "ACTION" in basis and reward.get("action_checks") is not None:  # τ²'s ActionCheck per gold action
         gold = (task.raw.get("evaluation_criteria") or {}).get("actions") or []
         extra["action_checks"] = [{"action": action, "action_match": bool(match), "action_reward": float(match)}

@@ -10,9 +10,14 @@ failure); otherwise reward = the product, over the task's ``reward_basis`` (τ²
   equal values on its ``compare_args``; ``matches_gold``);
 - NL_ASSERTION: every natural-language assertion met, as an LLM judges it (τ²'s ``NLAssertionsEvaluator``:
   ``tau2_rl.rewards.judge``); an empty assertion list is met without asking.
-``ENV_ASSERTION`` (telecom's) is not computed yet: ``require_scorable`` refuses, before a run starts, the tasks that
-need a term the run cannot compute (that one, or NL_ASSERTION without a judge), in one line naming the term and the
-tasks; no reward is ever computed as if a term were met.
+- ENV_ASSERTION: every environment assertion of the task holds on the final state (τ²'s ``run_env_assertion``: its
+  function's boolean equals ``assert_value``), for a domain that runs in τ²'s own Environment (``tau2_rl.envs.world``).
+A task that names neither gold actions nor assertions (null, not empty) has DB and ENV_ASSERTION met without a look,
+as τ²'s ``EnvironmentEvaluator`` returns early. ``require_scorable`` refuses, before a run starts, the tasks whose
+reward needs a term the run cannot compute (ENV_ASSERTION in a domain on the copy-on-write state, a feature of the
+task the loop does not run, NL_ASSERTION without a judge: ``Task.unscorable``), in one line naming the term and the
+tasks; no reward is ever computed as if a term were met. An assertion whose function raises (τ²'s evaluator then
+aborts the run) is recorded as not met, with the error.
 """
 
 from __future__ import annotations
@@ -21,18 +26,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tau2_rl.envs.data import GoldAction, Task
-from tau2_rl.envs.state import CanonicalBase, EpisodeState
+from tau2_rl.envs.data import EnvCall, GoldAction, Task
 
 if TYPE_CHECKING:
-    from tau2_rl.envs.episode import Episode, EpisodeRecord
+    from tau2_rl.envs.episode import Base, Episode, EpisodeRecord
     from tau2_rl.rewards.judge import NLCheck, NLJudge
 
 TERMS = ("DB", "COMMUNICATE", "ACTION", "ENV_ASSERTION", "NL_ASSERTION")
 """τ²'s reward terms (``RewardType``)."""
-NOT_COMPUTED = {"ENV_ASSERTION": "the environment assertions on the final state (a domain whose user holds tools): "
-                "not computed by this project yet"}  # fmt: skip
-"""Terms no run can compute yet, and why: a task that needs one is refused, never scored without it."""
 
 
 class RewardTermError(ValueError):
@@ -43,15 +44,12 @@ class RewardTermError(ValueError):
 _GOLD_HASHES: dict[tuple[int, str], str] = {}
 
 
-def gold_state(base: CanonicalBase, task: Task) -> EpisodeState:
+def gold_state(base: Base, task: Task) -> Any:
     """A fresh state with the task's gold actions replayed (τ² logs and skips a failing gold action)."""
-    state = EpisodeState(base)
-    for action in task.actions:
-        base.spec.execute_tool(state, action.name, action.arguments)
-    return state
+    return base.gold_state(task)
 
 
-def gold_db_hash(base: CanonicalBase, task: Task) -> str:
+def gold_db_hash(base: Base, task: Task) -> str:
     """The expected final database hash of ``task``, cached per (base database, task)."""
     key = (id(base), task.task_id)
     if key not in _GOLD_HASHES:
@@ -98,10 +96,13 @@ class RewardBreakdown:
     nl_ok: bool | None = None
     nl_checks: list[dict[str, Any]] | None = None
     """The judge's verdicts (τ²'s ``NLAssertionCheck``: ``nl_assertion``, ``met``, ``justification``)."""
+    env_ok: bool | None = None
+    env_checks: list[dict[str, Any]] | None = None
+    """Per environment assertion: τ²'s ``EnvAssertion`` fields and ``met`` (``error``: its function raised)."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        for key in ("action_ok", "action_checks", "nl_ok", "nl_checks"):
+        for key in ("action_ok", "action_checks", "nl_ok", "nl_checks", "env_ok", "env_checks"):
             if data[key] is None:
                 del data[key]
         return data
@@ -127,11 +128,10 @@ def compute_reward(episode: Episode, judge: NLJudge | None = None) -> RewardBrea
     record = episode.record
     task = episode.task
     basis = set(task.reward_basis)
-    unscorable = basis & set(NOT_COMPUTED)
-    if unscorable:
-        raise RewardTermError(f"task {record.task_id}: its reward needs {', '.join(sorted(unscorable))}, which "
-                              "this project does not compute yet")  # fmt: skip
-    db_match = episode.state.db_hash() == gold_db_hash(episode.state.base, task)
+    if task.unscorable:
+        raise RewardTermError(f"task {record.task_id}: {task.unscorable}")
+    # τ²'s environment evaluator returns early for a task naming neither gold actions nor assertions
+    db_match = not task.checks_environment or episode.state.db_hash() == gold_db_hash(episode.state.base, task)
     checks = communicate_checks(task, record.agent_messages())
     communicate_ok = all(checks.values())
     rewardable = record.termination in REWARDABLE_TERMINATIONS
@@ -150,6 +150,13 @@ def compute_reward(episode: Episode, judge: NLJudge | None = None) -> RewardBrea
     )
     if "DB" in basis:
         reward *= float(db_match)
+    if task.env_assertions and task.checks_environment and rewardable and hasattr(episode.state, "assertion"):
+        breakdown.env_checks = [env_check(episode.state, check) for check in task.env_assertions]
+        breakdown.env_ok = all(check["met"] for check in breakdown.env_checks)
+    if "ENV_ASSERTION" in basis:
+        if breakdown.env_ok is None and rewardable:  # no assertion to run (τ²: the term is met), or none could be
+            breakdown.env_ok, breakdown.env_checks = True, []
+        reward *= float(bool(breakdown.env_ok))
     if "COMMUNICATE" in basis:
         reward *= float(communicate_ok)
     if "ACTION" in basis:
@@ -168,6 +175,17 @@ def compute_reward(episode: Episode, judge: NLJudge | None = None) -> RewardBrea
         reward *= float(breakdown.nl_ok)
     breakdown.reward = reward
     return breakdown
+
+
+def env_check(state: Any, check: EnvCall) -> dict[str, Any]:
+    """One environment assertion on the episode's final τ² environment, as τ²'s ``EnvAssertionCheck`` records it."""
+    entry: dict[str, Any] = {"env_type": check.env_type, "func_name": check.func_name, "arguments": check.arguments,
+                             "assert_value": check.assert_value, "message": check.message or None}  # fmt: skip
+    try:
+        entry["met"] = state.assertion(check)
+    except Exception as err:  # noqa: BLE001 (τ²'s evaluator would abort the whole run here)
+        entry["met"], entry["error"] = False, f"{type(err).__name__}: {err}"
+    return entry
 
 
 def outcome_reward(episode: Episode) -> dict[str, Any]:
@@ -203,9 +221,9 @@ def scorer(judge: NLJudge | None = None) -> Any:
 
 
 def require_scorable(tasks: Mapping[str, Task], judge_available: bool) -> None:
-    """Refuses, in one line, a run over tasks whose reward needs a term it cannot compute: a term nobody computes
-    yet (``NOT_COMPUTED``), or NL_ASSERTION without a judge (naming the flags, and how many tasks need it).
-    ``tasks``: the run's tasks by their keys."""
+    """Refuses, in one line, a run over tasks whose reward needs a term it cannot compute: a task the project
+    cannot score as its release does (``Task.unscorable``), or NL_ASSERTION without a judge (naming the flags, and
+    how many tasks need it). ``tasks``: the run's tasks by their keys."""
     unscorable = [key for key, task in tasks.items() if task.unscorable]
     if unscorable:
         first = tasks[unscorable[0]]
@@ -213,13 +231,6 @@ def require_scorable(tasks: Mapping[str, Task], judge_available: bool) -> None:
             f"{len(unscorable)} of the {len(tasks)} tasks ({_some(unscorable)}) cannot be scored as their release "
             f"scores them (task {unscorable[0]}: {first.unscorable}); leave them out with --tasks"
         )
-    for term, why in NOT_COMPUTED.items():
-        needing = [key for key, task in tasks.items() if term in task.reward_basis]
-        if needing:
-            raise RewardTermError(
-                f"{len(needing)} of the {len(tasks)} tasks ({_some(needing)}) need the reward term {term}: {why}; "
-                "leave them out with --tasks"
-            )
     if not judge_available:
         needing = [key for key, task in tasks.items() if needs_judge(task)]
         if needing:

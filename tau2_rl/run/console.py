@@ -169,7 +169,7 @@ def format_step_line(
     domains = domain_rewards(logs)
     if domains:  # a run over several domains: each one's outcome reward this step (those it played)
         parts.insert(2, " · ".join(f"{domain} {value:.3f}" for domain, value in domains.items()))
-    judged = {term: logs[f"reward_term/{term}"] for term in ("ACTION", "NL_ASSERTION")
+    judged = {term: logs[f"reward_term/{term}"] for term in ("ACTION", "ENV_ASSERTION", "NL_ASSERTION")
               if isinstance(logs.get(f"reward_term/{term}"), int | float)}  # fmt: skip
     if judged:  # a basis beyond DB and COMMUNICATE: the share of episodes meeting each of its terms
         terms = {t: logs[f"reward_term/{t}"] for t in ("DB", "COMMUNICATE")

@@ -836,7 +836,7 @@ class UserErrorStop(TrainerCallback):
 
 
 REWARD_TERM_FIELDS = {"DB": "db_match", "COMMUNICATE": "communicate_ok", "ACTION": "action_ok",
-                      "NL_ASSERTION": "nl_ok"}  # fmt: skip
+                      "ENV_ASSERTION": "env_ok", "NL_ASSERTION": "nl_ok"}  # fmt: skip
 
 
 def reward_terms(reward: dict[str, Any], basis: tuple[str, ...]) -> dict[str, float]:

@@ -35,7 +35,6 @@ from tau2_rl.envs.episode import (
     ToolCallRecord,
     TurnRecord,
 )
-from tau2_rl.envs.state import EpisodeState
 from tau2_rl.envs.tool_calls import format_tool_call
 
 DROPPED_TOOLS = frozenset({"think"})
@@ -177,7 +176,7 @@ def replay_conversation(
     ``where`` prefixes every error ("FILE: conversation 3"); field paths follow it ("traj[5].tool_calls[0]")."""
     record = EpisodeRecord(task_id=task_id, seed=0)
     record.messages.append({"role": "system", "content": env.system_prompt})
-    state = EpisodeState(env.base)
+    state = env.base.new_state()
     write_tools = env.spec.write_tools()
     dropped = mismatches = 0
     last_user = last_agent = ""

@@ -23,7 +23,6 @@ from tau2_rl.envs.behaviours import BEHAVIOURS, get_behaviour, partial_oracle, r
 from tau2_rl.envs.data import GoldAction, Task
 from tau2_rl.envs.episode import DomainEnv, EpisodeRecord
 from tau2_rl.envs.runner import run_episodes
-from tau2_rl.envs.state import EpisodeState
 from tau2_rl.envs.users.scripted import ScriptedUser
 from tau2_rl.rewards.outcome import communicate_checks, outcome_reward
 
@@ -64,7 +63,7 @@ def _signature(name: str, arguments: object) -> str:
 
 def _replay(env: DomainEnv, actions: Sequence[GoldAction]) -> tuple[list[str], str]:
     """Signatures of the writes that succeed when ``actions`` are replayed on a fresh state, and the final hash."""
-    state = EpisodeState(env.base)
+    state = env.base.new_state()
     writes = []
     write_tools = env.spec.write_tools()
     for action in actions:

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from tau2_rl.envs.behaviours import reordered_actions
 from tau2_rl.envs.data import GoldAction, Task
 from tau2_rl.envs.episode import REWARDABLE_TERMINATIONS, EpisodeRecord
-from tau2_rl.envs.state import CanonicalBase, EpisodeState
+from tau2_rl.envs.state import CanonicalBase
 from tau2_rl.rewards.outcome import communicate_checks, gold_db_hash, matches_gold
 
 MAX_CREDITED_READS = 2
@@ -184,7 +184,7 @@ def write_order_matters(base: CanonicalBase, task: Task) -> bool:
         if len(writes) < 2:
             _ORDER_MATTERS[key] = False
         else:
-            state = EpisodeState(base)
+            state = base.new_state()
             for action in reordered_actions(task):
                 base.spec.execute_tool(state, action.name, action.arguments)
             _ORDER_MATTERS[key] = state.db_hash() != gold_db_hash(base, task)
