@@ -10,7 +10,7 @@ import pytest
 
 from tau2_rl.domains import get_domain
 from tau2_rl.domains.airline.models import DB_TABLES
-from tau2_rl.envs.data import DOMAIN_FILES, DomainDataError, GoldAction, Task, load_domain
+from tau2_rl.envs.data import DomainDataError, GoldAction, Task, load_domain
 
 AIRLINE = get_domain("airline")
 
@@ -248,7 +248,7 @@ def test_split_references_unknown_task(tmp_path: Path) -> None:
     assert "split_tasks.json" in message and "'train'" in message and "'9'" in message
 
 
-@pytest.mark.parametrize("name", DOMAIN_FILES)
+@pytest.mark.parametrize("name", get_domain("airline").files)
 def test_missing_file(tmp_path: Path, name: str) -> None:
     write_domain(tmp_path)
     (tmp_path / name).unlink()

@@ -198,8 +198,8 @@ def test_domain_reaches_every_stage_with_its_own_tasks(tmp_path: Path) -> None:
                                   user_base_url="http://127.0.0.1:1/v1", user_model="u", dry_run=True)  # fmt: skip
     settings = resolve(reference)
     assert settings.extra["grpo"] == ["--domain", "retail", "--split", "tau2"]  # its recipes name no task
-    with pytest.raises(ExperimentError, match="--domain 'telecom': unknown domain"):
-        resolve(AblationArguments(output_dir=str(tmp_path), domain="telecom"))
+    with pytest.raises(ExperimentError, match="--domain 'tele': unknown domain"):
+        resolve(AblationArguments(output_dir=str(tmp_path), domain="tele"))
 
 
 def test_the_entry_script_dry_run_with_dashes_and_overrides(tmp_path: Path) -> None:

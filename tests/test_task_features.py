@@ -19,7 +19,7 @@ import pytest
 from pydantic import BaseModel
 
 from tau2_rl.domains import get_domain
-from tau2_rl.envs.data import EnvCall, _parse_task, load_domain, unsupported_features
+from tau2_rl.envs.data import DomainDataError, EnvCall, _parse_task, load_domain, unsupported_features
 from tau2_rl.envs.protocol import tau2_available, tau2_module
 from tau2_rl.envs.toolkit import format_observation
 from tau2_rl.rewards.outcome import RewardTermError, require_scorable
@@ -101,31 +101,32 @@ def test_which_features_each_shipped_task_set_needs() -> None:
 
 
 def test_a_task_needing_an_unrun_feature_is_refused_not_played(tmp_path: Path) -> None:
-    """An airline task file given an initial state and a gold action of the user: it loads, and a run over those
-    tasks is refused in one line naming them and the feature."""
+    """An airline task file given an initial state: it loads, and a run over that task is refused in one line
+    naming it and the feature (the airline's episodes run on the copy-on-write state, which runs no initialization
+    action). A gold action of the user fails at load: the airline's user holds no tools."""
     data = tmp_path / "airline"
     shutil.copytree(resources.files("tau2").joinpath("data/tau2/domains/airline"), data)
     tasks = json.loads((data / "tasks.json").read_text(encoding="utf-8"))
-    tasks[3]["initial_state"] = {
-        "initialization_actions": [
-            {"env_type": "assistant", "func_name": "get_user_details", "arguments": {"user_id": "mia_li_3668"}}
-        ]
-    }
-    tasks[4]["evaluation_criteria"]["actions"][0]["requestor"] = "user"
+    action = {"env_type": "assistant", "func_name": "get_user_details", "arguments": {"user_id": "mia_li_3668"}}
+    tasks[3]["initial_state"] = {"initialization_actions": [action]}
     (data / "tasks.json").write_text(json.dumps(tasks), encoding="utf-8")
     domain = load_domain(AIRLINE, data)
     assert domain.tasks["3"].unscorable == "it needs initialization_actions, not run by this project yet"
-    assert "gold actions of the user" in domain.tasks["4"].unscorable and not domain.tasks["5"].unscorable
-    with pytest.raises(
-        RewardTermError, match=r"1 of the 2 tasks \(3\) cannot be scored .*\(task 3: it needs initialization_actions"
-    ):
+    assert not domain.tasks["5"].unscorable
+    refused = r"1 of the 2 tasks \(3\) cannot be scored .*\(task 3: it needs initialization_actions"
+    with pytest.raises(RewardTermError, match=refused):
         require_scorable({t: domain.tasks[t] for t in ("3", "5")}, False)
     require_scorable({t: domain.tasks[t] for t in ("5", "6")}, False)
+    tasks[4]["evaluation_criteria"]["actions"][0]["requestor"] = "user"
+    data = Path(shutil.copytree(data, tmp_path / "airline-user-action"))  # another directory: load_domain caches
+    (data / "tasks.json").write_text(json.dumps(tasks), encoding="utf-8")
+    expected = (r"actions\[0\]\.name' is malformed, expected a tool of the airline domain's user "
+                r"\('get_user_details' is none of its 0 user tools\)")  # fmt: skip
+    with pytest.raises(DomainDataError, match=expected):
+        load_domain(AIRLINE, str(data))
 
 
 def test_a_malformed_initial_state_or_assertion_names_its_field(tmp_path: Path) -> None:
-    from tau2_rl.envs.data import DomainDataError
-
     raw = tau2_tasks("mock")[6]  # update_task_with_initialization_actions
     bad = json.loads(json.dumps(raw))
     bad["initial_state"]["initialization_actions"][0]["env_type"] = "agent"

@@ -15,6 +15,7 @@ from tau2_rl.envs.spec import DomainSpec
 DOMAINS: dict[str, str] = {
     "airline": "tau2_rl.domains.airline",
     "retail": "tau2_rl.domains.retail",
+    "telecom": "tau2_rl.domains.telecom",
     "mock": "tau2_rl.domains.mock",
 }
 """Domain name → the module whose ``SPEC`` describes it."""

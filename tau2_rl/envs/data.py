@@ -31,7 +31,6 @@ from tau2_rl.envs.state import dump
 if TYPE_CHECKING:
     from tau2_rl.envs.spec import DomainSpec
 
-DOMAIN_FILES = ("db.json", "tasks.json", "policy.md", "split_tasks.json")
 DATA_DIR_VARIABLE = "TAU2_DATA_DIR"
 REQUESTORS = ("assistant", "user")
 
@@ -127,15 +126,18 @@ class Task:
 
     @property
     def writes(self) -> bool:
-        """Whether any gold action changes the database (the stratum used by the splits and the metrics)."""
-        return any(action.name in self.write_tools for action in self.actions)
+        """Whether any gold action changes a database, the agent's or the user's (the stratum used by the splits and
+        the metrics)."""
+        user_writes = self.spec.user_write_tools() if any(a.requestor == "user" for a in self.actions) else frozenset()
+        return any(action.name in (self.write_tools if action.requestor == "assistant" else user_writes)
+                   for action in self.actions)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Domain:
-    """Everything loaded from the four domain files."""
+    """Everything loaded from the domain's files."""
 
-    db: dict[str, dict[str, Any]]
+    db: dict[str, Any]
     tasks: dict[str, Task]
     policy: str
     official_split: dict[str, list[str]]
@@ -143,6 +145,8 @@ class Domain:
     source: str = field(default="")
     tasks_sha256: str = ""
     """sha256 of the tasks file's text: results name the task set they were scored on (τ² changes its tasks)."""
+    user_db: dict[str, Any] | None = None
+    """The user's database (``model_dump`` of τ²'s model), for a domain whose user holds tools."""
 
     @property
     def name(self) -> str:
@@ -170,7 +174,7 @@ def domain_data_dir(spec: DomainSpec, data_dir: str | Path | None) -> str | None
     below it); without ``data_dir``, ``$TAU2_DATA_DIR/tau2/domains/<domain>`` when that variable is set."""
     if data_dir is not None:
         nested = Path(data_dir) / "tau2" / "domains" / spec.tau2_domain
-        if not (Path(data_dir) / DOMAIN_FILES[0]).is_file() and (nested / DOMAIN_FILES[0]).is_file():
+        if not (Path(data_dir) / spec.db_file).is_file() and (nested / spec.db_file).is_file():
             return str(nested)
         return str(data_dir)
     root = os.environ.get(DATA_DIR_VARIABLE)
@@ -198,17 +202,17 @@ def check_domain_files(spec: DomainSpec, data_dir: str | Path | None) -> str | N
     ``DomainDataError`` naming what is missing and the layouts ``--data_dir`` takes. Cheap: run it before
     anything heavy loads."""
     directory = domain_data_dir(spec, data_dir)
-    missing = [name for name in DOMAIN_FILES if not _location(spec, directory, name)[0].is_file()]
+    missing = [name for name in spec.files if not _location(spec, directory, name)[0].is_file()]
     if missing:
         where = _location(spec, directory, missing[0])[1]
         layouts = (
-            f" --data_dir takes the directory holding the domain's files ({', '.join(DOMAIN_FILES)}) or a τ²-bench "
+            f" --data_dir takes the directory holding the domain's files ({', '.join(spec.files)}) or a τ²-bench "
             f"checkout's data/ (the files in data/tau2/domains/{spec.tau2_domain})."
             if directory is not None
             else ""
         )
         raise DomainDataError(
-            f"Domain file {where} is missing (the {spec.name} domain needs {', '.join(DOMAIN_FILES)}; missing: "
+            f"Domain file {where} is missing (the {spec.name} domain needs {', '.join(spec.files)}; missing: "
             f"{', '.join(missing)}).{layouts}"
         )
     return directory
@@ -218,7 +222,7 @@ def _read_text(spec: DomainSpec, data_dir: str | None, name: str) -> tuple[str, 
     """Returns (text, human-readable location) of one domain file."""
     target, location = _location(spec, data_dir, name)
     if not target.is_file():
-        raise DomainDataError(f"Domain file {location} is missing (expected the files {', '.join(DOMAIN_FILES)}).")
+        raise DomainDataError(f"Domain file {location} is missing (expected the files {', '.join(spec.files)}).")
     return target.read_text(encoding="utf-8"), location
 
 
@@ -230,6 +234,13 @@ def domain_file_sha256(spec: DomainSpec, data_dir: str | Path | None, name: str)
 
 def _load_json(spec: DomainSpec, data_dir: str | None, name: str) -> tuple[Any, str]:
     text, location = _read_text(spec, data_dir, name)
+    if name.endswith(".toml"):  # as τ²'s load_file reads it (the toml package, τ²'s own requirement)
+        import toml
+
+        try:
+            return toml.loads(text), location
+        except toml.TomlDecodeError as err:
+            raise DomainDataError(f"{location} is not valid TOML: {err}") from err
     try:
         return json.loads(text), location
     except json.JSONDecodeError as err:
@@ -430,8 +441,12 @@ def load_domain(spec: DomainSpec, data_dir: str | Path | None = None) -> Domain:
 @functools.lru_cache(maxsize=8)
 def _load_domain(spec: DomainSpec, data_dir: str | None) -> Domain:
     check_domain_files(spec, data_dir)
-    db, db_location = _load_json(spec, data_dir, "db.json")
+    db, db_location = _load_json(spec, data_dir, spec.db_file)
     db = validate_db(spec, db, db_location)
+    user_db = None
+    if spec.user_db_file is not None and spec.user_db_model is not None:
+        raw_user_db, user_location = _load_json(spec, data_dir, spec.user_db_file)
+        user_db = validated_dump(spec.user_db_model(), raw_user_db, user_location)
     tasks_text, tasks_location = _read_text(spec, data_dir, "tasks.json")
     try:
         tasks_raw = json.loads(tasks_text)
@@ -440,6 +455,7 @@ def _load_domain(spec: DomainSpec, data_dir: str | None) -> Domain:
     _expect(isinstance(tasks_raw, list), tasks_location, "<root>", "a list of tasks")
     write_tools = spec.write_tools()
     tool_names = set(spec.tool_types())
+    user_tool_names = set(spec.user_tool_types()) if spec.user_tool_types is not None else set()
     task_set = spec.task_set_of(data_dir)
     lacking = task_set.missing_tools if task_set is not None else frozenset()  # the release's, known to be missing
     tasks: dict[str, Task] = {}
@@ -448,6 +464,11 @@ def _load_domain(spec: DomainSpec, data_dir: str | None) -> Domain:
         _expect(task.task_id not in tasks, tasks_location, f"[{i}].id", f"a unique id (duplicate {task.task_id})")
         for j, action in enumerate(task.actions):  # a gold call no tool answers would score nothing silently
             where = f"[{i}] (task {task.task_id}).evaluation_criteria.actions[{j}].name"
+            if action.requestor == "user":
+                expected = (f"a tool of the {spec.name} domain's user ({action.name!r} is none of its "
+                            f"{len(user_tool_names)} user tools)")  # fmt: skip
+                _expect(action.name in user_tool_names, tasks_location, where, expected)
+                continue
             expected = f"a tool of the {spec.name} domain ({action.name!r} is none of its {len(tool_names)} tools)"
             _expect(action.name in tool_names | lacking, tasks_location, where, expected)
         missing = sorted({action.name for action in task.actions} & lacking)
@@ -458,9 +479,15 @@ def _load_domain(spec: DomainSpec, data_dir: str | None) -> Domain:
         elif not task.unscorable and (beyond := unsupported_features(task)):
             task = replace(task, unscorable=f"it needs {', '.join(beyond)}, not run by this project yet")
         tasks[task.task_id] = task
-    policy, _ = _read_text(spec, data_dir, "policy.md")
+    texts = [_read_text(spec, data_dir, name)[0] for name in spec.policy_files]
+    policy = spec.compose_policy(texts) if spec.compose_policy is not None else texts[0]
     split_raw, split_location = _load_json(spec, data_dir, "split_tasks.json")
     split = _validate_split(split_raw, split_location, set(tasks))
+    if spec.task_split is not None:  # the domain plays one of τ²'s splits (its default task set)
+        _expect(spec.task_split in split, split_location, spec.task_split, "a list of task ids")
+        chosen = set(split[spec.task_split])
+        tasks = {key: task for key, task in tasks.items() if key in chosen}
+        split = {name: [t for t in ids if t in chosen] for name, ids in split.items()}
     source = str(data_dir) if data_dir is not None else f"package {spec.package}"
     return Domain(db=db, tasks=tasks, policy=policy, official_split=split, spec=spec, source=source,
-                  tasks_sha256=hashlib.sha256(tasks_text.encode("utf-8")).hexdigest())  # fmt: skip
+                  tasks_sha256=hashlib.sha256(tasks_text.encode("utf-8")).hexdigest(), user_db=user_db)  # fmt: skip

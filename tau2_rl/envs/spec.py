@@ -6,8 +6,9 @@ object (or the task and episode that carry it). A domain lives in one folder, ``
 ``SPEC`` fills every field below, and one line of the registry (``tau2_rl.domains.DOMAINS``). The fields are the
 checklist for a new domain, in the order a domain is built:
 
-1. **Files**: the installed package and directory its four τ² files (db.json, tasks.json, policy.md,
-   split_tasks.json) ship in, and which τ²-bench release they are.
+1. **Files**: the installed package and directory its τ² files ship in (by default db.json, tasks.json, policy.md,
+   split_tasks.json; a domain may read others: a TOML database, a user's database, a policy in two files), and
+   which τ²-bench release they are.
 2. **Data**: τ²'s database model, each table's record model, the fields every record must have.
 3. **Tools**: ``execute_tool`` (one agent call on an episode's copy-on-write state, answered as τ²'s
    ``Environment.get_response``), each tool's type (read / write / generic), the tools that end a conversation, and
@@ -147,6 +148,21 @@ class DomainSpec:
     """Tools that end the conversation in effect (the user answers the transfer)."""
     tau2_name: str = ""
     """The domain's name in τ²'s package (``tau2.domains.<tau2_name>``); default ``name``."""
+    files: tuple[str, ...] = ("db.json", "tasks.json", "policy.md", "split_tasks.json")
+    """The files the domain reads from its directory (all must be there; τ²'s layout)."""
+    db_file: str = "db.json"
+    """The agent's database file among ``files`` (JSON, or TOML as τ²'s ``load_file`` reads it)."""
+    user_db_file: str | None = None
+    """The user's database file, for a domain whose user holds tools (validated by ``user_db_model``)."""
+    user_db_model: Callable[[], type[BaseModel]] | None = None
+    policy_files: tuple[str, ...] = ("policy.md",)
+    """The policy's files among ``files``; with ``compose_policy``, what joins their texts (τ²'s own composition)."""
+    compose_policy: Callable[[list[str]], str] | None = None
+    task_split: str | None = None
+    """τ²'s split whose tasks the domain plays (telecom ships 2,285 tasks and scores its ``base`` 114); ``None``:
+    every task of tasks.json."""
+    user_tool_types: Callable[[], Mapping[str, str]] | None = None
+    """The user's tools → their type, for a domain whose user holds tools (a gold action of the user names one)."""
     environment: Callable[[Any, Any, str], Any] | None = None
     """For a domain whose episodes run in τ²'s own ``Environment`` (``tau2_rl.envs.world``): (agent database,
     user database or None, policy) → a τ² ``Environment`` on them. ``None``: the copy-on-write state
@@ -198,6 +214,10 @@ class DomainSpec:
 
     def write_tools(self) -> frozenset[str]:
         return frozenset(name for name, kind in self.tool_types().items() if kind == "write")
+
+    def user_write_tools(self) -> frozenset[str]:
+        types = self.user_tool_types() if self.user_tool_types is not None else {}
+        return frozenset(name for name, kind in types.items() if kind == "write")
 
     def read_tools(self) -> frozenset[str]:
         return frozenset(name for name, kind in self.tool_types().items() if kind == "read")

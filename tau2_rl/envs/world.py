@@ -42,6 +42,8 @@ class WorldBase:
         self.domain = domain
         self.db = spec.db_model().model_validate(domain.db)
         self.user_db: Any = None  # the user's database, for a domain whose user holds tools
+        if domain.user_db is not None and spec.user_db_model is not None:
+            self.user_db = spec.user_db_model().model_validate(domain.user_db)
         self._tau2_tasks: dict[str, Any] = {}
         self.base_hash = World(self).db_hash()
 

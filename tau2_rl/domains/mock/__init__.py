@@ -76,6 +76,6 @@ SPEC = DomainSpec(
     split_recipe=SplitRecipe(covered=3, order_salt="mock-splits"),
     prm_terms=_prm_terms,
     warmup_teachers={"oracle": 1, "noop": 1},
-    profile_tasks={"cpu-tiny": {}, "gpu-reference": {}},
+    profile_tasks={},  # no ablation profile plays it yet
     environment=_environment,
 )
