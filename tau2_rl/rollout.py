@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from tau2_rl.envs.episode import Episode
+from tau2_rl.envs.protocol import agent_view
 from tau2_rl.envs.runner import AgentTurn
 from tau2_rl.render import environment_suffix_ids, prompt_text
 from tau2_rl.sampling import turn_seed
@@ -106,8 +107,8 @@ class TokenPolicyAgent:
     def _environment_ids(self, episode: Episode) -> list[int]:
         """Tokens of the messages the environment added since the episode's last policy turn (mask 0)."""
         state = episode.agent_state
-        before = episode.messages[: state["seen"]]
-        return environment_suffix_ids(self.tokenizer, before, episode.messages, episode.tools)
+        before = agent_view(episode.messages[: state["seen"]])  # the user's own tool calls are not the agent's
+        return environment_suffix_ids(self.tokenizer, before, agent_view(episode.messages), episode.tools)
 
     def _append_environment(self, episode: Episode, suffix: list[int]) -> None:
         state = episode.agent_state

@@ -50,6 +50,7 @@ from tau2_rl.configs import CollectArguments
 from tau2_rl.data.build_cache import swap_into_place
 from tau2_rl.envs.episode import USER_ERROR, EpisodeRecord
 from tau2_rl.envs.multi import RunEnv, run_env, run_split
+from tau2_rl.envs.protocol import agent_view
 from tau2_rl.envs.runner import run_episodes
 from tau2_rl.envs.splits import Split
 from tau2_rl.envs.users import get_user_simulator
@@ -168,7 +169,7 @@ def attempt_payload(
         "user_model": settings["user_model"],
         "termination": record.termination,
         "reward": record.reward,
-        "messages": record.messages,
+        "messages": agent_view(record.messages),  # what the agent saw: the user's own calls are not trained on
         "tool_calls": [
             {"name": call.name, "error": call.error, "error_kind": call.error_kind} for call in record.tool_calls
         ],

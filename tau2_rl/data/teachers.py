@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import openai
 
 from tau2_rl.envs.agents import get_agent
+from tau2_rl.envs.protocol import agent_view
 from tau2_rl.envs.runner import AgentTurn
 from tau2_rl.envs.tool_calls import (
     TOOL_CALL_CLOSE,
@@ -235,7 +236,7 @@ class OpenAITeacher:
         if not episodes:
             return []
         runtime = self._ensure_runtime()
-        requests = [(openai_messages(e.messages), e.tools, self.seed_of(e), f"{e.task.task_id}:{e.seed}")
+        requests = [(openai_messages(agent_view(e.messages)), e.tools, self.seed_of(e), f"{e.task.task_id}:{e.seed}")
                     for e in episodes]  # fmt: skip
         answers = runtime.run(self._send_all(runtime, requests))
         turns = []

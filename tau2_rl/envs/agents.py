@@ -59,7 +59,10 @@ def plan_steps(
             reads.clear()
 
     for action in actions:
-        if action.name in task.spec.terminal_tools:
+        if action.requestor == "user":  # the user's own tool (its phone): the oracle asks the user to do it
+            flush()
+            steps.append({"kind": "say", "text": dialogue.ask_user_action(action.name, action.arguments)})
+        elif action.name in task.spec.terminal_tools:
             terminal.append(action)  # the conversation ends with it: play it after everything else
         elif action.name in task.write_tools:
             flush()
@@ -94,7 +97,7 @@ def plan_steps(
 
 def _last_user_message(episode: Episode) -> str:
     for message in reversed(episode.messages):
-        if message["role"] == "user":
+        if message["role"] == "user" and message.get("requestor") != "user":  # not a call of the user's own
             return str(message.get("content") or "")
     return ""
 

@@ -12,6 +12,7 @@ live episode (the user's last message, tool results) between turns.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -37,7 +38,7 @@ RAMBLE = " ".join(
 
 def _last_user(episode: Episode) -> str:
     for message in reversed(episode.messages):
-        if message["role"] == "user":
+        if message["role"] == "user" and message.get("requestor") != "user":  # not a call of the user's own
             return str(message.get("content") or "")
     return ""
 
@@ -258,15 +259,18 @@ def corrupt_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def _writes(task: Task) -> list[int]:
-    return [i for i, action in enumerate(task.actions) if action.name in task.write_tools]
+    """The gold actions that write, the agent's or (a domain whose user holds tools) the user's."""
+    user_writes = task.spec.user_write_tools() if any(a.requestor == "user" for a in task.actions) else frozenset()
+    return [i for i, action in enumerate(task.actions)
+            if action.name in (task.write_tools if action.requestor == "assistant" else user_writes)]  # fmt: skip
 
 
 def wrong_argument_actions(task: Task) -> list[GoldAction]:
-    """The gold actions with one argument of the first write corrupted."""
+    """The gold actions with one argument of the first write that takes arguments corrupted."""
     actions = list(task.actions)
-    first = _writes(task)[0]
-    action = actions[first]
-    actions[first] = GoldAction(action.action_id, action.name, corrupt_arguments(action.arguments))
+    writes = _writes(task)
+    first = next((i for i in writes if actions[i].arguments), writes[0])
+    actions[first] = dataclasses.replace(actions[first], arguments=corrupt_arguments(actions[first].arguments))
     return actions
 
 

@@ -408,7 +408,7 @@ def unsupported_features(task: Task) -> list[str]:
     copy-on-write state does neither; no domain yet replays a message history or plays the user's gold actions."""
     in_tau2 = task.spec.environment is not None
     features = [name for name in task.initial_state.features() if name == "message_history" or not in_tau2]
-    if any(action.requestor == "user" for action in task.actions):
+    if any(action.requestor == "user" for action in task.actions) and task.spec.user_tool_types is None:
         features.append("gold actions of the user (requestor 'user')")
     if "ENV_ASSERTION" in task.reward_basis and not in_tau2:
         features.append("the reward term ENV_ASSERTION (assertions on the final state)")

@@ -45,6 +45,11 @@ MAX_TURNS, MAX_TOOL_ERRORS, TOKEN_BUDGET, USER_ERROR = "max_turns", "max_tool_er
 MAX_STEPS, AGENT_ERROR = "max_steps", "agent_error"  # protocol tau2: τ²'s step cap; an empty agent message
 REWARDABLE_TERMINATIONS = frozenset({USER_STOP, USER_TRANSFER, USER_OUT_OF_SCOPE, AGENT_STOP})
 AGENT_STOP_TOKEN = "###STOP###"
+USER_SIDE = "user"
+MAX_USER_TOOL_ROUNDS = 10
+"""Under the project protocol (no step cap), a user that calls its tools more often in a row ends the episode as a
+user error."""
+"""The ``requestor`` of the user's own tool calls and their results (τ²'s name): messages the agent never sees."""
 
 
 @dataclass
@@ -86,6 +91,9 @@ class EpisodeRecord:
     user_error: str | None = None
     reward: dict[str, Any] | None = None
     agent_error: str | None = None  # a served agent's requests failed: not the policy's doing, not scored
+    user_tool_calls: list[ToolCallRecord] = field(default_factory=list)
+    """The user's own calls (a domain whose user holds tools): never the agent's, never in ``tool_calls``; each
+    ``turn`` is the number of agent turns before it."""
 
     @property
     def num_tool_calls(self) -> int:
@@ -104,7 +112,10 @@ class EpisodeRecord:
         return [turn.message for turn in self.turns if turn.message]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not data["user_tool_calls"]:  # a domain whose user holds no tools: the record as it always was
+            del data["user_tool_calls"]
+        return data
 
 
 @dataclass
@@ -155,6 +166,7 @@ class Episode:
         self.protocol: Protocol = protocol_rules(config.protocol)  # DomainEnv has checked the package
         self.steps = 0  # τ²'s orchestrator step count (the greeting is not a step)
         self._errors = 0
+        self._user_rounds = 0  # the user's tool-call rounds since it last spoke
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -178,9 +190,15 @@ class Episode:
 
     def _last_user_message(self) -> str:
         for message in reversed(self.messages):
-            if message["role"] == "user":
+            if message["role"] == "user" and message.get("requestor") != USER_SIDE:  # not a call of the user's own
                 return message["content"]
         return ""
+
+    def _sync(self) -> None:
+        """τ²'s ``sync_tools`` after every orchestrator step, for a state that has one (τ²'s Environment)."""
+        sync = getattr(self.state, "sync", None)
+        if sync is not None:
+            sync()
 
     def env_response(
         self,
@@ -279,6 +297,7 @@ class Episode:
             self.finish(MAX_TOOL_ERRORS)
         elif len(self.record.turns) >= self.config.max_turns:
             self.finish(MAX_TURNS)
+        self._sync()
         return tool_messages
 
     def agent_failed(self, error: str) -> None:
@@ -295,11 +314,45 @@ class Episode:
             return
         content = clean_text(content) if isinstance(content, str) else content
         self.messages.append({"role": "user", "content": content})
+        self._user_rounds = 0
         if termination is not None:
             self.finish(termination)
         if self.protocol.counts_steps:
             self.steps += 1
             self._check_tau2_limits()
+        self._sync()
+
+    def user_acts(self, calls: list[tuple[str, Any]], content: str | None = None) -> None:
+        """Runs the user's own tool calls (a domain whose user holds tools), as τ²'s orchestrator routes a user
+        message with tool calls: to the environment, each result back to the user alone (``requestor`` "user"; the
+        agent never sees either: ``protocol.agent_view``); the user then speaks again. Its text, if any, is not
+        delivered to the agent (τ² sends such a message to the environment only). Two steps (the message and the
+        environment's answer); the limits are checked after them; failed calls count toward the error cap."""
+        call_messages = [{"type": "function", "function": {"name": clean_text(str(name)), "arguments": clean_value(
+            arguments)}} for name, arguments in calls]  # fmt: skip
+        text = clean_text(content) if isinstance(content, str) and content else None
+        self.messages.append({"role": "user", "content": text, "tool_calls": call_messages, "requestor": USER_SIDE})
+        user_writes = self.task.spec.user_write_tools()
+        for call in call_messages:
+            name, arguments = call["function"]["name"], call["function"]["arguments"]
+            outcome = self.state.call(USER_SIDE, name, arguments)
+            result = clean_text(outcome.content)
+            self.record.user_tool_calls.append(
+                ToolCallRecord(turn=len(self.record.turns), name=name, arguments=arguments, result=result,
+                               error=outcome.error, error_kind=outcome.error_kind, is_write=name in user_writes)
+            )  # fmt: skip
+            self.messages.append({"role": "tool", "name": name, "content": result, "requestor": USER_SIDE})
+            self._errors += outcome.error
+        self._user_rounds += 1
+        if self.protocol.counts_steps:
+            self.steps += 2
+            self._check_tau2_limits()
+        elif self._errors >= self.config.max_tool_errors:
+            self.finish(MAX_TOOL_ERRORS)
+        elif self._user_rounds > MAX_USER_TOOL_ROUNDS:  # τ²'s step cap ends such a loop; the project protocol has none
+            self.record.user_error = f"the user called its tools {self._user_rounds} times in a row without speaking"
+            self.finish(USER_ERROR)
+        self._sync()
 
 
 class DomainEnv:

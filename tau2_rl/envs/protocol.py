@@ -204,6 +204,15 @@ def hides_from_user(messages: list[dict[str, Any]], index: int) -> bool:
     return index + 1 < len(messages) and messages[index + 1].get("role") == "tool"
 
 
+def agent_view(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages the agent sees: all but the user's own tool calls and their results (``requestor`` "user"), as
+    τ²'s ``is_valid_agent_history_message`` filters them. The very list when there are none (every airline and
+    retail episode), so a prefix of the view is the view of a prefix (the rollout diffs renders of the two)."""
+    if not any(message.get("requestor") == "user" for message in messages):
+        return messages
+    return [message for message in messages if message.get("requestor") != "user"]
+
+
 def user_visible_agent_messages(messages: list[dict[str, Any]], protocol: Protocol) -> list[int]:
     """Indices of the assistant messages the user sees under ``protocol``."""
     return [

@@ -205,18 +205,25 @@ class _Loop:
     def take_replies(self) -> None:
         """Applies every reply that has landed, in episode order (so an offline user's wave reads as before)."""
         landed = sorted((index, future) for future, index in self.waiting.items() if future.done())
-        done_now = []
+        done_now, again = [], []
         now = time.perf_counter()
         for index, future in landed:
             del self.waiting[future]
             reply = future.result()
             episode = self.episodes[index]
+            if reply.tool_calls and reply.error is None:  # the user acts on its own tools, then speaks again
+                start = time.perf_counter()
+                episode.user_acts(reply.tool_calls, reply.content)
+                self.timings.env += time.perf_counter() - start
+                (done_now if episode.is_completed else again).append(index)
+                continue
             episode.user_response(reply.content, reply.termination, reply.error)
             if episode.is_completed:
                 done_now.append(index)
             else:
                 self.ready[index] = now
         self._leave(done_now)
+        self.ask_users(again)
 
     def _due(self, now: float) -> float | None:
         """Seconds until the agent should act (0: now; None: only when a reply lands)."""

@@ -18,12 +18,25 @@ def tau2_messages(record: EpisodeRecord) -> list[dict[str, Any]]:
     messages = record.messages
     out: list[dict[str, Any]] = []
     turns = iter(record.turns)
-    index, greeted = 0, False
+    user_calls = iter(record.user_tool_calls)
+    index, greeted, rounds = 0, False, 0
     while index < len(messages):
         message = messages[index]
         role = message["role"]
         index += 1
         if role == "system":
+            continue
+        if role == "user" and message.get("requestor") == "user":  # the user's own calls, then their results
+            calls = [next(user_calls) for _ in message.get("tool_calls") or []]
+            ids = [f"user_call_{rounds}_{k}" for k in range(len(calls))]
+            rounds += 1
+            out.append({"role": "user", "content": message.get("content") or None, "tool_calls": [
+                {"id": call_id, "name": call.name, "arguments": call.arguments or {}, "requestor": "user"}
+                for call_id, call in zip(ids, calls, strict=True)]})  # fmt: skip
+            for call_id, call in zip(ids, calls, strict=True):
+                out.append({"id": call_id, "role": "tool", "content": call.result, "requestor": "user",
+                            "error": call.error})  # fmt: skip
+            index += len(calls)  # their tool messages follow
             continue
         if role == "user":
             out.append({"role": "user", "content": message.get("content")})

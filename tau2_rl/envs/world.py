@@ -16,6 +16,7 @@ database hash (``db_hash``: the agent's and the user's, as τ²'s DB check compa
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from tau2_rl.envs.protocol import tau2_module
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from tau2_rl.envs.spec import DomainSpec
 
 
+@functools.cache
 def toolkit_tool_types(toolkit: type) -> dict[str, str]:
     """A τ² toolkit class's tools → τ²'s tool type (``read``, ``write``, ``generic``, ``think``), in τ²'s order."""
     attribute = tau2_module("tau2.environment.toolkit").TOOL_TYPE_ATTR
@@ -91,6 +93,10 @@ class World:
         toolkit = self.env.tools if requestor == "assistant" else self.env.user_tools
         method = toolkit.tools.get(name) if toolkit is not None else None
         return respond(name, arguments, method, after=self.env.sync_tools)
+
+    def sync(self) -> None:
+        """τ²'s ``sync_tools`` (the orchestrator runs it after every step)."""
+        self.env.sync_tools()
 
     def initialize(self, task: Task) -> None:
         """τ²'s ``set_state`` with the task's initialization data and actions (each followed by ``sync_tools``)."""

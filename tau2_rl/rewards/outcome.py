@@ -109,9 +109,9 @@ class RewardBreakdown:
 
 
 def action_checks(task: Task, record: EpisodeRecord) -> list[bool]:
-    """τ²'s ``ActionEvaluator``: per gold action, whether a tool call of the trajectory matches it (a block that did
-    not parse is no tool call)."""
-    calls = [call for call in record.tool_calls if call.error_kind != "parse"]
+    """τ²'s ``ActionEvaluator``: per gold action, whether a tool call of the trajectory matches it, the agent's or
+    the user's (τ² compares neither the requestor nor the order; a block that did not parse is no tool call)."""
+    calls = [call for call in [*record.tool_calls, *record.user_tool_calls] if call.error_kind != "parse"]
     return [any(matches_gold(action, call.name, call.arguments) for call in calls) for action in task.actions]
 
 

@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 
+from tau2_rl.envs.protocol import agent_view
 from tau2_rl.rollout import policy_max_context
 from tau2_rl.run.omp_wait import VARIABLE, wait_policy_note
 
@@ -323,7 +324,7 @@ def _play(spec: WorkerSpec, backend: Any, request: BatchRequest) -> tuple[list, 
     states = [
         {k: list(v) if isinstance(v, list) else v for k, v in ep.agent_state.items() if k != "seen"} for ep in episodes
     ]
-    return records, prm, states, [ep.messages[2:] for ep in episodes], timings
+    return records, prm, states, [agent_view(ep.messages)[2:] for ep in episodes], timings
 
 
 def take_the_server(playing: Any, wanted: Any, parent: int) -> bool:

@@ -64,6 +64,7 @@ from tau2_rl.backends import trl_prefix, vllm_seeds
 from tau2_rl.configs import MultiTurnGRPOConfig
 from tau2_rl.envs.episode import Episode, EpisodeRecord
 from tau2_rl.envs.multi import RunEnv
+from tau2_rl.envs.protocol import agent_view
 from tau2_rl.envs.runner import RunTimings, Schedule, run_episodes
 from tau2_rl.envs.users.base import UserSimulator
 from tau2_rl.rewards.outcome import outcome_reward
@@ -407,7 +408,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         tool_mask = [list(ep.agent_state["tool_mask"]) for ep in episodes]
         logprobs = [list(ep.agent_state["logprobs"]) for ep in episodes] if self.use_vllm else None
         self._pad_empty_completions(completion_ids, tool_mask, logprobs)
-        completions = [ep.messages[2:] for ep in episodes]
+        completions = [agent_view(ep.messages)[2:] for ep in episodes]  # the user's own calls are not the agent's
         extra = [_episode_summary(record, prm) for record, prm in zip(records, prm_results, strict=True)]
         self._rollout_episodes = episodes
         self._env_seconds += timings.env + timings.user + timings.reward

@@ -38,11 +38,14 @@ def detect_stop(content: str) -> str | None:
 
 @dataclass
 class UserReply:
-    """One user turn: its text, the termination its stop token asks for, or the simulator's failure."""
+    """One user turn: its text, the termination its stop token asks for, or the simulator's failure; or, for a
+    domain whose user holds tools, its own tool calls (name, arguments), which the runner executes before asking the
+    user again (τ²: a user message with tool calls goes to the environment, never to the agent)."""
 
     content: str = ""
     termination: str | None = None
     error: str | None = None
+    tool_calls: list[tuple[str, Any]] | None = None
 
     @classmethod
     def from_text(cls, content: str) -> UserReply:
@@ -57,8 +60,9 @@ def episode_protocol(episode: Episode) -> Protocol:
 def agent_messages_since_user(episode: Episode) -> list[str]:
     """The texts the agent showed the user since the user last spoke (tool calls and results are invisible; under
     the ``tau2`` protocol so is the text of a message that calls tools, which τ² sends to the environment only)."""
-    messages = episode.messages
-    start = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1) + 1
+    messages = episode.messages  # the user "last spoke" in text: its own tool calls and their results do not count
+    start = max((i for i, m in enumerate(messages) if m["role"] == "user" and m.get("requestor") != "user"),
+                default=-1) + 1  # fmt: skip
     visible = set(user_visible_agent_messages(messages, episode_protocol(episode)))
     return [messages[i]["content"] for i in range(start, len(messages)) if i in visible and messages[i].get("content")]
 

@@ -159,6 +159,19 @@ def build_profile(task: Task) -> UserProfile:
     return UserProfile(identity=task.spec.dialogue.identity(task), opening=opening, facts=tuple(facts))
 
 
+def _own_results(episode: Episode) -> list[tuple[str, Any, str]]:
+    """The user's own calls since it last spoke, with their results: (tool, arguments, result)."""
+    acted: list[tuple[str, Any, str]] = []
+    for message in reversed(episode.messages):
+        if message.get("requestor") != "user" or message["role"] != "tool":
+            break
+        acted.append(("", None, str(message.get("content") or "")))
+    if not acted:
+        return []
+    calls = episode.record.user_tool_calls[-len(acted) :]
+    return [(call.name, call.arguments, call.result) for call in calls]
+
+
 class ScriptedUser(UserSimulator):
     """Rule-based user simulator (see the module docstring); never raises, always ends by ``max_user_turns``."""
 
@@ -178,12 +191,22 @@ class ScriptedUser(UserSimulator):
 
     def reply(self, episode: Episode) -> UserReply:
         try:
-            return UserReply.from_text(self._reply_text(episode))
+            acted = _own_results(episode)
+            if acted:  # it acted on its phone: it says what the phone showed (and whether that solved it)
+                return UserReply.from_text(self._report(episode, acted))
+            text = self._reply_text(episode)
+            return text if isinstance(text, UserReply) else UserReply.from_text(text)
         except Exception as err:  # a stand-in must never crash a run; end the conversation instead
             logger.exception("scripted user failed on task %s", episode.task.task_id)
             return UserReply(error=f"scripted user failed: {err!r}")
 
-    def _reply_text(self, episode: Episode) -> str:
+    @staticmethod
+    def _report(episode: Episode, acted: list[tuple[str, Any, str]]) -> str:
+        dialogue = episode.task.spec.dialogue
+        text = dialogue.report(acted)  # type: ignore[attr-defined]  # a dialogue of a user who holds tools
+        return f"{text} It works now, thank you! {STOP}" if dialogue.satisfied(episode.task, acted) else text
+
+    def _reply_text(self, episode: Episode) -> str | UserReply:
         state = episode.user_state
         turn = state.get("turns", 0)
         state["turns"] = turn + 1
@@ -201,6 +224,11 @@ class ScriptedUser(UserSimulator):
             return TRANSFER
         if _CLOSING.search(text) or _REFUSAL.search(text):
             return STOP
+        acts = getattr(episode.task.spec.dialogue, "user_actions", None)  # a user who holds tools: do what is asked
+        calls = acts(episode.task, text) if acts is not None and not _CONFIRMATION.search(text) else []
+        if calls:
+            state["turns"] = turn  # acting is not a turn of talk: the report that follows is
+            return UserReply(tool_calls=calls)
         if _CONFIRMATION.search(text):
             return pick(_YES)
         ids = episode.task.spec.dialogue.identity_answer(profile.identity, text)
