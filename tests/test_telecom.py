@@ -250,3 +250,37 @@ def test_evaluate_py_scores_telecoms_test_split(tmp_path: Path) -> None:
     assert len(simulations) == 40 and all(s["reward_info"]["env_assertions"] for s in simulations)
     user_calls = [m for s in simulations for m in s["messages"] if m["role"] == "user" and m.get("tool_calls")]
     assert user_calls and all(c["requestor"] == "user" for m in user_calls for c in m["tool_calls"])
+
+
+def test_the_llm_user_acts_on_its_phone_and_a_rerun_asks_nothing(env: DomainEnv, tmp_path: Path) -> None:
+    """The LLM user is offered its 30 tools (τ²'s guidelines for a user with tools, τ²'s schemas, ``tool_choice``
+    auto); its calls run on its phone and their results come back to it alone; a rerun with the reply cache replays
+    the same calls and asks the endpoint nothing."""
+    from openai_stub_server import StubServer
+
+    keys = [k for k in env.task_keys if "airplane_mode_on" in k][:2]
+    records = []
+    with StubServer("user_device", model="stub-user", stop_after=3) as server:
+        for _ in range(2):
+            user = get_user_simulator("llm", base_url=server.base_url, model="stub-user", cache_dir=str(tmp_path))
+            agent = _AskForAirplaneMode()
+            records.append(run_episodes(env, agent, user, [(k, 0) for k in keys], score=outcome_reward))
+            user.close()
+        asked = server.requests
+    first, second = records
+    assert all(r.user_tool_calls and r.user_tool_calls[0].name == "toggle_airplane_mode" for r in first)
+    assert [r.messages for r in first] == [r.messages for r in second]
+    assert asked == sum(sum(m["role"] == "user" for m in r.messages) for r in first)  # the second run: no request
+
+
+class _AskForAirplaneMode:
+    """An agent that asks the user to toggle airplane mode, then says goodbye."""
+
+    name = "ask"
+
+    def act(self, episodes: list) -> list[str]:
+        turns = []
+        for episode in episodes:
+            count = episode.agent_state["turns"] = episode.agent_state.get("turns", 0) + 1
+            turns.append("Please run toggle_airplane_mode on your phone." if count == 1 else "Thank you, goodbye!")
+        return turns

@@ -322,14 +322,22 @@ class Episode:
             self._check_tau2_limits()
         self._sync()
 
-    def user_acts(self, calls: list[tuple[str, Any]], content: str | None = None) -> None:
+    def user_acts(self, calls: list[tuple[Any, ...]], content: str | None = None) -> None:
         """Runs the user's own tool calls (a domain whose user holds tools), as τ²'s orchestrator routes a user
         message with tool calls: to the environment, each result back to the user alone (``requestor`` "user"; the
         agent never sees either: ``protocol.agent_view``); the user then speaks again. Its text, if any, is not
         delivered to the agent (τ² sends such a message to the environment only). Two steps (the message and the
         environment's answer); the limits are checked after them; failed calls count toward the error cap."""
-        call_messages = [{"type": "function", "function": {"name": clean_text(str(name)), "arguments": clean_value(
-            arguments)}} for name, arguments in calls]  # fmt: skip
+        call_messages = []
+        for call in calls:  # (name, arguments) or, from an LLM user, (name, arguments, the call's id)
+            name, arguments = call[0], call[1]
+            entry = {
+                "type": "function",
+                "function": {"name": clean_text(str(name)), "arguments": clean_value(arguments)},
+            }
+            if len(call) > 2 and call[2]:
+                entry["id"] = clean_text(str(call[2]))
+            call_messages.append(entry)
         text = clean_text(content) if isinstance(content, str) and content else None
         self.messages.append({"role": "user", "content": text, "tool_calls": call_messages, "requestor": USER_SIDE})
         user_writes = self.task.spec.user_write_tools()

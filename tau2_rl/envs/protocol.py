@@ -183,18 +183,36 @@ def tau2_tool_schemas(tau2_domain: str) -> list[dict[str, Any]]:
     return [tool.openai_schema for tool in environment.get_environment().get_tools()]
 
 
+@functools.cache
+def tau2_user_tools(tau2_domain: str) -> tuple[Any, ...]:
+    """τ²'s ``Tool`` objects of the user's toolkit of ``tau2_domain``, in τ²'s order (what ``run_task`` gives its
+    ``UserSimulator``); none for a domain whose user holds no tools."""
+    tau2_reference()
+    environment = importlib.import_module(f"tau2.domains.{tau2_domain}.environment").get_environment()
+    return tuple(environment.get_user_tools()) if environment.user_tools is not None else ()
+
+
+def user_tool_schemas(spec: DomainSpec) -> list[dict[str, Any]]:
+    """The user's tools as OpenAI tools (τ²'s ``openai_schema``), for a domain whose user holds tools; else []."""
+    if spec.user_tool_types is None:
+        return []
+    return [tool.openai_schema for tool in tau2_user_tools(spec.tau2_domain)]
+
+
 _USER_PROMPTS: dict[tuple[int, str], str] = {}
 
 
 def tau2_user_system_prompt(task: Task) -> str:
     """What τ²'s ``UserSimulator`` is prompted with for ``task`` (built by τ²'s classes from the task's own record,
-    as τ²'s ``run_task`` does: ``instructions=str(task.user_scenario)``; no domain here has user tools yet).
-    Built once per task object: every request of the LLM user carries it."""
+    as τ²'s ``run_task`` does: ``instructions=str(task.user_scenario)``, and the user's tools where it holds some,
+    which choose τ²'s guidelines for a user with tools). Built once per task object: every request of the LLM user
+    carries it."""
     key = (id(task), task.task_id)
     if key not in _USER_PROMPTS:
         reference = tau2_reference()
         scenario = reference.UserScenario.model_validate(task.raw["user_scenario"])
-        _USER_PROMPTS[key] = reference.UserSimulator(tools=None, instructions=str(scenario)).system_prompt
+        tools = list(tau2_user_tools(task.spec.tau2_domain)) if task.spec.user_tool_types is not None else None
+        _USER_PROMPTS[key] = reference.UserSimulator(tools=tools, instructions=str(scenario)).system_prompt
     return _USER_PROMPTS[key]
 
 

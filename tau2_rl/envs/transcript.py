@@ -28,7 +28,7 @@ def tau2_messages(record: EpisodeRecord) -> list[dict[str, Any]]:
             continue
         if role == "user" and message.get("requestor") == "user":  # the user's own calls, then their results
             calls = [next(user_calls) for _ in message.get("tool_calls") or []]
-            ids = [f"user_call_{rounds}_{k}" for k in range(len(calls))]
+            ids = [call.get("id") or f"user_call_{rounds}_{k}" for k, call in enumerate(message["tool_calls"])]
             rounds += 1
             out.append({"role": "user", "content": message.get("content") or None, "tool_calls": [
                 {"id": call_id, "name": call.name, "arguments": call.arguments or {}, "requestor": "user"}

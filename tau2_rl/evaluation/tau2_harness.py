@@ -170,10 +170,16 @@ class HarnessComparison:
         for name, keys in (("missing on one side", self.missing), ("rewards differ", self.reward_differs),
                            ("terminations differ", self.termination_differs),
                            ("conversations differ", self.conversation_differs)):  # fmt: skip
-            shown = ", ".join(f"{task}#{trial}" for task, trial in sorted(keys, key=lambda k: (int(k[0]), k[1])))
+            shown = ", ".join(f"{task}#{trial}" for task, trial in sorted(keys, key=_order))
             lines.append(f"{name}: {len(keys)}" + (f" ({shown})" if keys else ""))
         lines.append("equal: every reward, termination and conversation" if self.equal else "NOT equal")
         return "\n".join(lines)
+
+
+def _order(key: tuple[str, int]) -> tuple[int, str, int]:
+    """Numeric task ids in numeric order, others (telecom's) after them in text order."""
+    task, trial = key
+    return (int(task), "", trial) if task.isdigit() else (1 << 62, task, trial)
 
 
 def _simulations(data: Any) -> dict[tuple[str, int], dict[str, Any]]:
@@ -193,7 +199,7 @@ def compare_results(theirs: Path | dict[str, Any], ours: Path | dict[str, Any]) 
     ]
     theirs_sims, ours_sims = (_simulations(x) for x in loaded)
     result = HarnessComparison()
-    for key in sorted(set(theirs_sims) | set(ours_sims), key=lambda k: (int(k[0]), k[1])):
+    for key in sorted(set(theirs_sims) | set(ours_sims), key=_order):
         a, b = theirs_sims.get(key), ours_sims.get(key)
         result.rewards[key] = (_reward(a) if a else None, _reward(b) if b else None)
         if a is None or b is None:

@@ -45,7 +45,8 @@ class UserReply:
     content: str = ""
     termination: str | None = None
     error: str | None = None
-    tool_calls: list[tuple[str, Any]] | None = None
+    tool_calls: list[tuple[Any, ...]] | None = None
+    """(name, arguments), or (name, arguments, id) as an LLM endpoint named the call."""
 
     @classmethod
     def from_text(cls, content: str) -> UserReply:

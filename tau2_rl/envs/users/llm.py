@@ -46,7 +46,13 @@ from typing import TYPE_CHECKING, Any
 
 import openai
 
-from tau2_rl.envs.protocol import TAU2, TAU2_RL, tau2_user_system_prompt, user_visible_agent_messages
+from tau2_rl.envs.protocol import (
+    TAU2,
+    TAU2_RL,
+    tau2_user_system_prompt,
+    user_tool_schemas,
+    user_visible_agent_messages,
+)
 from tau2_rl.envs.text import clean_text
 from tau2_rl.envs.users.base import UserReply, UserSimulator, episode_protocol, resolved
 from tau2_rl.files import mkstemp_honouring_umask
@@ -119,26 +125,38 @@ def user_system_prompt(task: Task, protocol: str = TAU2) -> str:
     return f"{rules}\n\n# Scenario\n\n{scenario}"
 
 
-def tau2_user_view(episode: Episode) -> list[dict[str, str]]:
+def tau2_user_view(episode: Episode) -> list[dict[str, Any]]:
     """What τ²'s ``UserSimulator`` sends for this episode: its system prompt, then ``flip_roles`` of the messages it
-    received (the agent's text-only messages as ``user``, its own replies as ``assistant``), contents as they are."""
+    received (the agent's text-only messages as ``user``, its own replies as ``assistant``), contents as they are.
+    A user who holds tools also sees its own calls (an ``assistant`` message with ``tool_calls``, arguments as JSON
+    text) and their results (``tool`` messages), as τ²'s litellm conversion writes them."""
     protocol = episode_protocol(episode)
     visible = set(user_visible_agent_messages(episode.messages, protocol))
-    conversation = [{"role": "system", "content": user_system_prompt(episode.task, TAU2)}]
+    conversation: list[dict[str, Any]] = [{"role": "system", "content": user_system_prompt(episode.task, TAU2)}]
+    ids: list[str] = []
     for index, message in enumerate(episode.messages):
-        if message["role"] == "user":
+        if message["role"] == "user" and message.get("requestor") == "user":
+            ids = [call.get("id") or f"user_call_{index}_{k}" for k, call in enumerate(message["tool_calls"])]
+            calls = [{"id": call_id, "type": "function", "function": {
+                "name": call["function"]["name"], "arguments": json.dumps(call["function"]["arguments"])}}
+                for call_id, call in zip(ids, message["tool_calls"], strict=True)]  # fmt: skip
+            conversation.append({"role": "assistant", "content": message.get("content"), "tool_calls": calls})
+        elif message["role"] == "tool" and message.get("requestor") == "user":
+            conversation.append({"role": "tool", "content": message.get("content"), "tool_call_id": ids.pop(0)})
+        elif message["role"] == "user":
             conversation.append({"role": "assistant", "content": message.get("content")})
         elif index in visible:
             conversation.append({"role": "user", "content": message.get("content")})
     return conversation
 
 
-def user_view(episode: Episode) -> list[dict[str, str]]:
+def user_view(episode: Episode) -> list[dict[str, Any]]:
     """The conversation as the user-LLM sees it: the agent's visible texts as ``user``, its own replies as
     ``assistant``. Tool calls, tool results and the agent's system prompt are invisible. Under ``tau2`` it is
     ``tau2_user_view``; under ``tau2_rl`` consecutive messages of one side are merged, since several chat
-    templates reject two turns in a row from the same role."""
-    if episode_protocol(episode).name == TAU2:
+    templates reject two turns in a row from the same role. A user who holds tools is always prompted as τ²
+    prompts it (``tau2_user_view``: its calls and their results are part of its conversation)."""
+    if episode_protocol(episode).name == TAU2 or episode.task.spec.user_tool_types is not None:
         return tau2_user_view(episode)
     conversation: list[dict[str, str]] = [{"role": "system", "content": user_system_prompt(episode.task, TAU2_RL)}]
     for message in episode.messages:
@@ -280,13 +298,23 @@ class ReplyCache:
 
     @staticmethod
     def key(
-        model: str, sampling: dict[str, Any], seed: int, messages: list[dict[str, str]], *, raw: bool = False
+        model: str,
+        sampling: dict[str, Any],
+        seed: int,
+        messages: list[dict[str, Any]],
+        *,
+        raw: bool = False,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """``raw``: the reply is kept as sent (``tau2``), not stripped; a key of its own, so that a cache written
-        before whitespace was kept (stripped replies) is never replayed as a τ² reply. Stripped keys are unchanged."""
-        material = {"v": CACHE_FORMAT, "model": model, "sampling": sampling, "seed": seed, "messages": messages}
+        before whitespace was kept (stripped replies) is never replayed as a τ² reply. Stripped keys are unchanged.
+        ``tools``: the user's own tools, offered with the request (part of the key only when there are some)."""
+        material: dict[str, Any] = {"v": CACHE_FORMAT, "model": model, "sampling": sampling, "seed": seed,
+                                    "messages": messages}  # fmt: skip
         if raw:
             material["reply"] = "raw"
+        if tools:
+            material["tools"] = tools
         blob = json.dumps(material, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
@@ -305,13 +333,35 @@ class ReplyCache:
         content = entry.get("content") if isinstance(entry, dict) else None
         return content if isinstance(content, str) and content.strip() else None
 
-    def put(self, key: str, content: str, model: str) -> None:
+    def get_reply(self, key: str) -> UserReply | None:
+        """The cached reply of ``key``: its text, or the user's own tool calls (with their text, if any)."""
+        path = self.path(key)
+        try:
+            entry = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as err:
+            logger.warning("Ignoring unreadable user-simulator cache entry %s: %s", path, err)
+            return None
+        calls = entry.get("tool_calls") if isinstance(entry, dict) else None
+        if isinstance(calls, list) and calls and all(isinstance(c, dict) for c in calls):
+            content = entry.get("content") if isinstance(entry.get("content"), str) else ""
+            return UserReply(content=content, tool_calls=[(c.get("name"), c.get("arguments") or {}, c.get("id", ""))
+                                                          for c in calls])  # fmt: skip
+        content = self.get(key)
+        return None if content is None else UserReply.from_text(content)
+
+    def put(self, key: str, content: str, model: str, tool_calls: list[tuple[str, Any, str]] | None = None) -> None:
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = mkstemp_honouring_umask(path.parent, prefix=f".{key[:8]}.", suffix=".tmp")
+        entry: dict[str, Any] = {"v": CACHE_FORMAT, "model": model, "content": content}
+        if tool_calls:
+            entry["tool_calls"] = [{"name": name, "arguments": arguments, "id": call_id}
+                                   for name, arguments, call_id in tool_calls]  # fmt: skip
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump({"v": CACHE_FORMAT, "model": model, "content": content}, handle, ensure_ascii=False)
+                json.dump(entry, handle, ensure_ascii=False)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -328,6 +378,8 @@ class _Request:
     key: str
     raw: bool = False
     """Keep the reply's whitespace (``tau2``: τ²'s ``UserSimulator`` takes the content as the endpoint sent it)."""
+    tools: list[dict[str, Any]] | None = None
+    """The user's own tools, offered with ``tool_choice="auto"`` (a domain whose user holds tools)."""
 
 
 class _LoopRuntime:
@@ -434,15 +486,16 @@ class LLMUser(UserSimulator):
         for episode in episodes:
             messages = user_view(episode)
             seed = self.config.seed + episode.seed
-            raw = episode_protocol(episode).name == TAU2
-            key = ReplyCache.key(self.config.model, self._sampling, seed, messages, raw=raw)
-            cached = self.cache.get(key) if self.cache is not None else None
+            tools = user_tool_schemas(episode.task.spec) or None
+            raw = episode_protocol(episode).name == TAU2 or tools is not None
+            key = ReplyCache.key(self.config.model, self._sampling, seed, messages, raw=raw, tools=tools)
+            cached = self.cache.get_reply(key) if self.cache is not None else None
             if cached is not None:
                 self._count(cache_hits=1, replies=1)
-                futures.append(resolved(UserReply.from_text(cached)))
+                futures.append(resolved(cached))
                 continue
             runtime = runtime or self._ensure_runtime()
-            request = _Request(index=len(futures), messages=messages, seed=seed, key=key, raw=raw)
+            request = _Request(index=len(futures), messages=messages, seed=seed, key=key, raw=raw, tools=tools)
             futures.append(asyncio.run_coroutine_threadsafe(self._send_and_store(runtime, request), runtime.loop))
         return futures
 
@@ -515,7 +568,7 @@ class LLMUser(UserSimulator):
         answer = await self._send(runtime, request)
         if self.cache is not None and answer.error is None:
             try:
-                self.cache.put(request.key, answer.content, self.config.model)
+                self.cache.put(request.key, answer.content, self.config.model, answer.tool_calls)
             except OSError as err:  # a full or read-only disk must not fail the episode
                 logger.warning("Could not write the user-simulator cache entry %s: %s", request.key, err)
         return answer
@@ -533,10 +586,15 @@ class LLMUser(UserSimulator):
             async with runtime.semaphore:  # held per attempt, not during the backoff sleep
                 self._count(requests=1)
                 start = time.perf_counter()
+                offered = {"tools": request.tools, "tool_choice": "auto"} if request.tools else {}
                 try:
                     response = await asyncio.wait_for(
                         runtime.client.chat.completions.create(
-                            model=config.model, messages=request.messages, seed=request.seed, **self._sampling
+                            model=config.model,
+                            messages=request.messages,
+                            seed=request.seed,
+                            **self._sampling,
+                            **offered,
                         ),
                         timeout=config.timeout,
                     )
@@ -557,8 +615,12 @@ class LLMUser(UserSimulator):
                     continue
                 finally:
                     self._latency(time.perf_counter() - start)
+            calls = _reply_tool_calls(response) if request.tools else None
+            if isinstance(calls, str):  # arguments that are no JSON object: τ²'s json.loads would fail the run
+                last_error = calls
+                continue
             content = _reply_text(response, raw=request.raw)
-            if content is None:
+            if content is None and not calls:
                 last_error = "the endpoint returned an empty reply"
                 continue
             usage = getattr(response, "usage", None)
@@ -567,11 +629,33 @@ class LLMUser(UserSimulator):
                 prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
                 completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
             )
-            return UserReply.from_text(content)
+            if calls:  # τ²: a message with tool calls goes to the environment; its text, if any, to nobody
+                return UserReply(content=content or "", tool_calls=calls)
+            return UserReply.from_text(content or "")
         self._count(failures=1)
         message = f"LLM user simulator ({config.model} at {config.base_url}) failed after {attempt + 1} attempt(s): "
         logger.warning("%s%s", message, last_error)
         return UserReply(error=message + last_error)
+
+
+def _reply_tool_calls(response: Any) -> list[tuple[str, Any, str]] | str | None:
+    """The first choice's tool calls as (name, arguments, id), None when it has none, or what is wrong with them."""
+    choices = getattr(response, "choices", None) or []
+    calls = getattr(choices[0].message, "tool_calls", None) if choices else None
+    if not calls:
+        return None
+    parsed = []
+    for call in calls:
+        function = getattr(call, "function", None)
+        name = getattr(function, "name", None)
+        try:
+            arguments = json.loads(getattr(function, "arguments", None) or "{}")
+        except (TypeError, ValueError):
+            return f"the endpoint sent a tool call ({name}) whose arguments are not JSON"
+        if not isinstance(name, str) or not isinstance(arguments, dict):
+            return f"the endpoint sent a malformed tool call ({name!r}: arguments {arguments!r})"
+        parsed.append((clean_text(name), arguments, str(getattr(call, "id", "") or "")))
+    return parsed
 
 
 def _reply_text(response: Any, *, raw: bool = False) -> str | None:
