@@ -163,3 +163,31 @@ def test_the_report_gives_retail_figures_on_retail_conversations_and_refuses_ano
     with pytest.raises(SystemExit):
         bench(flags)
     assert "replayed tool observations differ from the recorded ones" in capsys.readouterr().err
+
+
+def test_telecoms_reference_counts_the_users_actions_the_agent_asked_for(monkeypatch) -> None:
+    """Telecom's basis is ENV_ASSERTION: the reference's write terms count its gold writes of both sides, a write of
+    the user's credited to the agent's turn that asked for it. On 30 telecom tasks: the oracle above the first gold
+    action alone, above the do-nothing agent (its P13 for every gold write), and v2's policy rules never evaluated."""
+    from tau2_rl.envs.behaviours import partial_oracle
+
+    telecom = DomainEnv(get_domain("telecom"))
+    for name in ("new_facts", "write_violations", "consent_issues", "justified_refusal", "denies"):
+        monkeypatch.setattr(AirlinePolicy, name, _raise)  # the airline policy: never read here
+    keys = [(k, 0) for k in telecom.task_keys[:30]]
+    scores: dict[str, list[float]] = {}
+    for name, agent in (("oracle", BEHAVIOURS["oracle_text"]()), ("noop", BEHAVIOURS["noop"]()),
+                        ("first", partial_oracle(1))):  # fmt: skip
+        records = run_episodes(telecom, agent, get_user_simulator("scripted"), keys, score=outcome_reward)
+        scores[name] = [score_episode(r, rules="reference+v2", env=telecom).process_score for r in records]
+        if name == "oracle":
+            record = next(r for r in records if r.user_tool_calls)
+            fired = score_episode(record, rules="reference", env=telecom).fired
+            asking = record.user_tool_calls[0].turn - 1  # the agent's turn before the user acted
+            assert fired[asking].get("B9", 0) >= 1 and not record.turns[asking].tool_call_indices
+    mean = {name: sum(values) / len(values) for name, values in scores.items()}
+    assert mean["oracle"] > mean["first"] > mean["noop"], mean
+
+
+def _raise(*args, **kwargs):
+    raise AssertionError("the airline policy was read while telecom was scored")

@@ -717,9 +717,11 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         metrics["episode/truncation_rate"].append(sum(e["truncated"] for e in everything) / n)
         user_errors = sum(bool(e["user_error"]) for e in everything)
         metrics["episode/user_sim_errors"].append(float(user_errors))
-        for term in sorted({t for e in everything for t in e["terms"]}):  # each term of the tasks' reward bases
-            met = [e["terms"][term] for e in everything if term in e["terms"]]
-            metrics[f"reward_term/{term}"].append(sum(met) / len(met))
+        terms = sorted({t for e in everything for t in e["terms"]})  # each term of the tasks' reward bases, when one
+        if set(terms) - {"DB", "COMMUNICATE"}:  # goes beyond τ²'s default pair (whose runs log what they always did)
+            for term in terms:
+                met = [e["terms"][term] for e in everything if term in e["terms"]]
+                metrics[f"reward_term/{term}"].append(sum(met) / len(met))
         if len(self.env.members) > 1:  # a run over several domains: each domain's episodes apart (those it played)
             for domain in sorted({e["domain"] for e in everything}):
                 mine = [e for e in everything if e["domain"] == domain]

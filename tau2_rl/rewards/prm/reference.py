@@ -13,8 +13,11 @@ reward replays its gold actions. This module scores each assistant turn against 
 - P13: each gold write never matched, and P15: an episode that did not end by the agent or the user, both charged
   on the last turn.
 
-The terms follow the task's ``reward_basis``: the write terms (B9, P12, P13, P14) only where it names DB, B11 only
-where it names COMMUNICATE (τ²-bench 1.0.1's retail counts its ``communicate_info`` nowhere).
+The terms follow the task's ``reward_basis``: the write terms (B9, P12, P13, P14) only where it names DB or
+ENV_ASSERTION (the state the reward checks; P14 only with DB: its gold replay), B11 only where it names COMMUNICATE
+(τ²-bench 1.0.1's retail counts its ``communicate_info`` nowhere). Where the user holds tools (telecom), its own calls
+are progress too, credited to the agent's turn that asked for them (the last one before the user acted): a gold write
+of the user's done by the user earns that turn B9, a write of the user's no gold write wants P12.
 
 It uses privileged task information: a training signal only, never an evaluation metric. It reads the task through
 the environment object that played the episode (``env.task``), never a file; the rule modules stay pure.
@@ -126,9 +129,16 @@ def reference_turns(record: EpisodeRecord, env: HasDomain) -> ReferenceTurns:
     task = env.task(record.task_id)
     basis = set(task.reward_basis)  # progress toward the terms the task's reward counts, none other
     ordered = "DB" in basis and write_order_matters(env.base_of(record.task_id), task)
-    # the task's domain's write tools; the gold writes are what its DB term checks
-    gold_writes = [a for a in task.actions if a.name in task.write_tools] if "DB" in basis else []
-    gold_other = [a for a in task.actions if a.name not in task.write_tools]
+    state_checked = bool(basis & {"DB", "ENV_ASSERTION"})  # the writes are what its DB or assertion term checks
+
+    def writes(action: GoldAction) -> bool:
+        return action.name in (task.write_tools if action.requestor == "assistant" else task.spec.user_write_tools())
+
+    gold_writes = [a for a in task.actions if writes(a)] if state_checked else []
+    gold_other = [a for a in task.actions if not writes(a)]
+    asked: dict[int, list[Any]] = {}  # the user's own calls, by the agent turn that asked for them
+    for call in record.user_tool_calls:
+        asked.setdefault(call.turn - 1, []).append(call)
     matched_writes = [False] * len(gold_writes)
     matched_other = [False] * len(gold_other)
     said: set[str] = set()
@@ -137,14 +147,12 @@ def reference_turns(record: EpisodeRecord, env: HasDomain) -> ReferenceTurns:
     fired: list[dict[str, int]] = []
     for turn in record.turns:
         counts: dict[str, int] = {}
-        for index in turn.tool_call_indices:
-            if not 0 <= index < len(record.tool_calls):
-                continue
-            call = record.tool_calls[index]
+        own = [record.tool_calls[i] for i in turn.tool_call_indices if 0 <= i < len(record.tool_calls)]
+        for call in [*own, *asked.get(turn.index, [])]:
             if call.error:
                 continue  # a failed call changed nothing and looked nothing up
-            if call.is_write and "DB" not in basis:
-                continue  # the reward does not look at the database: a write is neither progress nor a fault
+            if call.is_write and not state_checked:
+                continue  # the reward does not look at the state: a write is neither progress nor a fault
             if call.is_write:
                 hit = _first_match(gold_writes, matched_writes, call.name, call.arguments)
                 if hit is None:
