@@ -21,7 +21,7 @@ from tau2_rl.envs.multi import run_env
 from tau2_rl.envs.runner import run_episodes
 from tau2_rl.envs.users.base import UserSimulator
 from tau2_rl.envs.users.scripted import ScriptedUser
-from tau2_rl.rewards.outcome import outcome_reward
+from tau2_rl.rewards.outcome import TERM_FIELDS, outcome_reward
 from tau2_rl.run.cli import one_line_argparse_errors
 
 logger = logging.getLogger(__name__)
@@ -85,11 +85,13 @@ def main(argv: list[str] | None = None) -> int:
         reward = record.reward or {}
         passed += reward.get("reward") == 1.0
         missing = reward.get("communicate_missing") or []
+        basis = env.task(record.task_id).reward_basis  # the terms the task's reward counts, as τ² scores it
+        terms = "  ".join(f"{field}={reward.get(field)!s:5}" for term, field in TERM_FIELDS.items() if term in basis)
         print(
-            f"task {record.task_id:>3}  reward {reward.get('reward', 0.0):.0f}  "
-            f"db_match={reward.get('db_match')!s:5}  communicate_ok={reward.get('communicate_ok')!s:5}  "
+            f"task {record.task_id:>3}  reward {reward.get('reward', 0.0):.0f}  {terms}  "
             f"termination={record.termination:<16}  turns={len(record.turns):>2}  "
             f"tool_calls={record.num_tool_calls:>2}  tool_errors={record.num_tool_errors}"
+            + (f"  user_calls={len(record.user_tool_calls)}" if record.user_tool_calls else "")
             + (f"  missing={missing}" if missing else "")
         )
     print(f"pass rate ({args.agent} agent, {args.user} user): {passed}/{len(records)} = {passed / len(records):.1%}")

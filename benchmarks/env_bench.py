@@ -12,7 +12,9 @@ One episode = reset + the task's gold actions run through ``execute_tool`` + the
 Usage: ``python benchmarks/env_bench.py [--reps 20] [--naive-reps 1] [--tasks 50]``. Prints medians; the speed-up is
 the last line.
 
-``--domain retail`` measures τ²'s retail domain the same way (the 114 tasks' gold actions; 1,000 orders, 500 users,
+``--domain telecom``: an episode in τ²'s own environment on copies of the databases against τ²'s harness per
+episode (``telecom_bench``). ``--domain retail`` measures τ²'s retail domain the same way (the 114 tasks' gold
+actions; 1,000 orders, 500 users,
 50 products): fast = the episode's copy-on-write state under τ²'s own ``RetailTools`` (``tau2_rl.domains``), naive
 = τ²'s own environment per episode as τ²'s harness builds it (its RetailDB read and validated from db.json, the
 gold replay on a second one, ``get_db_hash`` on both). ``--run DIR`` (a training run's output directory, e.g. the
@@ -118,11 +120,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=20, help="repetitions of all tasks on the fast path")
     parser.add_argument("--naive-reps", type=int, default=1, help="repetitions of all tasks on the naive path")
     parser.add_argument("--tasks", type=int, default=None, help="number of tasks (the first N; default: all)")
-    parser.add_argument("--domain", default="airline", choices=("airline", "retail"), help="τ² domain")
+    parser.add_argument("--domain", default="airline", choices=("airline", "retail", "telecom"), help="τ² domain")
     parser.add_argument("--run", default=None, help="a training run's output_dir: its environment share of a step")
     args = parser.parse_args(argv)
     if args.domain != "airline":
-        retail_bench(args)
+        (telecom_bench if args.domain == "telecom" else retail_bench)(args)
         if args.run:
             print(run_share(args.run))
         return
@@ -252,6 +254,83 @@ def retail_bench(args: argparse.Namespace) -> None:
     print_episodes(len(tasks), gold_s, fast_total, naive_total, "  (τ²'s environment, twice)")
     print(f"fast reset+reward alone: median {median_ms(fast_reset_reward):.4f} ms")
     print(f"speed-up (naive / fast, per-episode medians): {naive_ms / fast_ms:.0f}x")
+
+
+def telecom_bench(args: argparse.Namespace) -> None:
+    """Telecom: an episode in τ²'s own environment on copies of the loaded databases (``tau2_rl.envs.world``: reset
+    with the task's initialization actions, both sides' gold actions with ``sync_tools`` after each, the assertions on
+    the live final state) against τ²'s harness per episode (``get_environment`` reading its TOML files, ``set_state``,
+    the same calls through ``get_response``, then its evaluator: two more environments, the strict replay of the
+    conversation, the gold replay, the assertions)."""
+    import os
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from tau2_rl.envs.protocol import tau2_reference
+
+    tau2_reference()
+    from tau2.data_model.message import AssistantMessage, ToolCall, UserMessage
+    from tau2.data_model.simulation import SimulationRun
+    from tau2.data_model.tasks import Task as Tau2Task
+    from tau2.domains.telecom.environment import get_environment
+    from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
+
+    from tau2_rl.rewards.outcome import env_check
+
+    spec = get_domain("telecom")
+    domain = load_domain(spec)
+    t0 = time.perf_counter()
+    base = shared_base(spec)
+    build_s = time.perf_counter() - t0
+    tasks = list(domain.tasks.values())[: args.tasks]
+
+    def ours(task: Task) -> tuple[bool, float, float]:
+        t0 = time.perf_counter()
+        world = base.new_state()
+        world.initialize(task)
+        t1 = time.perf_counter()
+        for action in task.actions:
+            world.call(action.requestor, action.name, action.arguments)
+        t2 = time.perf_counter()
+        met = all(env_check(world, check)["met"] for check in task.env_assertions)
+        t3 = time.perf_counter()
+        return met, t3 - t0, (t1 - t0) + (t3 - t2)
+
+    def theirs(task: Task) -> tuple[bool, float]:
+        t0 = time.perf_counter()
+        model = Tau2Task.model_validate(task.raw)
+        env = get_environment()
+        state = model.initial_state
+        env.set_state(state.initialization_data, state.initialization_actions, [])
+        messages: list[Any] = []
+        for k, action in enumerate(task.actions):
+            call = ToolCall(id=f"c{k}", name=action.name, arguments=dict(action.arguments), requestor=action.requestor)
+            if action.requestor == "assistant":
+                messages.append(AssistantMessage(role="assistant", tool_calls=[call]))
+            else:
+                messages.append(UserMessage(role="user", tool_calls=[call]))
+            messages.append(env.get_response(call))
+        run = SimulationRun(id="bench", task_id=task.task_id, start_time="", end_time="", duration=0.0,
+                            termination_reason="user_stop", messages=messages)  # fmt: skip
+        info = evaluate_simulation(run, model, EvaluationType.ALL, False, "telecom")
+        return all(check.met for check in info.env_assertions or []), time.perf_counter() - t0
+
+    for task in tasks:  # the same assertion outcomes both ways, gold played by the side that holds each tool
+        assert ours(task)[0] == theirs(task)[0], task.task_id
+    fast_total: list[float] = []
+    fast_reset_reward: list[float] = []
+    for _ in range(args.reps):
+        for task in tasks:
+            met, total, reset_reward = ours(task)
+            fast_total.append(total)
+            fast_reset_reward.append(reset_reward)
+    naive_total = [theirs(task)[1] for _ in range(args.naive_reps) for task in tasks]
+    fast_ms, naive_ms = median_ms(fast_total), median_ms(naive_total)
+    print(f"telecom: {len(tasks)} tasks; WorldBase build {build_s * 1000:.0f} ms (once per process)")
+    print(f"ours  episodes: {len(fast_total):5d}  median {fast_ms:9.3f} ms/episode  (reset + gold calls + assertions)")
+    print(f"τ²'s  episodes: {len(naive_total):5d}  median {naive_ms:9.3f} ms/episode  (its environment, calls, "
+          "evaluator)")  # fmt: skip
+    print(f"ours reset+reward alone: median {median_ms(fast_reset_reward):.4f} ms")
+    print(f"speed-up (τ²'s / ours, per-episode medians): {naive_ms / fast_ms:.1f}x")
 
 
 def run_share(run_dir: str) -> str:

@@ -168,6 +168,7 @@ MODULE_SECONDS = {
     "test_quick_start_ahead.py": 125, "test_graceful_stop.py": 120, "test_generation_ahead.py": 110,
     "test_experiment.py": 92, "test_multiprocess.py": 45, "test_sharded_sft.py": 45, "test_schedule_e2e.py": 43,
     "test_deepspeed_cpu.py": 40, "test_retail_training.py": 190,  # the mixed quick start: at f027585, measured alone
+    "test_telecom_training.py": 85,  # its quick start, its default policy built: measured alone
     # vLLM stage (the same run's measure; test_vllm_served.py's from its 8 tasks then, 4 now)
     "test_vllm.py": 500, "test_vllm_served.py": 300, "test_vllm_async.py": 175,
 }  # fmt: skip

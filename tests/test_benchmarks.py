@@ -63,3 +63,17 @@ def test_env_bench_measures_retail_beside_a_runs_step(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "retail database: 1550 records" in done.stdout and "speed-up (naive / fast" in done.stdout
     assert "environment + user + reward 2.00% of a step (median over 2 steps; step 2.00 s" in done.stdout
+
+
+def test_env_bench_measures_telecom_against_taus_harness() -> None:
+    """benchmarks/env_bench.py --domain telecom: an episode in τ²'s own environment on copies of the databases
+    (reset with the initialization actions, both sides' gold calls, the assertions) against τ²'s harness per episode;
+    the two agree on every task's assertions (asserted inside) and the speed-up is printed last."""
+    command = [sys.executable, "benchmarks/env_bench.py", "--domain", "telecom", "--reps", "1", "--tasks", "6"]
+    done = subprocess.run(
+        command, cwd=ROOT, env={**os.environ, **OFFLINE, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "telecom: 6 tasks" in done.stdout
+    assert done.stdout.strip().splitlines()[-1].startswith("speed-up (τ²'s / ours, per-episode medians): ")

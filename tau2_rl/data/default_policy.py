@@ -38,10 +38,12 @@ their results, the user simulator and the reward are the real ones. A real run k
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import io
 import logging
 import os
+import re
 import shutil
 import sys
 from collections.abc import Sequence
@@ -112,7 +114,10 @@ def default_policy_dir(
     cache predates domains): one cache entry per warm-up setting."""
     tag = domains_tag(specs)
     name = DEFAULT_POLICY_DIR_NAME if tag is None else f"{DEFAULT_POLICY_DIR_NAME}-{tag.replace(',', '+')}"
-    return Path(outputs_dir) / f"{name}-t{'_'.join(task.replace('/', '.') for task in tasks)}-e{epochs}"
+    joined = "_".join(task.replace("/", ".") for task in tasks)
+    if not re.fullmatch(r"[\w.+-]+", joined):  # ids no shell takes bare (telecom's "[service_issue]a|b[...]")
+        joined = "h" + hashlib.sha256(",".join(tasks).encode()).hexdigest()[:12]
+    return Path(outputs_dir) / f"{name}-t{joined}-e{epochs}"
 
 
 def _params(

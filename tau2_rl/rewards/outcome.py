@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 TERMS = ("DB", "COMMUNICATE", "ACTION", "ENV_ASSERTION", "NL_ASSERTION")
 """τ²'s reward terms (``RewardType``)."""
+TERM_FIELDS = {"DB": "db_match", "COMMUNICATE": "communicate_ok", "ACTION": "action_ok", "ENV_ASSERTION": "env_ok",
+               "NL_ASSERTION": "nl_ok"}  # fmt: skip
+"""Each term → the ``RewardBreakdown`` field saying whether an episode met it."""
 
 
 class RewardTermError(ValueError):

@@ -137,6 +137,7 @@ STEP_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("sat", "episode/group_saturation", "{:.2f}"),
     ("turns", "episode/turns", "{:.1f}"),
     ("tool calls", "episode/tool_calls", "{:.1f}"),
+    ("user calls", "episode/user_tool_calls", "{:.1f}"),  # a domain whose user holds tools: its own calls
     ("loss", "loss", "{:.4g}"),
 )
 

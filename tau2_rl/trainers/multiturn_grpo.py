@@ -67,7 +67,7 @@ from tau2_rl.envs.multi import RunEnv
 from tau2_rl.envs.protocol import agent_view
 from tau2_rl.envs.runner import RunTimings, Schedule, run_episodes
 from tau2_rl.envs.users.base import UserSimulator
-from tau2_rl.rewards.outcome import outcome_reward
+from tau2_rl.rewards.outcome import TERM_FIELDS, outcome_reward
 from tau2_rl.rewards.prm import PRMResult, episode_rule_stats, score_episode, within_group_signal
 from tau2_rl.rollout import TokenPolicyAgent, policy_max_context
 from tau2_rl.run.sharding import LaunchError, ShardedLaunch
@@ -695,6 +695,7 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
                 "process": s["prm"]["process_score"],
                 "turns": s["num_turns"],
                 "tool_calls": s["num_tool_calls"],
+                "user_tool_calls": len(r.user_tool_calls),
                 "tool_errors": s["num_tool_errors"],
                 "truncated": s["truncated"],
                 "user_error_text": r.user_error if s["reward"]["user_error"] else None,
@@ -712,6 +713,8 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         metrics["episode/process_reward"].append(sum(e["process"] for e in everything) / n)
         metrics["episode/turns"].append(sum(e["turns"] for e in everything) / n)
         metrics["episode/tool_calls"].append(sum(e["tool_calls"] for e in everything) / n)
+        if any(member.spec.user_tool_types is not None for member in self.env.members):  # the user's own calls
+            metrics["episode/user_tool_calls"].append(sum(e["user_tool_calls"] for e in everything) / n)
         calls = sum(e["tool_calls"] for e in everything)
         metrics["episode/tool_error_rate"].append(sum(e["tool_errors"] for e in everything) / calls if calls else 0.0)
         metrics["episode/truncation_rate"].append(sum(e["truncated"] for e in everything) / n)
@@ -838,8 +841,7 @@ class UserErrorStop(TrainerCallback):
         return self.stopped_at is not None
 
 
-REWARD_TERM_FIELDS = {"DB": "db_match", "COMMUNICATE": "communicate_ok", "ACTION": "action_ok",
-                      "ENV_ASSERTION": "env_ok", "NL_ASSERTION": "nl_ok"}  # fmt: skip
+REWARD_TERM_FIELDS = TERM_FIELDS
 
 
 def reward_terms(reward: dict[str, Any], basis: tuple[str, ...]) -> dict[str, float]:
