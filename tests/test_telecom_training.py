@@ -5,8 +5,8 @@ default policy, cached in outputs/ beside the others), trains with GRPO against 
 broken (airplane mode on, mobile data off). τ²'s reward is its assertions on the final state, which talking alone
 never meets: the agent must ask the user to toggle airplane mode and mobile data, and the user does it on its phone.
 The run must gain at least ``GAIN_FLOOR`` outcome reward first → last quarter (measured +0.30, +0.24 and +0.27 for
-seeds 42, 1, 2 on a 2-core AMD EPYC: ``MEASURED``), the user must act (``episode/user_tool_calls``), and the assertion term is logged. Under
-``exhaustive``: the four other variants on telecom, a few steps each.
+seeds 42, 1, 2 on a 2-core AMD EPYC: ``MEASURED``), the user must act (``episode/user_tool_calls``), and the
+assertion term is logged. Under ``exhaustive``: the four other variants on telecom, a few steps each.
 """
 
 from __future__ import annotations
