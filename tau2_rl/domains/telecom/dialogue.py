@@ -184,7 +184,7 @@ def user_actions(task: Task, text: str) -> list[tuple[str, dict[str, Any]]]:
     for clause in _CLAUSE.findall(text.lower()):
         if not _ASKING.search(clause):
             continue
-        tool = next((name for name in _user_tool_names() if re.search(rf"\b{name}\b", clause)), None)
+        tool = next((name for name in _user_tool_names(task.spec) if re.search(rf"\b{name}\b", clause)), None)
         if tool is None:
             tool = next((name for name, pattern in _ACT_PATTERNS if pattern.search(clause)), None)
         if tool is None:
@@ -196,11 +196,9 @@ def user_actions(task: Task, text: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 @functools.cache
-def _user_tool_names() -> tuple[str, ...]:
-    from tau2_rl.domains.telecom import SPEC
-
-    assert SPEC.user_tool_types is not None
-    return tuple(SPEC.user_tool_types())
+def _user_tool_names(spec: Any) -> tuple[str, ...]:
+    """The user's tool names (the task's domain spec: this module is part of it and imports none)."""
+    return tuple(spec.user_tool_types()) if spec.user_tool_types is not None else ()
 
 
 def report(calls: list[tuple[str, dict[str, Any], str]]) -> str:
