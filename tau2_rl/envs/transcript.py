@@ -16,10 +16,12 @@ from tau2_rl.envs.tool_calls import parse_assistant_text
 def tau2_messages(record: EpisodeRecord) -> list[dict[str, Any]]:
     """The episode's conversation as τ² message dicts (``turn_idx`` numbered as τ²'s ``get_trajectory`` does)."""
     messages = record.messages
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = [dict(message) for message in record.history]  # as the task records it (ids kept)
     turns = iter(record.turns)
     user_calls = iter(record.user_tool_calls)
     index, greeted, rounds = 0, False, 0
+    if record.history:  # the resumed conversation: its messages follow the system prompt, no greeting
+        index, greeted = 1 + len(record.history), True
     while index < len(messages):
         message = messages[index]
         role = message["role"]

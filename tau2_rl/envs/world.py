@@ -99,11 +99,12 @@ class World:
         self.env.sync_tools()
 
     def initialize(self, task: Task) -> None:
-        """τ²'s ``set_state`` with the task's initialization data and actions (each followed by ``sync_tools``)."""
+        """τ²'s ``set_state``: the task's initialization data and actions (each followed by ``sync_tools``), then the
+        tool calls of its message history replayed strictly (τ² raises where one answers otherwise than recorded)."""
         state = self.base.tau2_task(task).initial_state
         if state is None:
             return
-        self.env.set_state(state.initialization_data, state.initialization_actions, [])
+        self.env.set_state(state.initialization_data, state.initialization_actions, state.message_history or [])
 
     def assertion(self, check: EnvCall) -> bool:
         """τ²'s ``run_env_assertion`` of one environment assertion (its function's own exception propagates)."""

@@ -114,8 +114,10 @@ class RewardBreakdown:
 def action_checks(task: Task, record: EpisodeRecord) -> list[bool]:
     """τ²'s ``ActionEvaluator``: per gold action, whether a tool call of the trajectory matches it, the agent's or
     the user's (τ² compares neither the requestor nor the order; a block that did not parse is no tool call)."""
-    calls = [call for call in [*record.tool_calls, *record.user_tool_calls] if call.error_kind != "parse"]
-    return [any(matches_gold(action, call.name, call.arguments) for call in calls) for action in task.actions]
+    calls = [(call.name, call.arguments) for call in [*record.tool_calls, *record.user_tool_calls]
+             if call.error_kind != "parse"]  # fmt: skip
+    calls += record.history_calls()  # τ²'s trajectory begins with the task's history
+    return [any(matches_gold(action, name, arguments) for name, arguments in calls) for action in task.actions]
 
 
 def needs_judge(task: Task) -> bool:

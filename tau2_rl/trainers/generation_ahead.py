@@ -324,7 +324,7 @@ def _play(spec: WorkerSpec, backend: Any, request: BatchRequest) -> tuple[list, 
     states = [
         {k: list(v) if isinstance(v, list) else v for k, v in ep.agent_state.items() if k != "seen"} for ep in episodes
     ]
-    return records, prm, states, [agent_view(ep.messages)[2:] for ep in episodes], timings
+    return records, prm, states, [agent_view(ep.messages)[ep.prefix_length :] for ep in episodes], timings
 
 
 def take_the_server(playing: Any, wanted: Any, parent: int) -> bool:

@@ -408,7 +408,9 @@ class MultiTurnGRPOTrainer(ShardedLaunch, GRPOTrainer):
         tool_mask = [list(ep.agent_state["tool_mask"]) for ep in episodes]
         logprobs = [list(ep.agent_state["logprobs"]) for ep in episodes] if self.use_vllm else None
         self._pad_empty_completions(completion_ids, tool_mask, logprobs)
-        completions = [agent_view(ep.messages)[2:] for ep in episodes]  # the user's own calls are not the agent's
+        completions = [
+            agent_view(ep.messages)[ep.prefix_length :] for ep in episodes
+        ]  # the user's own calls are not the agent's
         extra = [_episode_summary(record, prm) for record, prm in zip(records, prm_results, strict=True)]
         self._rollout_episodes = episodes
         self._env_seconds += timings.env + timings.user + timings.reward

@@ -64,3 +64,14 @@ def describe_action(name: str, args: dict[str, Any]) -> str:
     if name == "update_task_status":
         return f"mark task {args.get('task_id')} as {args.get('status')}"
     return f"run {name} with {json.dumps(args, sort_keys=True)}"
+
+
+def assertion_actions(task: Task) -> list[Any]:
+    """For a task whose gold names no action, only assertions (``update_task_with_history_and_env_assertions``): the
+    write each assertion checks for, which the oracle then plays (a task status asserted → that status set)."""
+    from tau2_rl.envs.data import GoldAction
+
+    return [GoldAction(f"assert_{k}", "update_task_status", {"task_id": check.arguments.get("task_id"),
+                                                             "status": check.arguments.get("expected_status")})
+            for k, check in enumerate(task.env_assertions)
+            if check.func_name == "assert_task_status" and check.assert_value]  # fmt: skip

@@ -208,7 +208,9 @@ class ScriptedUser(UserSimulator):
 
     def _reply_text(self, episode: Episode) -> str | UserReply:
         state = episode.user_state
-        turn = state.get("turns", 0)
+        if "turns" not in state:  # a conversation resumed from a task's history: what the user said there counts
+            state["turns"] = sum(m["role"] == "user" and m.get("requestor") != "user" for m in episode.messages)
+        turn = state["turns"]
         state["turns"] = turn + 1
         profile = self._profile(episode.task)
         if turn == 0:
