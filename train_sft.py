@@ -39,9 +39,7 @@ from tau2_rl.trainers.sft_run import export_and_summarize, resolve_dataset, run_
 logger = logging.getLogger(__name__)
 
 
-def resolve_model_path(
-    model_args: ModelConfig, script_args: SFTScriptArguments, output_dir: str, env: RunEnv
-) -> str:
+def resolve_model_path(model_args: ModelConfig, script_args: SFTScriptArguments, output_dir: str, env: RunEnv) -> str:
     """The model to fine-tune: the given path, or the embedded tiny model (built once and cached)."""
     if model_args.model_name_or_path:
         base_model.check_local_model(model_args.model_name_or_path)

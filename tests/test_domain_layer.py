@@ -154,7 +154,9 @@ def test_only_the_registry_is_imported_outside_the_domain_folders() -> None:
 def test_every_registered_domain_is_one_folder_with_its_spec() -> None:
     for name, module in DOMAINS.items():
         spec = get_domain(name)
-        folder = PACKAGE / "domains" / name
-        assert folder.is_dir() and (folder / "__init__.py").is_file() and module == f"tau2_rl.domains.{name}"
+        folder = PACKAGE / "domains" / (spec.variant_of or name)  # a policy variant lives in its domain's folder
+        assert folder.is_dir() and (folder / "__init__.py").is_file()
+        home = f"tau2_rl.domains.{spec.variant_of}." if spec.variant_of else None
+        assert module == f"tau2_rl.domains.{name}" or (home is not None and module.startswith(home))
         assert spec.name == name and spec.module == module
         assert Path(spec.split_file()).parent == folder  # its split file lives in its folder

@@ -11,6 +11,7 @@ from openai_stub_server import PROBE_TEXT, WRITE_ADDRESS, StubServer
 from tau2_harness import compare_harnesses, load, served_args
 
 import evaluate
+from tau2_rl.data.teachers import PROBE_SYSTEM
 from tau2_rl.domains import get_domain
 from tau2_rl.envs.protocol import tau2_available
 from tau2_rl.evaluation import INPUT_ERRORS, run_evaluation
@@ -185,20 +186,24 @@ def test_tau2_harness_agrees_on_1_0_1_retail_with_the_nl_assertion_judge(tmp_pat
         assert verdicts == [(c["nl_assertion"], c["met"]) for c in ours[task_id].get("nl_assertions") or []], task_id
 
 
-def test_tau2_harness_agrees_on_telecom_with_a_user_who_acts_on_the_phone(tmp_path: Path) -> None:
+@pytest.mark.parametrize("domain", ["telecom", "telecom-workflow"])
+def test_tau2_harness_agrees_on_telecom_with_a_user_who_acts_on_the_phone(tmp_path: Path, domain: str) -> None:
     """``tau2 run --domain telecom`` and ``evaluate.py --domain telecom`` on the same stubs, the user offered its
     phone's 30 tools: the agent looks the line up and asks the user to run ``toggle_airplane_mode`` and then
     ``check_status_bar``; the user runs each on its phone (its calls and their results go to it alone) and says what
     the phone showed. Equal rewards, assertions, terminations, conversations (the user's calls included) and requests
-    (the user's carrying its tools, with ``tool_choice`` auto, and τ²'s guidelines for a user with tools)."""
+    (the user's carrying its tools, with ``tool_choice`` auto, and τ²'s guidelines for a user with tools). The same
+    under τ²'s workflow policy (``telecom-workflow``: the agent's system prompt holds that policy, as τ²'s does)."""
     tasks = TELECOM_TASKS
     with (
         StubServer("agent_write", model="stub-agent") as agent,
         StubServer("user_device", model="stub-user", stop_after=4) as user,
     ):
         rewards = compare_harnesses(tmp_path, agent.base_url, agent.model, user, tasks, agent_stub=agent,
-                                    domain="telecom")  # fmt: skip
+                                    domain=domain)  # fmt: skip
         offered = [b for b in user.bodies if b.get("tools")]
+        systems = {b["messages"][0]["content"] for b in agent.bodies} - {PROBE_SYSTEM}
+    assert len(systems) == 1 and ("Troubleshooting Workflow" in systems.pop()) == (domain == "telecom-workflow")
     assert set(rewards) == set(tasks) and offered and all(len(b["tools"]) == 30 for b in offered)
     assert all(b["tool_choice"] == "auto" for b in offered)
     assert "You cannot do both" in offered[0]["messages"][0]["content"]  # τ²'s guidelines for a user with tools

@@ -52,6 +52,7 @@ def taus_initialized(env: DomainEnv, key: str):
     environment = taus_environment()
     state = tau2_module("tau2.data_model.tasks").Task.model_validate(env.task(key).raw).initial_state
     environment.set_state(state.initialization_data, state.initialization_actions, [])
+    environment.sync_tools()  # τ²'s orchestrator ends its initialization so
     return environment
 
 
@@ -146,6 +147,49 @@ def test_random_calls_of_both_sides_answer_and_hash_as_tau2(env: DomainEnv, exha
             answer = theirs.get_response(call)
             assert (ours.content, ours.error) == (answer.content, answer.error), (key, requestor, name, arguments)
             assert world.db_hash() == f"{theirs.get_db_hash()}|{theirs.get_user_db_hash()}", (key, name)
+
+
+def _shared_state(world) -> tuple:
+    """Everything of a τ² environment an episode could change: both databases and the user's VPN details."""
+    env = world.env
+    return env.tools.db.model_dump(), env.user_tools.db.model_dump(), env.user_tools.default_vpn_details.model_dump()
+
+
+def test_reads_and_assertions_leave_the_shared_initial_state_as_it_was(env: DomainEnv) -> None:
+    """Copy-on-write (tau2_rl/envs/world.py): the episodes of a task share its initialized state until their first
+    call of a tool that is not a read. On every task, every read tool of both sides (several plausible argument sets
+    each) and every one of the task's assertions run on the shared state answer as on τ²'s environment, and leave
+    both databases and the VPN details as they were; a write copies first, so a second episode of the task still
+    starts from the untouched state."""
+    rng = random.Random(3)
+    theirs_env = taus_environment()
+    schemas = {"assistant": {t.name: t.openai_schema for t in theirs_env.get_tools()},
+               "user": {t.name: t.openai_schema for t in theirs_env.get_user_tools()}}  # fmt: skip
+    message = tau2_module("tau2.data_model.message")
+    for key in env.task_keys:
+        task = env.task(key)
+        world = env.base.new_state()
+        world.initialize(task)
+        before = _shared_state(world)
+        theirs = taus_initialized(env, key)
+        for requestor, reads in env.base.read_tools.items():
+            for name in sorted(reads):
+                for _ in range(3):
+                    arguments = _arguments(rng, name, schemas[requestor][name])
+                    ours = world.call(requestor, name, arguments)
+                    answer = theirs.get_response(message.ToolCall(id="c", name=name, arguments=arguments,
+                                                                  requestor=requestor))  # fmt: skip
+                    assert (ours.content, ours.error) == (answer.content, answer.error), (key, name, arguments)
+        for check in task.env_assertions:
+            world.assertion(check)
+        assert not world.own and _shared_state(world) == before, key
+        assert world.db_hash() == f"{theirs.get_db_hash()}|{theirs.get_user_db_hash()}", key
+        sibling = env.base.new_state()
+        sibling.initialize(task)
+        assert sibling.env is world.env  # one initialization per task
+        sibling.call("user", "toggle_airplane_mode", {})
+        assert sibling.own and sibling.env is not world.env and _shared_state(world) == before, key
+        assert sibling.db_hash() != world.db_hash()
 
 
 def test_each_episode_has_its_own_vpn_details(env: DomainEnv) -> None:
@@ -284,3 +328,21 @@ class _AskForAirplaneMode:
             count = episode.agent_state["turns"] = episode.agent_state.get("turns", 0) + 1
             turns.append("Please run toggle_airplane_mode on your phone." if count == 1 else "Thank you, goodbye!")
         return turns
+
+
+def test_the_workflow_policy_is_taus_telecom_workflow() -> None:
+    """``--domain telecom-workflow`` is τ²'s ``telecom-workflow``: telecom's tasks, tools, databases and split under
+    the workflow policy (the main policy joined with tech_support_workflow.md) and that environment name; the oracle
+    solves every task under it as under the manual policy."""
+    registry = tau2_module("tau2.registry").registry
+    theirs = registry.get_env_constructor("telecom-workflow")()
+    workflow = DomainEnv(get_domain("telecom-workflow"), config=EnvConfig(protocol="tau2"))
+    manual = DomainEnv(TELECOM, config=EnvConfig(protocol="tau2"))
+    assert workflow.domain.policy == theirs.policy != manual.domain.policy
+    assert workflow.base.pristine.env.domain_name == theirs.domain_name == "telecom-workflow"
+    assert workflow.tools == manual.tools and workflow.task_keys == manual.task_keys
+    assert workflow.domain.official_split == manual.domain.official_split
+    keys = [(key, 0) for key in workflow.task_keys]
+    oracle = run_episodes(workflow, BEHAVIOURS["oracle_text"](), get_user_simulator("scripted"), keys,
+                          score=outcome_reward)  # fmt: skip
+    assert sum(r.reward["reward"] for r in oracle) == 114

@@ -16,6 +16,7 @@ DOMAINS: dict[str, str] = {
     "airline": "tau2_rl.domains.airline",
     "retail": "tau2_rl.domains.retail",
     "telecom": "tau2_rl.domains.telecom",
+    "telecom-workflow": "tau2_rl.domains.telecom.workflow",  # telecom under τ²'s workflow policy
     "mock": "tau2_rl.domains.mock",
 }
 """Domain name → the module whose ``SPEC`` describes it."""

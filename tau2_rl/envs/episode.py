@@ -179,10 +179,12 @@ class Episode:
         """``tools``: the schemas the policy's prompt shows for this episode (its domain's; ``[]``: none)."""
         self.task = task
         self.state = base.new_state()
-        if task.initial_state.features():  # τ²'s set_state (data, then actions); a task the loop cannot set up is
-            if task.unscorable or not hasattr(self.state, "initialize"):  # refused before any run reaches here
-                raise ValueError(f"task {task.task_id}: {task.unscorable or 'its initial state cannot be set up'}")
-            self.state.initialize(task)
+        initialize = getattr(self.state, "initialize", None)  # τ²'s Environment: set_state, then sync_tools
+        if task.initial_state.features() and (task.unscorable or initialize is None):  # a task the loop cannot set
+            # up is refused before any run reaches here
+            raise ValueError(f"task {task.task_id}: {task.unscorable or 'its initial state cannot be set up'}")
+        if initialize is not None:
+            initialize(task)
         self.tools: list[dict[str, Any]] = [] if tools is None else tools
         self._execute = base.spec.execute_tool
         self._write_tools = task.write_tools

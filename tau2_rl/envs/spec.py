@@ -167,6 +167,10 @@ class DomainSpec:
     """For a domain whose episodes run in τ²'s own ``Environment`` (``tau2_rl.envs.world``): (agent database,
     user database or None, policy) → a τ² ``Environment`` on them. ``None``: the copy-on-write state
     (``tau2_rl.envs.state``) and ``execute_tool``."""
+    variant_of: str = ""
+    """The domain this one is under another policy (τ²'s ``telecom-workflow``: telecom's tasks, tools and data, the
+    workflow policy), whose folder holds it; "" for a domain of its own. Listings of what differs by domain (PRM-Lite's
+    policy checks) give the variant under its domain."""
     unnamed_before_domains: bool = False
     """The domain of everything written before the project recorded domains: a results file, a fingerprint, a cache
     entry or a model card without a domain means this one, and its runs' fingerprints and cache names stay as they
@@ -174,7 +178,9 @@ class DomainSpec:
 
     @property
     def tau2_domain(self) -> str:
-        return self.tau2_name or self.name
+        """The domain's folder in τ²'s package and data (``tau2.domains.<it>``, ``data/tau2/domains/<it>``); its
+        name in τ²'s registry (``tau2 run --domain``) is ``name``."""
+        return self.tau2_name or self.variant_of or self.name
 
     def task_set_dir(self, name: str) -> str:
         """The installed directory of the task set ``name`` (``--task_set``); a name the domain does not have, or a

@@ -8,6 +8,15 @@ assertions on the final state, a user holding tools, ``sync_tools`` after each c
 observation, initial state, synchronisation, assertion and hash is then τ²'s by construction, and the project adds
 only the copies and the call guards of ``tau2_rl.envs.toolkit.respond``.
 
+Both sides' states are copy-on-write per episode, at the grain of the whole environment: every episode of a task
+starts on one shared, initialized τ² ``Environment`` (the task's initial state, built once by ``WorldBase.initial``)
+and answers its tools of τ²'s type ``read`` there; its first call of any other tool (a write, a transfer, a toggle on
+the phone) gives it its own deep copy first. A shared state is synchronised already (τ²'s orchestrator ends its
+initialization with ``sync_tools``, and synchronising twice changes nothing), and a read leaves both databases as they
+were (tests/test_telecom.py checks both on every tool and assertion of every task), so an episode that only reads
+runs, synchronises and hashes exactly as on a copy of its own. A GRPO group's episodes of one task share one
+initialization; an episode that never writes never copies.
+
 A ``WorldBase`` is such a domain's shared, read-only base (``DomainEnv.base``); its ``new_state`` is a ``World``, what
 ``Episode.state`` holds. Both answer what the rest of the package asks of a state: the tools (``call``), the reward's
 database hash (``db_hash``: the agent's and the user's, as τ²'s DB check compares both), the gold replay
@@ -16,6 +25,7 @@ database hash (``db_hash``: the agent's and the user's, as τ²'s DB check compa
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import TYPE_CHECKING, Any
 
@@ -34,8 +44,30 @@ def toolkit_tool_types(toolkit: type) -> dict[str, str]:
     return {name: getattr(func, attribute).value for name, func in toolkit(None)._func_tools.items()}
 
 
+class Snapshot:
+    """A shared environment that no episode writes to, and its hash (computed once)."""
+
+    __slots__ = ("env", "_hash")
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self._hash: str | None = None
+
+    def db_hash(self) -> str:
+        if self._hash is None:
+            self._hash = environment_hash(self.env)
+        return self._hash
+
+
+def environment_hash(env: Any) -> str:
+    """τ²'s agent database hash and user database hash (None when the domain's user holds no tools) in one string:
+    equal strings are τ²'s DB match (both hashes equal)."""
+    return f"{env.get_db_hash()}|{env.get_user_db_hash()}"
+
+
 class WorldBase:
-    """A domain's base databases as τ²'s models (never mutated) and the τ² task models of its tasks."""
+    """A domain's base databases as τ²'s models (never mutated), the τ² task models of its tasks and the tasks'
+    shared initial states (module docstring: copy-on-write)."""
 
     def __init__(self, domain: Domain, spec: DomainSpec) -> None:
         if spec.environment is None:
@@ -47,7 +79,14 @@ class WorldBase:
         if domain.user_db is not None and spec.user_db_model is not None:
             self.user_db = spec.user_db_model().model_validate(domain.user_db)
         self._tau2_tasks: dict[str, Any] = {}
-        self.base_hash = World(self).db_hash()
+        self._initial: dict[str, Snapshot] = {}
+        self.pristine = Snapshot(self.environment())
+        env = self.pristine.env
+        self.read_tools: dict[str, frozenset[str]] = {  # requestor → its tools of τ²'s type ``read``
+            side: frozenset(name for name, kind in toolkit_tool_types(type(toolkit)).items() if kind == "read")
+            for side, toolkit in (("assistant", env.tools), ("user", env.user_tools)) if toolkit is not None
+        }  # fmt: skip
+        self.base_hash = self.pristine.db_hash()
 
     def environment(self) -> Any:
         """A fresh τ² ``Environment`` of the domain on deep copies of the base databases."""
@@ -65,46 +104,90 @@ class WorldBase:
             self._tau2_tasks[task.task_id] = model
         return model
 
+    def initial(self, task: Task) -> Snapshot:
+        """``task``'s initial state, built once and shared by its episodes: τ²'s orchestrator's initialization, that
+        is ``set_state`` (the task's initialization data and actions, each followed by ``sync_tools``, then the tool
+        calls of its message history replayed strictly: τ² raises where one answers otherwise than recorded), then
+        ``sync_tools``."""
+        snapshot = self._initial.get(task.task_id)
+        if snapshot is None:
+            env = self.environment()
+            state = self.tau2_task(task).initial_state
+            if state is not None:
+                env.set_state(state.initialization_data, state.initialization_actions, state.message_history or [])
+            env.sync_tools()
+            snapshot = self._initial[task.task_id] = Snapshot(env)
+        return snapshot
+
     def gold_state(self, task: Task) -> World:
-        """τ²'s gold environment: the task's initial state, then each gold action by its requestor, without the
-        synchronisation a conversation's calls get (a failing action is skipped, as τ² logs and skips it)."""
-        world = World(self)
-        world.initialize(task)
+        """τ²'s gold environment: ``set_state`` with the task's initial state, then each gold action by its requestor,
+        without the synchronisation a conversation's calls get (a failing action is skipped, as τ² logs and skips
+        it)."""
+        env = self.environment()
+        state = self.tau2_task(task).initial_state
+        if state is not None:
+            env.set_state(state.initialization_data, state.initialization_actions, state.message_history or [])
         for action in task.actions:
             try:
-                world.env.make_tool_call(action.name, requestor=action.requestor, **action.arguments)
+                env.make_tool_call(action.name, requestor=action.requestor, **action.arguments)
             except Exception:  # noqa: BLE001 (τ²'s EnvironmentEvaluator catches everything here)
                 continue
-        return world
+        return World(self, Snapshot(env), own=True)
 
 
 class World:
-    """One episode's τ² ``Environment``."""
+    """One episode's τ² ``Environment``: a shared snapshot until its first call of a tool that is not a read, then
+    its own deep copy of it (module docstring)."""
 
-    __slots__ = ("base", "env")
+    __slots__ = ("base", "_snapshot", "own")
 
-    def __init__(self, base: WorldBase) -> None:
+    def __init__(self, base: WorldBase, snapshot: Snapshot | None = None, own: bool = False) -> None:
         self.base = base
-        self.env = base.environment()
+        self._snapshot = base.pristine if snapshot is None else snapshot
+        self.own = own  # whether ``env`` is this episode's alone
+
+    @property
+    def env(self) -> Any:
+        """The τ² ``Environment`` the episode stands on (shared while ``own`` is False: read it, never write it)."""
+        return self._snapshot.env
+
+    def _written(self) -> Any:
+        """The episode's own environment, copied from the shared one on the first write (the copy holds every piece
+        of the environment's state: both databases and whatever else its toolkits keep, such as telecom's VPN
+        details)."""
+        if not self.own:
+            self._snapshot = Snapshot(copy.deepcopy(self._snapshot.env))
+            self.own = True
+        return self._snapshot.env
 
     def call(self, requestor: str, name: str, arguments: Any) -> ToolResult:
         """One call of ``requestor``'s tool as τ²'s ``Environment.get_response`` answers it (a call that succeeds is
-        followed by ``sync_tools``, whose failure makes the call's observation an error, as in τ²)."""
-        toolkit = self.env.tools if requestor == "assistant" else self.env.user_tools
+        followed by ``sync_tools``, whose failure makes the call's observation an error, as in τ²). A read, or a
+        name the side has no tool of, runs on the shared state without the synchronisation, which would change
+        nothing there."""
+        reads = self.base.read_tools.get(requestor, frozenset())
+        if self.own or (name not in reads and self._has_tool(requestor, name)):
+            env = self._written()
+            after = env.sync_tools
+        else:
+            env, after = self.env, None
+        toolkit = env.tools if requestor == "assistant" else env.user_tools
         method = toolkit.tools.get(name) if toolkit is not None else None
-        return respond(name, arguments, method, after=self.env.sync_tools)
+        return respond(name, arguments, method, after=after)
+
+    def _has_tool(self, requestor: str, name: str) -> bool:
+        toolkit = self.env.tools if requestor == "assistant" else self.env.user_tools
+        return toolkit is not None and name in toolkit.tools
 
     def sync(self) -> None:
-        """τ²'s ``sync_tools`` (the orchestrator runs it after every step)."""
-        self.env.sync_tools()
+        """τ²'s ``sync_tools`` (the orchestrator runs it after every step; a shared state is synchronised already)."""
+        if self.own:
+            self._snapshot.env.sync_tools()
 
     def initialize(self, task: Task) -> None:
-        """τ²'s ``set_state``: the task's initialization data and actions (each followed by ``sync_tools``), then the
-        tool calls of its message history replayed strictly (τ² raises where one answers otherwise than recorded)."""
-        state = self.base.tau2_task(task).initial_state
-        if state is None:
-            return
-        self.env.set_state(state.initialization_data, state.initialization_actions, state.message_history or [])
+        """The task's initial state (``WorldBase.initial``), shared until the episode's first write."""
+        self._snapshot = self.base.initial(task)
+        self.own = False
 
     def assertion(self, check: EnvCall) -> bool:
         """τ²'s ``run_env_assertion`` of one environment assertion (its function's own exception propagates)."""
@@ -115,9 +198,8 @@ class World:
         return bool(self.env.run_env_assertion(assertion, raise_assertion_error=False))
 
     def db_hash(self) -> str:
-        """τ²'s agent database hash and user database hash (None when the domain's user holds no tools) in one
-        string: equal strings are τ²'s DB match (both hashes equal)."""
-        return f"{self.env.get_db_hash()}|{self.env.get_user_db_hash()}"
+        """Both sides' hashes as τ² computes them (``environment_hash``; a shared state's, once per state)."""
+        return environment_hash(self.env) if self.own else self._snapshot.db_hash()
 
     def fingerprint(self) -> bytes:
         return self.db_hash().encode()

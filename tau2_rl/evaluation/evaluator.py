@@ -718,7 +718,7 @@ def tau2_writers(
     writers = {}
     for member in plan_.env.members:
         name = member.spec.name
-        info = tau2_info(domain=member.spec.tau2_domain, policy=member.domain.policy, num_trials=args.num_samples,
+        info = tau2_info(domain=member.spec.name, policy=member.domain.policy, num_trials=args.num_samples,
                          max_steps=args.tau2_max_steps, max_errors=args.max_tool_errors, seed=args.seed, agent=agent,
                          user=user_info)  # fmt: skip
         tasks = [plan_.env.task(key) for key in plan_.task_ids if plan_.env.task(key).domain == name]

@@ -60,7 +60,7 @@ def run_tau2_harness(
     from tau2.run import run_domain
 
     config = RunConfig(
-        domain=spec.tau2_domain,
+        domain=spec.name,  # τ²'s registry name
         task_split_name="base",
         task_ids=task_ids,
         llm_agent=f"openai/{agent_model}",

@@ -64,13 +64,19 @@ def _pristine_vpn_details() -> Any:
     return _user_tools().default_vpn_details.model_copy(deep=True)
 
 
-def _environment(db: Any, user_db: Any, policy: str) -> Any:
-    """τ²'s ``get_environment`` (manual policy) on the given databases, with this episode's own VPN details."""
-    _pristine_vpn_details()
-    user_tools = _user_tools()(user_db)
-    user_tools.default_vpn_details = _pristine_vpn_details().model_copy(deep=True)  # per episode (module docstring)
-    environment = tau2_module("tau2.domains.telecom.environment").TelecomEnvironment
-    return environment(domain_name="telecom", policy=policy, tools=_tools()(db), user_tools=user_tools)
+def environment_named(domain_name: str) -> Any:
+    """``DomainSpec.environment`` of the telecom domain under τ²'s registry name ``domain_name`` (``telecom``: the
+    manual policy; ``telecom-workflow``: the workflow policy, ``tau2_rl.domains.telecom.workflow``)."""
+
+    def environment(db: Any, user_db: Any, policy: str) -> Any:
+        """τ²'s ``get_environment`` on the given databases and policy, with this episode's own VPN details."""
+        _pristine_vpn_details()
+        user_tools = _user_tools()(user_db)
+        user_tools.default_vpn_details = _pristine_vpn_details().model_copy(deep=True)  # per episode (module doc)
+        environment = tau2_module("tau2.domains.telecom.environment").TelecomEnvironment
+        return environment(domain_name=domain_name, policy=policy, tools=_tools()(db), user_tools=user_tools)
+
+    return environment
 
 
 def _prm_terms() -> Any:
@@ -114,5 +120,5 @@ SPEC = DomainSpec(
     compose_policy=_compose_policy,
     task_split="base",
     user_tool_types=lambda: toolkit_tool_types(_user_tools()),
-    environment=_environment,
+    environment=environment_named("telecom"),
 )

@@ -57,7 +57,7 @@ def rules_markdown() -> str:
     from tau2_rl.domains import DOMAINS, get_domain
     from tau2_rl.rewards.prm.vocabulary import vocabulary
 
-    for name in DOMAINS:
+    for name in (name for name in DOMAINS if not get_domain(name).variant_of):
         policy = vocabulary(get_domain(name)).policy
         checks = "; ".join(f"{key}: {text}" for key, text in policy.violations.items()) if policy else "none (off)"
         lines += [f"P9's checks on {name}: {checks}", ""]
