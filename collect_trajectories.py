@@ -23,6 +23,7 @@ from tau2_rl.configs import CollectArguments
 from tau2_rl.data.collect import CollectError, collect
 from tau2_rl.envs.splits import SplitError
 from tau2_rl.envs.users.llm import EndpointUnreachableError
+from tau2_rl.rewards.judge import JudgeError
 from tau2_rl.run.cli import parse_or_exit, run_main
 from tau2_rl.run.hub import HubError
 
@@ -38,7 +39,8 @@ def main(args: CollectArguments) -> None:
 
 
 PROG = "collect_trajectories.py"
-INPUT_ERRORS = (CollectError, HubError, SplitError, EndpointUnreachableError, ValueError)
+# JudgeError: the NL-assertion judge kept failing; the trajectories collected before it are kept (a rerun resumes)
+INPUT_ERRORS = (CollectError, HubError, SplitError, EndpointUnreachableError, JudgeError, ValueError)
 
 
 def cli(argv: list[str] | None = None) -> None:

@@ -4,6 +4,7 @@
     python play.py --domain retail                           # all 114 retail tasks, the same check
     python play.py --domain airline,retail                   # both: 164 tasks keyed <domain>/<id>
     python play.py --agent noop --tasks 0,1,2 --data_dir DIR
+    python play.py --domain retail --task_set 1.0.1 --judge_base_url URL --judge_model NAME   # NL_ASSERTION judged
 
 The oracle/scripted pairing is the end-to-end check of tools, state, reward and simulator; it needs no GPU or network.
 """
@@ -14,14 +15,15 @@ import argparse
 import logging
 import sys
 
-from tau2_rl.domains import DEFAULT_DOMAIN, DOMAINS, UnknownDomainError, parse_domains
+from tau2_rl.domains import DEFAULT_DOMAIN, DOMAINS, UnknownDomainError, parse_domains, task_files
 from tau2_rl.envs.agents import AGENTS, get_agent
 from tau2_rl.envs.data import DomainDataError
 from tau2_rl.envs.multi import run_env
 from tau2_rl.envs.runner import run_episodes
 from tau2_rl.envs.users.base import UserSimulator
 from tau2_rl.envs.users.scripted import ScriptedUser
-from tau2_rl.rewards.outcome import TERM_FIELDS, outcome_reward
+from tau2_rl.rewards.judge import JudgeError, judge_from_flags
+from tau2_rl.rewards.outcome import TERM_FIELDS, RewardTermError, require_scorable, scorer
 from tau2_rl.run.cli import one_line_argparse_errors
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     domains = ", ".join(DOMAINS)
     parser.add_argument("--domain", default=DEFAULT_DOMAIN, help=f"τ² domain(s), comma-separated: {domains}")
     parser.add_argument("--data_dir", default=None, help="directory with the domain's files (default: package)")
+    parser.add_argument("--task_set", default=None, help="another release of the task files, e.g. 1.0.1 (README)")
+    parser.add_argument("--judge_base_url", default=None, help="NL-assertion judge: an OpenAI-compatible endpoint")
+    parser.add_argument("--judge_model", default=None, help="NL-assertion judge: the model name at the endpoint")
+    parser.add_argument("--judge_cache_dir", default=None, help="NL-assertion judge: on-disk cache of its verdicts")
     parser.add_argument("--seed", type=int, default=0, help="episode seed (the scripted user's phrasing)")
     parser.add_argument("--max_user_turns", type=int, default=15, help="scripted user's turn cap")
     parser.add_argument("--no_progress", action="store_true", help="hide the progress bar")
@@ -54,9 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_user_turns < 2:
         parser.error(f"--max_user_turns must be at least 2, got {args.max_user_turns}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        env = run_env(parse_domains(args.domain), args.data_dir)
-    except (DomainDataError, UnknownDomainError) as err:
+    try:  # the task files and the judge as training and evaluation read them
+        specs = parse_domains(args.domain)
+        env = run_env(specs, task_files(specs, args.data_dir, args.task_set))
+        judge = judge_from_flags(args.judge_base_url, args.judge_model, cache_dir=args.judge_cache_dir)
+    except (DomainDataError, UnknownDomainError, ValueError) as err:
         parser.error(str(err))
     all_ids = env.task_keys
     if args.tasks is None:
@@ -70,16 +78,24 @@ def main(argv: list[str] | None = None) -> int:
                 f"unknown task id(s) {unknown or args.tasks!r}; valid ids are {all_ids[0]}..{all_ids[-1]} "
                 f"({len(all_ids)} tasks)"
             )
+    try:  # a task whose reward needs a term this run cannot compute: refused before any episode is played
+        require_scorable({key: env.task(key) for key in task_ids}, judge is not None)
+    except RewardTermError as err:
+        parser.error(str(err))
     agent = get_agent(args.agent)
     user = USERS[args.user](max_user_turns=args.max_user_turns)
-    records = run_episodes(
-        env,
-        agent,
-        user,
-        [(task_id, args.seed) for task_id in task_ids],
-        progress=not args.no_progress,
-        score=outcome_reward,
-    )
+    try:
+        records = run_episodes(
+            env,
+            agent,
+            user,
+            [(task_id, args.seed) for task_id in task_ids],
+            progress=not args.no_progress,
+            score=scorer(judge),
+        )
+    except JudgeError as err:  # the judge kept failing: no pass rate with the term missing
+        print(f"play.py: error: {err}", file=sys.stderr)
+        return 1
     passed = 0
     for record in records:
         reward = record.reward or {}

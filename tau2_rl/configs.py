@@ -147,19 +147,10 @@ class EnvArguments:
         )
 
     def data_dirs(self) -> str | dict[str, str | None] | None:
-        """Where each domain's files come from: ``--data_dir`` as it is, or with ``--task_set`` each domain's
-        installed release (None: the domain's default already is it); a ValueError names the flag."""
-        if not self.task_set:
-            return self.data_dir
-        if self.data_dir:
-            raise ValueError("--task_set and --data_dir both name the task files: pass one of them")
-        dirs: dict[str, str | None] = {}
-        for spec in self.domain_specs():
-            if self.task_set == spec.default_task_set:
-                dirs[spec.name] = None
-            else:
-                dirs[spec.name] = spec.task_set_dir(self.task_set)
-        return dirs
+        """Where each domain's files come from (``tau2_rl.domains.task_files``); a ValueError names the flag."""
+        from tau2_rl.domains import task_files
+
+        return task_files(self.domain_specs(), self.data_dir, self.task_set)
 
     def domain_specs(self) -> list[DomainSpec]:
         """The domains ``--domain`` names, in its order (an unknown name: one line naming the flag)."""
@@ -170,20 +161,16 @@ class EnvArguments:
     def judge(self) -> NLJudge | None:
         """τ²'s NL-assertion judge of ``--judge_*`` (None without ``--judge_base_url``); a bad setting is a
         ValueError naming its flag."""
-        if not self.judge_base_url and not self.judge_model:
-            return None
-        from tau2_rl.rewards.judge import JudgeConfig, NLJudge
+        from tau2_rl.rewards.judge import judge_from_flags
 
-        return NLJudge(
-            JudgeConfig(
-                base_url=self.judge_base_url or "",
-                model=self.judge_model or "",
-                api_key=os.environ.get(self.judge_api_key_env) or "EMPTY",
-                timeout=self.judge_timeout,
-                max_retries=self.judge_max_retries,
-                concurrency=self.judge_concurrency,
-                cache_dir=self.judge_cache_dir,
-            )
+        return judge_from_flags(
+            self.judge_base_url,
+            self.judge_model,
+            api_key=os.environ.get(self.judge_api_key_env) or "EMPTY",
+            timeout=self.judge_timeout,
+            max_retries=self.judge_max_retries,
+            concurrency=self.judge_concurrency,
+            cache_dir=self.judge_cache_dir,
         )
 
     def user_kwargs(self) -> dict:

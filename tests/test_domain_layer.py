@@ -160,3 +160,17 @@ def test_every_registered_domain_is_one_folder_with_its_spec() -> None:
         assert module == f"tau2_rl.domains.{name}" or (home is not None and module.startswith(home))
         assert spec.name == name and spec.module == module
         assert Path(spec.split_file()).parent == folder  # its split file lives in its folder
+
+
+def test_a_run_prints_none_of_taus_import_warnings() -> None:
+    """τ²'s package warns "No .env file found" through loguru on import; the project imports it quietly
+    (``envs/protocol.py: quiet_tau2``), so a run's output holds only its own lines."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "play.py", "--domain", "mock", "--no_progress"], cwd=root,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "pass rate (oracle agent, scripted user): 9/9" in done.stdout
+    assert ".env" not in done.stdout + done.stderr and "WARNING" not in done.stderr

@@ -130,8 +130,8 @@ def _into(targets: set[str], package: str) -> set[str]:
 
 
 def test_the_domain_does_not_import_the_run_machinery() -> None:
-    """``envs/`` and ``rewards/`` are the airline domain; ``run/`` (flags, console, guards, hub, sharding) sits
-    above them and is free to change without touching what an episode or a reward is."""
+    """``envs/`` and ``rewards/`` are what an episode and a reward are, for every domain; ``run/`` (flags, console,
+    guards, hub, sharding) sits above them and is free to change without touching either."""
     graph = import_graph()
     assert "tau2_rl.run.training_run" in graph and "tau2_rl.envs.runner" in graph
     offending = {

@@ -169,6 +169,24 @@ def test_an_evaluation_needing_the_judge_is_refused_without_one_and_scores_with_
     assert infos["2"]["nl_assertions"] and infos["33"]["reward_basis"] == ["DB"]
 
 
+def test_play_py_refuses_before_playing_and_judges_with_the_flags(stub, capsys, tmp_path) -> None:
+    """play.py reads --task_set and the judge as the other scripts do: without a judge the tasks that need one are
+    refused before any episode (exit 2, one line naming the flags and the count), with one they are judged."""
+    import play
+
+    base = ["--domain", "retail", "--task_set", "1.0.1", "--no_progress"]
+    with pytest.raises(SystemExit) as exited:
+        play.main([*base, "--tasks", "2,3,33"])
+    assert exited.value.code == 2
+    err = capsys.readouterr()
+    assert "2 of the 3 tasks (2, 3) need the reward term NL_ASSERTION" in err.err and "--judge_base_url" in err.err
+    assert "task " not in err.out  # nothing was played
+    judged = ["--judge_base_url", stub.base_url, "--judge_model", "judge-model", "--judge_cache_dir", str(tmp_path)]
+    assert play.main([*base, "--tasks", "2,3,33", *judged]) == 0
+    out = capsys.readouterr().out
+    assert "nl_ok=" in out and "pass rate (oracle agent, scripted user)" in out and len(out.splitlines()) == 4
+
+
 def test_a_judge_that_answers_garbage_yields_no_reward_and_a_rerun_asks_nothing(env, stub, tmp_path) -> None:
     with StubServer("judge_garbage", model="judge-model") as bad:
         with pytest.raises(JudgeError, match="τ²'s parsing refuses"):

