@@ -48,8 +48,11 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num_trials", type=int, default=1, help="Trials per task (τ²'s leaderboard: 4).")
     parser.add_argument("--seed", type=int, default=TAU2_SEED, help="τ²'s --seed (its per-trial request seeds).")
     parser.add_argument("--domain", default=DEFAULT_DOMAIN, help=f"τ² domain: {', '.join(DOMAINS)}")
-    parser.add_argument("--data_dir", default=None, help="The domain's files, as evaluate.py's --data_dir (default: "
-                        "the installed package's)")
+    parser.add_argument(
+        "--data_dir",
+        default=None,
+        help="The domain's files, as evaluate.py's --data_dir (default: the installed package's)",
+    )
     parser.add_argument("--tasks", default=None, help="Comma-separated task ids (default: all of the domain's).")
     parser.add_argument("--concurrency", type=int, default=4, help="Simulations in flight (τ²'s --max-concurrency).")
     parser.add_argument("--output_dir", required=True, help="Where τ²'s results file goes (tau2_harness.json).")

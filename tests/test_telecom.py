@@ -316,8 +316,9 @@ def test_evaluate_py_scores_telecoms_test_split(env: DomainEnv, tmp_path: Path) 
     """``evaluate.py --domain telecom --tasks test``: pass^k over τ²'s 40 test tasks, and its ``tau2_results.json``
     loaded by τ²'s models, its pass^k computed by τ²'s metrics and every simulation re-scored by τ²'s evaluator
     (each assertion's ``met`` as exported)."""
-    import evaluate
     from tau2_bridge import tau2_task
+
+    import evaluate
 
     results_model = tau2_module("tau2.data_model.simulation").Results
     metrics = tau2_module("tau2.metrics.agent_metrics")
