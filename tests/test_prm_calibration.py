@@ -472,7 +472,11 @@ def test_report_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], real: di
     nothing = _write(tmp_path, "none.json", [{"task_id": 99, "reward": 1.0, "traj": []}])
     assert main(["--trajectories", str(nothing), "--task_map", str(REAL_TASK_MAP)]) == 2
     err = capsys.readouterr().err
-    assert "not replayed" in err and "conversation 0.task_id" in err and "no conversation" in err
+    assert "not replayed" in err and "conversation 0.task_id" in err and "1 of the 1 conversations could not" in err
+    some = _write(tmp_path, "some.json", [*json.loads(REAL_TRAJECTORIES.read_text())[:3], {"task_id": 0}])
+    assert main(["--trajectories", str(some), "--task_map", str(REAL_TASK_MAP)]) == 2  # no figure over the 3
+    captured = capsys.readouterr()
+    assert "1 of the 4 conversations could not be replayed" in captured.err and "AUC" not in captured.out
     with pytest.raises(SystemExit):
         main(["--trajectories", str(REAL_TRAJECTORIES)])  # --task_map missing
 

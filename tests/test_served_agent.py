@@ -257,6 +257,12 @@ def test_the_tau2_harness_script_compares_with_evaluate(tmp_path: Path, capsys) 
         tau2_harness.main([*argv, "--compare", str(tmp_path / "nothing")])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().endswith("no tau2_results.json")
+    refused = {"--task_set": ("9.9", "the airline domain has no such task set"),
+               "--judge_model": ("judge", "--judge_base_url and --judge_model go together")}  # fmt: skip
+    for flag, (value, message) in refused.items():
+        with pytest.raises(SystemExit) as exit_info:
+            tau2_harness.main([*argv, flag, value])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_a_served_reply_is_taken_as_sent_under_tau2_and_parsed_under_tau2_rl() -> None:

@@ -357,26 +357,34 @@ def _real_set(
 
 
 def score_conversations(env: DomainEnv, trajectories: str, task_map: str, rules: str) -> str:
-    """The real-set report of ``trajectories`` on ``env``'s domain (the CLI's ``--trajectories``); skipped ones go to
-    stderr."""
+    """The real-set report of ``trajectories`` on ``env``'s domain (the CLI's ``--trajectories``). A conversation
+    that cannot be replayed refuses the file, with the count and the reasons on stderr: a figure over the rest would
+    read as one over all of them."""
     from tau2_rl.rewards.prm.conversations import import_conversations
     from tau2_rl.rewards.prm.stats import calibrate_real
 
     imported = import_conversations(trajectories, task_map, env)
     for reason in imported.skipped:
         print(f"not replayed: {reason}", file=sys.stderr)
-    if not imported.conversations:
-        raise ValueError(f"--trajectories: no conversation of {trajectories} could be replayed")
+    if imported.skipped:
+        total = len(imported.skipped) + len(imported.conversations)
+        raise ValueError(
+            f"--trajectories {trajectories}: {len(imported.skipped)} of the {total} conversations could not be "
+            "replayed (each named above): no figure is given; mend them or leave them out of the file"
+        )
     writes = {task_id: task.writes for task_id, task in env.domain.tasks.items()}
     return real_markdown(calibrate_real(imported, writes, rules=rules, env=env))
 
 
-def domain_env(name: str | None) -> DomainEnv:
-    """The environment of ``--domain`` (the CLI default when not given)."""
-    from tau2_rl.domains import DEFAULT_DOMAIN, get_domain
+def domain_env(name: str | None, data_dir: str | None = None, task_set: str | None = None) -> DomainEnv:
+    """The environment of ``--domain`` (the CLI default when not given) on ``--data_dir``'s or ``--task_set``'s task
+    files (the domain's default ones when neither is given)."""
+    from tau2_rl.domains import DEFAULT_DOMAIN, get_domain, task_files
     from tau2_rl.envs.episode import DomainEnv
 
-    return DomainEnv(get_domain(name or DEFAULT_DOMAIN))
+    spec = get_domain(name or DEFAULT_DOMAIN)
+    files = task_files([spec], data_dir, task_set)
+    return DomainEnv(spec, files.get(spec.name) if isinstance(files, dict) else files)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -399,6 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--domain", default=None, help="the τ² domain the conversations and corpus are of (default: the CLI's default)"
     )
+    parser.add_argument("--data_dir", default=None, help="the domain's task files, as evaluate.py's --data_dir")
+    parser.add_argument("--task_set", default=None, help="another release of the task files, as evaluate.py's")
     parser.add_argument(
         "--prm_rules",
         choices=PRM_RULE_SETS,
@@ -413,14 +423,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.markdown:
         sys.stdout.write(rules_markdown())
         return 0
+    from tau2_rl.envs.data import DomainDataError
+
+    try:
+        env = domain_env(args.domain, args.data_dir, args.task_set)
+    except (DomainDataError, ValueError) as err:  # an unknown domain or task set, missing or malformed files
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if args.trajectories:
         from tau2_rl.rewards.prm.conversations import ConversationFileError
 
         if not args.task_map:
             parser.error("--trajectories needs --task_map FILE (source task id -> τ² task id)")
         try:
-            sys.stdout.write(score_conversations(domain_env(args.domain), args.trajectories, args.task_map,
-                                                 args.prm_rules))  # fmt: skip
+            sys.stdout.write(score_conversations(env, args.trajectories, args.task_map, args.prm_rules))
         except (ConversationFileError, ValueError) as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -429,10 +445,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tau2_rl.rewards.prm.corpus import build_corpus
         from tau2_rl.rewards.prm.stats import calibrate
 
-        env = domain_env(args.domain)
         sys.stdout.write(calibration_markdown(calibrate(build_corpus(env), rules=args.prm_rules, env=env)))
         return 0
-    corpus, real = calibrate_all(domain_env(args.domain))
+    corpus, real = calibrate_all(env)
     update_docs(args.update_docs, docs_calibration_markdown(corpus, real))
     return 0
 
