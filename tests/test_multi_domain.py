@@ -74,6 +74,8 @@ def test_the_oracle_plays_all_164_tasks_in_one_evaluation_reported_per_domain(tm
     assert data["tasks"]["retail/12"]["domain"] == "retail"
     summary = path.with_name("summary.md").read_text(encoding="utf-8")
     assert "- domains: `airline` (tasks.json sha256" in summary and "| retail | 114 | 1.000 |" in summary
+    for name in ("airline", "retail"):  # each domain's release beside its task set's sha256
+        assert get_domain(name).release in summary and data["config"]["domains"][name]["release"]
     # one τ² export per domain, its tasks under τ²'s own ids, read back by τ²'s own loader
     reference = tau2_reference()
     for domain, count in (("airline", 50), ("retail", 114)):

@@ -397,7 +397,13 @@ def _domain_lines(config: Mapping[str, Any]) -> list[str]:
     they are not the evaluated ones."""
     shas = config.get("tasks_sha256")
     if isinstance(shas, Mapping):
-        files = ", ".join(f"`{domain}` (tasks.json sha256 `{sha[:12]}…`)" for domain, sha in shas.items())
+        releases = {name: entry.get("release") for name, entry in (config.get("domains") or {}).items()}
+        files = ", ".join(
+            f"`{domain}` (tasks.json sha256 `{sha[:12]}…`"
+            + (f"; {releases[domain]}" if releases.get(domain) else "")
+            + ")"
+            for domain, sha in shas.items()
+        )
         lines = [f"- domains: {files}"]
     else:
         domain = fingerprint_value(config, "domain")
