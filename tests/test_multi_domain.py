@@ -95,6 +95,15 @@ def test_the_noop_floor_is_what_tau2_gives_the_empty_conversation() -> None:
     floor = {t for t in ids if task_meta(env.task(t), "unseen", env.base)["refusal_passes"]}
     assert floor == passed and "12" in floor and len(floor) == 7  # 5 by the old count (no write, nothing to say)
     assert env.task("12").writes
+    # every term of the basis: telecom's transfer tasks meet their assertions untouched and fail ACTION (0/114);
+    # mock's tasks set up by initialization, a message history or assertions alone
+    for name, count in (("telecom", 0), ("mock", 1)):
+        env = DomainEnv(get_domain(name))
+        records = run_episodes(env, get_agent("noop"), get_user_simulator("scripted"),
+                               [(t, 0) for t in env.task_keys], score=outcome_reward)  # fmt: skip
+        passed = {r.task_id for r in records if r.reward["reward"] == 1.0}
+        floor = {t for t in env.task_keys if task_meta(env.task(t), "unseen", env.base)["refusal_passes"]}
+        assert floor == passed and len(floor) == count, name
 
 
 def test_a_model_evaluated_off_its_training_domains_is_said_and_recorded(tmp_path, tiny_model_dir, caplog) -> None:

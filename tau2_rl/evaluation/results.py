@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING, Any
 from tau2_rl.envs.data import domain_file_sha256
 from tau2_rl.envs.episode import EpisodeRecord
 from tau2_rl.envs.protocol import LEGACY_PROTOCOLS, TAU2_RL
-from tau2_rl.rewards.outcome import gold_db_hash
+from tau2_rl.rewards.outcome import empty_conversation_passes
 from tau2_rl.run.hub import write_json_atomic
 
 if TYPE_CHECKING:
     from tau2_rl.envs.data import Task
+    from tau2_rl.envs.episode import Base
     from tau2_rl.envs.multi import RunEnv
     from tau2_rl.envs.spec import DomainSpec
-    from tau2_rl.envs.state import CanonicalBase
 
 from .metrics import GROUPS, compute_metrics, failed, refusal_passes
 from .schema import SchemaError, check_results_types
@@ -196,18 +196,15 @@ def sample_entry(record: EpisodeRecord, sample: int, spec: DomainSpec, save_mess
     return entry
 
 
-def task_meta(task: Task, group: str, base: CanonicalBase, with_domain: bool = False) -> dict[str, Any]:
+def task_meta(task: Task, group: str, base: Base, with_domain: bool = False) -> dict[str, Any]:
     """The per-task fields metrics need besides the samples (group, write stratum, the noop floor; its domain in a
     run over several).
 
-    ``refusal_passes`` is what τ²'s reward gives the empty conversation: its DB term is met when the gold actions
-    leave the database as it was (a write that changes nothing, such as retail task 12's, included), its COMMUNICATE
-    term when there is nothing to say."""
-    basis = set(task.reward_basis)
+    ``refusal_passes`` is what τ²'s reward gives the empty conversation (``empty_conversation_passes``: every term
+    of the task's basis)."""
     writes = bool(task.writes)
     communicate = bool(task.communicate_info)
-    unchanged = not writes or gold_db_hash(base, task) == base.base_hash
-    passes = (unchanged or "DB" not in basis) and (not communicate or "COMMUNICATE" not in basis)
+    passes = empty_conversation_passes(task, base)
     meta = {"group": group, "writes": writes, "communicate": communicate, "refusal_passes": passes}
     if with_domain:
         meta["domain"] = task.domain

@@ -155,11 +155,14 @@ def compute_reward(episode: Episode, judge: NLJudge | None = None) -> RewardBrea
     )
     if "DB" in basis:
         reward *= float(db_match)
-    if task.env_assertions and task.checks_environment and rewardable and hasattr(episode.state, "assertion"):
+    to_assert = bool(task.env_assertions and task.checks_environment and rewardable)
+    if to_assert and hasattr(episode.state, "assertion"):  # run where they can be, in the basis or not (τ² does)
         breakdown.env_checks = [env_check(episode.state, check) for check in task.env_assertions]
         breakdown.env_ok = all(check["met"] for check in breakdown.env_checks)
     if "ENV_ASSERTION" in basis:
-        if breakdown.env_ok is None and rewardable:  # no assertion to run (τ²: the term is met), or none could be
+        if to_assert and breakdown.env_ok is None:  # never met for want of a state that runs them
+            raise RewardTermError(f"task {record.task_id}: its ENV_ASSERTION term cannot run on this domain's state")
+        if breakdown.env_ok is None and rewardable:  # no assertion to run: τ²'s term is met
             breakdown.env_ok, breakdown.env_checks = True, []
         reward *= float(bool(breakdown.env_ok))
     if "COMMUNICATE" in basis:
@@ -180,6 +183,30 @@ def compute_reward(episode: Episode, judge: NLJudge | None = None) -> RewardBrea
         reward *= float(breakdown.nl_ok)
     breakdown.reward = reward
     return breakdown
+
+
+class _UnjudgedAssertions:
+    """Stands in for the judge where no conversation is judged: every assertion counts as met."""
+
+    @staticmethod
+    def judge(record: EpisodeRecord, assertions: Sequence[str]) -> list[NLCheck]:
+        from tau2_rl.rewards.judge import NLCheck
+
+        return [NLCheck(assertion, True, "not judged") for assertion in assertions]
+
+
+def empty_conversation_passes(task: Task, base: Base) -> bool:
+    """What τ²'s reward gives the conversation in which the agent does nothing and says nothing (the noop floor):
+    every term of the task's basis, computed as for any episode on the task's initial state (its initialization and
+    message history included) with no call and no word of the agent's. A write whose gold leaves the database as it
+    was meets DB (retail task 12); assertions that already hold meet ENV_ASSERTION (telecom's transfer tasks, whose
+    ACTION then fails). NL_ASSERTION, which only an LLM judges, counts as met: on such tasks the floor is an upper
+    bound."""
+    from tau2_rl.envs.episode import USER_STOP, EnvConfig, Episode
+
+    episode = Episode(task, base, "", 0, EnvConfig())
+    episode.finish(USER_STOP)
+    return compute_reward(episode, _UnjudgedAssertions()).reward == 1.0  # type: ignore[arg-type]
 
 
 def env_check(state: Any, check: EnvCall) -> dict[str, Any]:

@@ -161,14 +161,12 @@ def build_profile(task: Task) -> UserProfile:
 
 def _own_results(episode: Episode) -> list[tuple[str, Any, str]]:
     """The user's own calls since it last spoke, with their results: (tool, arguments, result)."""
-    acted: list[tuple[str, Any, str]] = []
+    count = 0
     for message in reversed(episode.messages):
         if message.get("requestor") != "user" or message["role"] != "tool":
             break
-        acted.append(("", None, str(message.get("content") or "")))
-    if not acted:
-        return []
-    calls = episode.record.user_tool_calls[-len(acted) :]
+        count += 1
+    calls = episode.record.user_tool_calls[-count:] if count else []
     return [(call.name, call.arguments, call.result) for call in calls]
 
 
@@ -192,7 +190,8 @@ class ScriptedUser(UserSimulator):
     def reply(self, episode: Episode) -> UserReply:
         try:
             acted = _own_results(episode)
-            if acted:  # it acted on its phone: it says what the phone showed (and whether that solved it)
+            if acted:  # it acted on its phone: it says what the phone showed (and whether that solved it), a turn
+                episode.user_state["turns"] = episode.user_state.get("turns", 0) + 1
                 return UserReply.from_text(self._report(episode, acted))
             text = self._reply_text(episode)
             return text if isinstance(text, UserReply) else UserReply.from_text(text)
