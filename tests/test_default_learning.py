@@ -171,13 +171,15 @@ CASES = [(variant, "v2") for variant in VARIANTS] + [("prm_lite", "reference"), 
 reference reward (tau2_rl.rewards.prm.reference)."""
 
 
-CI_CASES = {("vanilla", "v2"), ("turn_discount", "v2")}
-"""The cases CI runs, one per loss path the quick start does not take: vanilla (1/L token weights; prm_lite shares
-them) and turn_discount (turn-discounted token weights). The third path, 1/sqrt(L) with PRM-Lite (joint, v2 rules;
-lata shares the 1/sqrt(L) weights), is the README's quick start, whose learning CI checks at k = 0 and k = 1
-(tests/test_readme_numbers.py, tests/test_quick_start_ahead.py: 32 steps of this setting). The rest (lata,
-prm_lite, joint here, and both process-reward variants with the reference rules) are ``exhaustive`` (~1.5 min
-each): tests/test_learning.py checks every variant learns, on a smaller task, in seconds."""
+CI_CASES = {("vanilla", "v2")}
+"""The case CI runs: vanilla (1/L token weights; prm_lite shares them), a loss path the quick starts do not take. The
+1/sqrt(L) path with PRM-Lite (joint, v2 rules; lata shares the 1/sqrt(L) weights) is the quick starts', whose
+learning CI checks on the airline at k = 0 and k = 1, on airline and retail together, and on telecom
+(tests/test_readme_numbers.py, tests/test_quick_start_ahead.py, tests/test_retail_training.py,
+tests/test_telecom_training.py: 32 steps each). The rest (turn_discount, lata, prm_lite, joint here, and both
+process-reward variants with the reference rules) are ``exhaustive`` (~1.5 min each, CI's time):
+tests/test_learning.py checks every variant learns, turn_discount's turn-discounted weights included, on a smaller
+task, in seconds."""
 
 
 @pytest.mark.parametrize(
