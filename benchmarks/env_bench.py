@@ -285,10 +285,9 @@ def telecom_bench(args: argparse.Namespace) -> None:
     build_s = time.perf_counter() - t0
     tasks = list(domain.tasks.values())[: args.tasks]
 
-    def ours(task: Task) -> tuple[bool, float, float]:
-        t0 = time.perf_counter()
-        world = base.new_state()
-        world.initialize(task)
+    def played(task: Task, world: Any, t0: float) -> tuple[bool, float, float]:
+        """The task's gold calls of both sides on ``world`` (set up since ``t0``), then its assertions: whether they
+        hold, the episode's time and its reset + reward part."""
         t1 = time.perf_counter()
         for action in task.actions:
             world.call(action.requestor, action.name, action.arguments)
@@ -296,6 +295,12 @@ def telecom_bench(args: argparse.Namespace) -> None:
         met = all(env_check(world, check)["met"] for check in task.env_assertions)
         t3 = time.perf_counter()
         return met, t3 - t0, (t1 - t0) + (t3 - t2)
+
+    def ours(task: Task) -> tuple[bool, float, float]:
+        t0 = time.perf_counter()
+        world = base.new_state()
+        world.initialize(task)
+        return played(task, world, t0)
 
     def copied(task: Task) -> tuple[bool, float, float]:
         """The same episode on a state of its own from the start (the initialization run for each episode on fresh
@@ -305,14 +310,7 @@ def telecom_bench(args: argparse.Namespace) -> None:
         state = base.tau2_task(task).initial_state
         env.set_state(state.initialization_data, state.initialization_actions, state.message_history or [])
         env.sync_tools()
-        world = World(base, Snapshot(env), own=True)
-        t1 = time.perf_counter()
-        for action in task.actions:
-            world.call(action.requestor, action.name, action.arguments)
-        t2 = time.perf_counter()
-        met = all(env_check(world, check)["met"] for check in task.env_assertions)
-        t3 = time.perf_counter()
-        return met, t3 - t0, (t1 - t0) + (t3 - t2)
+        return played(task, World(base, Snapshot(env), own=True), t0)
 
     def theirs(task: Task) -> tuple[bool, float]:
         t0 = time.perf_counter()
