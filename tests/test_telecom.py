@@ -289,6 +289,11 @@ def test_the_scripted_user_maps_each_request_to_one_of_its_tools(env: DomainEnv)
     assert report(shown) == "I did that (run speed test). The phone says: Download speed: 1.2 Mbps (Poor)"
     assert not satisfied(task, shown)
     assert satisfied(task, [("run_speed_test", {}, "Download speed: 250 Mbps (Excellent)")])
+    # every scenario's guidelines name the status bar and MMS: only the scenario's own goal ends it
+    assert not satisfied(task, [("check_status_bar", {}, "📶 Excellent | 5G | Data Enabled")])
+    service = env.task(next(k for k in env.task_keys if k.startswith("[service_issue]")))
+    assert satisfied(service, [("check_status_bar", {}, "📶 Excellent | 5G | Data Enabled")])
+    assert not satisfied(service, [("run_speed_test", {}, "Download speed: 250 Mbps (Excellent)")])
 
 
 def test_the_agent_never_sees_the_users_own_calls(env: DomainEnv, tiny_tokenizer) -> None:

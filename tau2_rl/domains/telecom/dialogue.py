@@ -211,16 +211,28 @@ def report(calls: list[tuple[str, dict[str, Any], str]]) -> str:
 _SIGNAL = re.compile(r"📶")
 
 
+_GOALS = {
+    "run_speed_test": re.compile(r"resolved only when (?:the )?speed test returns excellent"),
+    "check_status_bar": re.compile(r"resolved when the status bar shows that you have signal"),
+    "can_send_mms": re.compile(r"successfully send an mms"),
+}
+"""The success condition each scenario states (every scenario's grounding guidelines name the status bar and MMS
+too, so a bare mention is no goal): the tool whose result decides it."""
+
+
 def satisfied(task: Task, calls: list[tuple[str, dict[str, Any], str]]) -> bool:
     """Whether the user's own success condition holds on what its phone just showed: an excellent speed test, a
     status bar with signal, or an MMS sent, whichever its scenario asks for."""
     instructions = f"{task.instructions.reason_for_call} {task.instructions.task_instructions}".lower()
     for name, _, result in calls:
+        goal = _GOALS.get(name)
+        if goal is None or not goal.search(instructions):
+            continue
         shown = result.lower()
-        if name == "run_speed_test" and "speed test returns excellent" in instructions and "excellent" in shown:
+        if name == "run_speed_test" and "excellent" in shown:
             return True
-        if name == "check_status_bar" and "status bar shows" in instructions and _SIGNAL.search(result):
+        if name == "check_status_bar" and _SIGNAL.search(result):
             return "no service" not in shown and "airplane mode" not in shown
-        if name == "can_send_mms" and "mms" in instructions and "cannot" not in shown and "can send" in shown:
+        if name == "can_send_mms" and "cannot" not in shown and "can send" in shown:
             return True
     return False
