@@ -6,6 +6,8 @@
     python collect_trajectories.py --teacher openai --teacher_base_url http://localhost:8000/v1 \
         --teacher_model Qwen/Qwen2.5-72B-Instruct-AWQ --attempts 8 \
         --user_simulator llm --user_base_url http://localhost:8001/v1 --user_model Qwen/Qwen2.5-72B-Instruct-AWQ
+    # τ²'s own results files as the teacher: every conversation replayed and re-scored, the successes kept
+    python collect_trajectories.py --domain telecom --teacher tau2_results --results_files results.json
 
 Rerunning the same command resumes: finished (task, attempt) pairs are skipped. Any field of ``CollectArguments``
 can be given as a flag or in a YAML file passed with ``--config``.

@@ -5,7 +5,7 @@ writes, partial oracles, premature transfer, rambler) on all 50 tasks against th
 is 100 GPT-4o conversations of τ-bench v1 airline tasks 0–24 (``tests/data/real_trajectories``), replayed through our
 environment under their τ² tasks, labelled by the recorded reward. The reference sets (``reference``,
 ``reference+v2``) read the tasks' gold actions (training only). docs/prm_lite.md has the definitions and the full
-reports (``python -m tau2_rl.rewards.prm --update-docs docs/prm_lite.md`` regenerates them).
+reports (``python prm_report.py --update-docs docs/prm_lite.md`` regenerates them).
 
 Usage: ``python benchmarks/prm_calibration.py [--domain airline] [--seed 0] [--tasks 0,1,2] [--rules]
 [--trajectories F --task_map F]``.

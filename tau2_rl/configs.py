@@ -294,11 +294,12 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
         metadata={"help": "joint only: a token's advantage gets this × its turn's PRM-Lite score (default 0.3)."},
     )
     prm_rules: Literal["v1", "v2", "reference", "reference+v2"] = field(
-        default="v2",
-        metadata={"help": "PRM-Lite rule set: v2 (policy checks of every write, calibrated on real agents), v1 (the "
-                  "scripted-corpus rules), reference (progress against the task's gold actions: privileged, "
-                  "training only) or reference+v2 (both, summed); the reward of prm_lite/joint, and the prm/* "
-                  "signal metrics of every variant (docs/prm_lite.md)."},
+        default="reference",
+        metadata={"help": "PRM-Lite rule set: reference (the default: progress against the task's gold actions, "
+                  "privileged, training only; the one that ranks real agents' conversations by outcome in every "
+                  "domain), reference+v2 (both, summed), v2 (policy checks of every write, read from the trajectory "
+                  "alone) or v1 (the scripted-corpus rules); the reward of prm_lite/joint, and the prm/* signal "
+                  "metrics of every variant (docs/prm_lite.md)."},
     )  # fmt: skip
     length_reference: float | None = field(
         default=None,
@@ -427,11 +428,19 @@ class MultiTurnGRPOConfig(trl.GRPOConfig):
 class CollectArguments(EnvArguments):
     """What ``collect_trajectories.py`` collects: teacher, tasks, attempts, where the dataset goes."""
 
-    teacher: Literal["oracle", "noop", "openai"] = field(
+    teacher: Literal["oracle", "noop", "openai", "tau2_results"] = field(
         default="oracle",
         metadata={"help": "'oracle': the gold-action agent (offline); 'noop': an agent that declines every request "
                   "(offline; its episodes fail where the task needs work: keep them with --min_reward 0); 'openai': "
-                  "an OpenAI-compatible endpoint (--teacher_base_url, --teacher_model)."},
+                  "an OpenAI-compatible endpoint (--teacher_base_url, --teacher_model); 'tau2_results': the "
+                  "conversations of τ² results files (--results_files), replayed and re-scored here."},
+    )  # fmt: skip
+    results_files: str | None = field(
+        default=None,
+        metadata={"help": "--teacher tau2_results: comma-separated τ² results files (what `tau2 run` writes; a "
+                  "leaderboard submission's trajectories), all of --domain's. Each conversation is replayed; one "
+                  "whose replay differs from the record is refused with its reason, and a file most of whose "
+                  "conversations are refused is refused whole."},
     )  # fmt: skip
     tasks: str | None = field(
         default=None,
@@ -484,7 +493,7 @@ class CollectArguments(EnvArguments):
 
     def teacher_kwargs(self) -> dict:
         """Constructor arguments of the selected teacher."""
-        if self.teacher in ("oracle", "noop"):
+        if self.teacher in ("oracle", "noop", "tau2_results"):
             return {}
         return {
             "base_url": self.teacher_base_url or "",

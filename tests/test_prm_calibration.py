@@ -178,7 +178,7 @@ def test_docs_report_matches_the_corpus(
     corpus: list[Trajectory], calibration: Calibration, real: dict[str, RealCalibration]
 ) -> None:
     """docs/prm_lite.md carries the reports generated from the current rules, the corpus and the real set
-    (regenerate with ``python -m tau2_rl.rewards.prm --update-docs docs/prm_lite.md``)."""
+    (regenerate with ``python prm_report.py --update-docs docs/prm_lite.md``)."""
     text = (Path(__file__).resolve().parents[1] / "docs" / "prm_lite.md").read_text(encoding="utf-8")
     block = text.split(CALIBRATION_START, 1)[1].split(CALIBRATION_END, 1)[0]
     corpus_cals = {name: calibrate(corpus, rules=name, env=ENV) for name in PRM_RULE_SETS}
@@ -454,9 +454,9 @@ def test_importer_names_file_conversation_and_field(tmp_path: Path) -> None:
 
 
 def test_report_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], real: dict[str, RealCalibration]) -> None:
-    from tau2_rl.rewards.prm.report import main
+    from tau2_rl.evaluation.prm_report import main
 
-    args = ["--trajectories", str(REAL_TRAJECTORIES), "--task_map", str(REAL_TASK_MAP)]
+    args = ["--trajectories", str(REAL_TRAJECTORIES), "--task_map", str(REAL_TASK_MAP), "--prm_rules", "v2"]
     assert main(args) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1] == real_headline(real["v2"]) and out[-1].startswith(f"{real['v2'].per_task_auc:.3f} per-task AUC")
@@ -464,7 +464,7 @@ def test_report_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], real: di
     assert successes.startswith(f"| successes | {real['v2'].n_successes} | ")  # the score distribution
     task_rows = [line for line in out if re.match(r"\| \d+ \| (yes|no) \| ", line)]
     assert [row.split(" | ")[0][2:] for row in task_rows] == real["v2"].mixed_tasks  # one row per mixed task
-    assert main([*args, "--prm_rules", "v1"]) == 0
+    assert main([*args[:-2], "--prm_rules", "v1"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith(f"{real['v1'].per_task_auc:.3f} ")
     assert main(["--trajectories", str(tmp_path / "missing.json"), "--task_map", str(REAL_TASK_MAP)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -488,7 +488,8 @@ def test_rule_modules_read_no_task_trajectory_or_gold_file() -> None:
     from tau2_rl.domains.airline import consent, policy_checks
 
     forbidden_modules = {"tau2_rl.envs.data", "tau2_rl.rewards.outcome", "tau2_rl.rewards.prm.corpus",
-                         "tau2_rl.rewards.prm.conversations", "tau2_rl.rewards.prm.report"}  # fmt: skip
+                         "tau2_rl.rewards.prm.conversations", "tau2_rl.rewards.prm.report",
+                         "tau2_rl.evaluation.prm_report", "tau2_rl.data.tau2_results"}  # fmt: skip
     conversations = json.loads(REAL_TRAJECTORIES.read_text(encoding="utf-8"))
     ids = {entry["user_id"] for entry in json.loads(REAL_TASK_MAP.read_text(encoding="utf-8")).values()}
     for conversation in conversations:

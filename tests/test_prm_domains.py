@@ -136,10 +136,10 @@ def test_a_cancelled_order_is_tracked_and_the_reference_reward_reads_retails_gol
 def test_the_report_gives_retail_figures_on_retail_conversations_and_refuses_another_domain(
     played: dict[str, list], tmp_path, capsys
 ) -> None:
-    """``python -m tau2_rl.rewards.prm --domain retail --trajectories …``: retail conversations replayed on retail's
+    """``python prm_report.py --domain retail --trajectories …``: retail conversations replayed on retail's
     tools give retail's report; read as the airline's (the default domain) they are refused with the count, never
     turned into a figure (issue 62: 345 retail conversations once gave an "airline" AUC of 0.745)."""
-    from tau2_rl.rewards.prm.report import main
+    from tau2_rl.evaluation.prm_report import main
 
     conversations = [
         {"task_id": record.task_id, "trial": 0, "reward": record.reward["reward"], "traj": record.messages}

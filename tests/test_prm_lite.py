@@ -19,6 +19,7 @@ from tau2_rl.envs.episode import DomainEnv, EpisodeRecord
 from tau2_rl.envs.runner import run_episodes
 from tau2_rl.envs.tool_calls import format_tool_call
 from tau2_rl.envs.users.scripted import ScriptedUser
+from tau2_rl.evaluation.prm_report import main, rules_markdown
 from tau2_rl.rewards.outcome import outcome_reward
 from tau2_rl.rewards.prm import (
     RULE_SETS,
@@ -37,7 +38,7 @@ from tau2_rl.rewards.prm import (
 )
 from tau2_rl.rewards.prm import score_episode as score_any_episode
 from tau2_rl.rewards.prm.reference import REFERENCE_TERMS
-from tau2_rl.rewards.prm.report import DOCS_END, DOCS_START, main, rules_markdown
+from tau2_rl.rewards.prm.report import DOCS_END, DOCS_START
 
 AIRLINE = get_domain("airline")
 VOCAB = vocabulary(AIRLINE)
@@ -663,7 +664,7 @@ def test_markdown_cli(capsys: pytest.CaptureFixture[str]) -> None:
     domains = [name for name in DOMAINS if not get_domain(name).variant_of]
     assert out.count("\n") == sum(4 + len(rules) for rules in tables) + len(tables) - 1 + 2 * len(domains)
     assert "P9's checks on airline: " in out and "P9's checks on retail: none (off)" in out
-    assert "**Rule set reference** (the task's gold actions: training only" in out
+    assert "**Rule set reference** (the task's gold actions: training only, and `prm_rules`' default" in out
 
 
 def _result(*fired_rules: str) -> PRMResult:

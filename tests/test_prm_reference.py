@@ -17,12 +17,12 @@ from tau2_rl.domains.airline import policy_checks
 from tau2_rl.envs.data import GoldAction
 from tau2_rl.envs.episode import AGENT_STOP, DomainEnv, EpisodeRecord
 from tau2_rl.envs.tool_calls import format_tool_call
+from tau2_rl.evaluation.prm_report import main
 from tau2_rl.rewards.outcome import matches_gold
 from tau2_rl.rewards.prm import detectors, engine, reference, rules, score_episode
 from tau2_rl.rewards.prm.corpus import Trajectory, build_corpus
 from tau2_rl.rewards.prm.engine import PRM_RULE_SETS, REFERENCE_SETS
 from tau2_rl.rewards.prm.reference import MAX_CREDITED_READS, REFERENCE_TERMS, write_order_matters
-from tau2_rl.rewards.prm.report import main
 from tau2_rl.rewards.prm.stats import calibrate
 
 AIRLINE = get_domain("airline")

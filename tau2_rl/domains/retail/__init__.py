@@ -34,11 +34,12 @@ def _db_model() -> Any:
 
 
 def _prm_terms() -> Any:
-    from tau2_rl.rewards.prm.vocabulary import PrmTerms
+    from tau2_rl.rewards.prm.vocabulary import PrmTerms, real_results_files
 
     # no policy checks: retail's policy (pending vs delivered orders, one exchange per order, payment by the original
     # method or a gift card) has no checker yet, so v2's P9-P11 and B8 are off here (docs/prm_lite.md)
-    return PrmTerms(examples=EXAMPLES, record_id_field="order_id", id_prefix="#")
+    return PrmTerms(examples=EXAMPLES, record_id_field="order_id", id_prefix="#",
+                    real_results=(real_results_files("retail"), None))  # fmt: skip
 
 
 def _split_file() -> str:

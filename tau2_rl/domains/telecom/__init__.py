@@ -80,9 +80,9 @@ def environment_named(domain_name: str) -> Any:
 
 
 def _prm_terms() -> Any:
-    from tau2_rl.rewards.prm.vocabulary import PrmTerms
+    from tau2_rl.rewards.prm.vocabulary import PrmTerms, real_results_files
 
-    return PrmTerms(examples=(), record_id_field="line_id")
+    return PrmTerms(examples=(), record_id_field="line_id", real_results=(real_results_files("telecom"), None))
 
 
 def _split_file() -> str:

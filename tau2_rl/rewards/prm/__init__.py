@@ -27,7 +27,14 @@ from tau2_rl.rewards.prm.detectors import (
     is_placeholder,
     mentionable_values,
 )
-from tau2_rl.rewards.prm.engine import DEFAULT_CLIP, PRM_RULE_SETS, REFERENCE_SETS, PRMResult, score_episode
+from tau2_rl.rewards.prm.engine import (
+    DEFAULT_CLIP,
+    PRM_RULE_SETS,
+    REFERENCE_SETS,
+    TRAINING_RULE_SET,
+    PRMResult,
+    score_episode,
+)
 from tau2_rl.rewards.prm.reference import REFERENCE_TERMS
 from tau2_rl.rewards.prm.rules import (
     DEFAULT_RULE_SET,
@@ -53,6 +60,7 @@ __all__ = [
     "PRM_RULE_SETS",
     "REFERENCE_SETS",
     "REFERENCE_TERMS",
+    "TRAINING_RULE_SET",
     "RULE_SETS",
     "RULES_V1",
     "RULES_V2",

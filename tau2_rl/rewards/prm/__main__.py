@@ -1,10 +1,9 @@
-"""``python -m tau2_rl.rewards.prm``: PRM-Lite's rule table and calibration report (``report.main``).
+"""``python -m tau2_rl.rewards.prm`` was the report's command line; it is ``python prm_report.py`` now (an entry
+script beside the others: it reads domains, files and flags, which ``rewards/`` does not)."""
 
-``--update-docs docs/prm_lite.md`` regenerates both in docs/prm_lite.md, ``--markdown`` prints the table,
-``--calibration`` the report.
-"""
-
-from tau2_rl.rewards.prm.report import main
+import sys
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    print("python -m tau2_rl.rewards.prm is now: python prm_report.py (the same flags; --help lists them)",
+          file=sys.stderr)  # fmt: skip
+    raise SystemExit(2)

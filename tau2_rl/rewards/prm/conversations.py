@@ -1,10 +1,14 @@
 """Importing real agent conversations (OpenAI chat format) so PRM-Lite can score them as it scores our own episodes.
 
-A conversation recorded elsewhere (τ-bench's historical trajectories first: a JSON list of ``{"task_id", "trial",
-"reward", "traj": [OpenAI messages]}``) is *replayed*: every assistant tool call runs through our environment on a
-fresh database under the τ² task the source task maps to, so the rules read our own observations, exactly as during
-training. The recorded ``reward`` is the label; the recorded task details (``info``: gold actions, outputs) are never
-read.
+A conversation recorded elsewhere in that format (τ-bench's historical trajectories: a JSON list of
+``{"task_id", "trial", "reward", "traj": [OpenAI messages]}``) is *replayed*: every assistant tool call runs through
+our environment on a fresh database under the τ² task the source task maps to, so the rules read our own
+observations, exactly as during training. The recorded ``reward`` is the label; the recorded task details (``info``:
+gold actions, outputs) are never read.
+
+τ²'s own results files (``tau2 run``'s JSON: tasks, both sides' messages, τ²'s rewards) are read by
+``tau2_rl.data.tau2_results`` instead, which replays a task's initial state and the user's own tool calls; this
+importer refuses a domain whose user holds tools and a task with an initial state (the chat format carries neither).
 
 How it departs from a plain copy:
 
@@ -262,6 +266,11 @@ def replay_conversation(
 def import_conversations(path: str | Path, task_map: str | Path | Mapping[str, str], env: DomainEnv) -> ImportReport:
     """Replays every conversation of ``path`` under its mapped τ² task of ``env``'s domain; unreplayable ones go to
     ``skipped``."""
+    if env.spec.user_tool_types is not None:  # its user acts on its own tools: the chat format has no place for that
+        raise ConversationFileError(
+            f"--trajectories {path}: the {env.spec.name} domain's user holds tools of its own, whose calls the chat "
+            "format cannot carry; pass the τ² results files the conversations came from (tau2 run's JSON)"
+        )
     mapping = load_task_map(task_map) if isinstance(task_map, (str, Path)) else dict(task_map)
     raw = _read_json(path, "--trajectories")
     if not isinstance(raw, list):
@@ -288,6 +297,10 @@ def import_conversations(path: str | Path, task_map: str | Path | Mapping[str, s
             if task_id not in env.domain.tasks:
                 unknown.append(f"{source!r} → {task_id!r}")
                 continue
+            if env.domain.tasks[task_id].initial_state.features():
+                raise ConversationError(f"{where}: task {task_id} starts from an initial state (initialization data, "
+                                        "actions or a message history) the chat format does not replay; pass the "
+                                        "τ² results files")  # fmt: skip
             if not isinstance(item["traj"], list):
                 raise ConversationError(f"{where}.traj: expected a list of messages")
             record, dropped, mismatches = replay_conversation(env, task_id, item["traj"], where)

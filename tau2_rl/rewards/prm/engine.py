@@ -46,6 +46,11 @@ REFERENCE_SETS: dict[str, str | None] = {"reference": None, "reference+v2": "v2"
 summed with it (None: the reference terms alone)."""
 PRM_RULE_SETS: tuple[str, ...] = ("v1", "v2", *REFERENCE_SETS)
 """Every name ``score_episode(rules=...)`` and the config's ``prm_rules`` accept."""
+TRAINING_RULE_SET = "reference"
+"""The process reward prm_lite and joint train with unless ``prm_rules`` says otherwise: the one that ranks real
+agents' conversations by their outcome in every domain with both outcomes (docs/prm_lite.md, "Real agents' τ²
+results": per-task AUC 0.83-1.00, where v2 gave 0.17-0.63). It reads the task's gold actions, so it is a training
+signal only; evaluation's verdicts use ``DEFAULT_RULE_SET``, which reads the trajectory alone."""
 
 
 @dataclass

@@ -1,31 +1,27 @@
-"""The generated parts of docs/prm_lite.md (rule table, calibration report) and the command line that writes them.
+"""The generated parts of docs/prm_lite.md (rule tables, calibration reports) as markdown.
 
-One source of truth: the table comes from ``RULES`` and the calibration numbers from scoring the behaviour corpus, so
-``python -m tau2_rl.rewards.prm --update-docs docs/prm_lite.md`` regenerates both, and a test checks that the
-committed page matches the code.
+One source of truth: the tables come from ``RULES`` and the calibration numbers from scoring the behaviour corpus and
+real agents' conversations; ``python prm_report.py --update-docs docs/prm_lite.md`` (``tau2_rl.evaluation.prm_report``,
+the command line, which reads the domains and their files) regenerates them, and a test checks that the committed page
+matches the code. Nothing here reads a domain, a file or a flag: what to write is handed in.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from tau2_rl.files import mkstemp_honouring_umask
-from tau2_rl.rewards.prm.engine import PRM_RULE_SETS
 from tau2_rl.rewards.prm.reference import REFERENCE_TERMS, ReferenceTerm
 from tau2_rl.rewards.prm.rules import DEFAULT_RULE_SET, RULE_SETS, Rule
 from tau2_rl.rewards.prm.stats import Calibration, RealCalibration
 
-if TYPE_CHECKING:
-    from tau2_rl.envs.episode import DomainEnv
-
 DOCS_START, DOCS_END = "<!-- rules:start -->", "<!-- rules:end -->"
 CALIBRATION_START, CALIBRATION_END = "<!-- calibration:start -->", "<!-- calibration:end -->"
+RESULTS_START, RESULTS_END = "<!-- real_results:start -->", "<!-- real_results:end -->"
 
 PER_COUNT_RULES = ("P8", "B3", "P9", "P10", "P11", "B9", "P12", "B10", "B11", "P14", "P13")
 """Rules that fire more than once a turn (per call, per tool, per write): the table says "per count"."""
@@ -45,20 +41,18 @@ def _rule_table(rules: Mapping[str, Rule | ReferenceTerm]) -> list[str]:
     return lines
 
 
-def rules_markdown() -> str:
+def rules_markdown(policies: Mapping[str, Any]) -> str:
     """The rule tables of every version, default first, then the reference terms, as markdown (the generated part
-    of docs/prm_lite.md)."""
+    of docs/prm_lite.md); ``policies``: each domain's name → its ``DomainPolicy`` (None: P9 is off there)."""
     lines: list[str] = []
     for name in sorted(RULE_SETS, key=lambda n: n != DEFAULT_RULE_SET):
-        default = " (default)" if name == DEFAULT_RULE_SET else ""
+        default = " (default of the rule sets that read only the trajectory: evaluation's verdicts)" if (
+            name == DEFAULT_RULE_SET) else ""  # fmt: skip
         lines += [f"**Rule set {name}**{default}", "", *_rule_table(RULE_SETS[name]), ""]
-    title = "**Rule set reference** (the task's gold actions: training only; `reference+v2` adds the v2 table)"
+    title = ("**Rule set reference** (the task's gold actions: training only, and `prm_rules`' default for prm_lite "
+             "and joint; `reference+v2` adds the v2 table)")  # fmt: skip
     lines += [title, "", *_rule_table(REFERENCE_TERMS), ""]
-    from tau2_rl.domains import DOMAINS, get_domain
-    from tau2_rl.rewards.prm.vocabulary import vocabulary
-
-    for name in (name for name in DOMAINS if not get_domain(name).variant_of):
-        policy = vocabulary(get_domain(name)).policy
+    for name, policy in policies.items():
         checks = "; ".join(f"{key}: {text}" for key, text in policy.violations.items()) if policy else "none (off)"
         lines += [f"P9's checks on {name}: {checks}", ""]
     return "\n".join(lines).rstrip() + "\n"
@@ -136,7 +130,8 @@ def real_headline(cal: RealCalibration) -> str:
     """The real-set report's last line: the per-task AUC first."""
     return (
         f"{cal.per_task_auc:.3f} per-task AUC (95% CI {_ci(cal)}) over {len(cal.mixed_tasks)} tasks with both"
-        f" outcomes; write tasks {cal.write_auc:.3f} ({cal.n_write}),"
+        f" outcomes; pooled AUC {cal.pooled_auc:.3f} over {cal.n_conversations} conversations;"
+        f" write tasks {cal.write_auc:.3f} ({cal.n_write}),"
         f" no-write tasks {cal.no_write_auc:.3f} ({cal.n_no_write});"
         f" within-task gap {_f(cal.within_task_gap)}; rules {cal.rules}"
     )
@@ -144,9 +139,10 @@ def real_headline(cal: RealCalibration) -> str:
 
 def real_markdown(cal: RealCalibration) -> str:
     """The calibration report of PRM-Lite on real conversations, as markdown; the last line is ``real_headline``."""
+    dropped = f"{cal.dropped_calls} `think` calls dropped (no τ² counterpart); " if cal.dropped_calls else ""
     lines = [
         f"{cal.n_conversations} conversations ({cal.n_successes} successes) on {cal.n_tasks} tasks, "
-        f"{cal.tool_calls} tool calls replayed; {cal.dropped_calls} `think` calls dropped (no τ² counterpart); "
+        f"{cal.tool_calls} tool calls replayed; {dropped}"
         f"{cal.observation_mismatches} replayed results say something else than the recorded ones; "
         f"{len(cal.skipped)} conversations not replayed.",
         "",
@@ -154,6 +150,8 @@ def real_markdown(cal: RealCalibration) -> str:
         "|---|---|",
         f"| per-task AUC, success vs failure of the same task (mean over {len(cal.mixed_tasks)} tasks with both) | "
         f"{_f(cal.per_task_auc)} (95% bootstrap CI {_ci(cal)}) |",
+        f"| pooled AUC, every success against every failure (across tasks: confounded by task difficulty) | "
+        f"{_f(cal.pooled_auc)} |",
         f"| per-task AUC on tasks that need a write / need none | {_f(cal.write_auc)} ({cal.n_write} tasks) / "
         f"{_f(cal.no_write_auc)} ({cal.n_no_write} tasks) |",
         f"| per-task AUC on the tasks whose τ² gold writes are the source task's (the recorded label is τ²'s) | "
@@ -313,144 +311,31 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def update_docs(path: str | Path, calibration: str | None = None) -> None:
-    """Rewrites the rule tables (and, given the generated ``calibration`` section, the report) between the markers
-    of ``path``."""
+def update_docs(path: str | Path, sections: Mapping[tuple[str, str], str]) -> None:
+    """Rewrites each generated section of ``path`` (``(start marker, end marker)`` → its new body), atomically."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--update-docs: no such file {path}")
-    text = _replace_between(path.read_text(encoding="utf-8"), DOCS_START, DOCS_END, rules_markdown(), path)
-    if calibration is not None:
-        text = _replace_between(text, CALIBRATION_START, CALIBRATION_END, calibration, path)
+    text = path.read_text(encoding="utf-8")
+    for (start, end), body in sections.items():
+        text = _replace_between(text, start, end, body, path)
     _write_atomic(path, text)
 
 
-def calibrate_all(
-    env: DomainEnv, trajectories: str | Path | None = None, task_map: str | Path | None = None
-) -> tuple[dict[str, Calibration], dict[str, RealCalibration]]:
-    """Every rule set on ``env``'s scripted corpus and on real conversations (built and imported once; default: the
-    domain's real set, ``PrmTerms.real_set``)."""
-    from tau2_rl.rewards.prm.conversations import import_conversations
-    from tau2_rl.rewards.prm.corpus import build_corpus
-    from tau2_rl.rewards.prm.stats import calibrate, calibrate_real
-
-    trajectories, task_map = _real_set(env, trajectories, task_map)
-    corpus = build_corpus(env)
-    imported = import_conversations(trajectories, task_map, env)
-    writes = {task_id: task.writes for task_id, task in env.domain.tasks.items()}
-    return (
-        {name: calibrate(corpus, rules=name, env=env) for name in PRM_RULE_SETS},
-        {name: calibrate_real(imported, writes, rules=name, env=env) for name in PRM_RULE_SETS},
-    )
-
-
-def _real_set(
-    env: DomainEnv, trajectories: str | Path | None, task_map: str | Path | None
-) -> tuple[str | Path, str | Path]:
-    """The given conversations and task map, else the domain's real set; a domain without one says so."""
-    if trajectories is not None and task_map is not None:
-        return trajectories, task_map
-    real = env.spec.prm_terms().real_set
-    if real is None:
-        raise ValueError(f"the {env.spec.name} domain has no real calibration set: pass --trajectories and --task_map")
-    return real
-
-
-def score_conversations(env: DomainEnv, trajectories: str, task_map: str, rules: str) -> str:
-    """The real-set report of ``trajectories`` on ``env``'s domain (the CLI's ``--trajectories``). A conversation
-    that cannot be replayed refuses the file, with the count and the reasons on stderr: a figure over the rest would
-    read as one over all of them."""
-    from tau2_rl.rewards.prm.conversations import import_conversations
-    from tau2_rl.rewards.prm.stats import calibrate_real
-
-    imported = import_conversations(trajectories, task_map, env)
-    for reason in imported.skipped:
-        print(f"not replayed: {reason}", file=sys.stderr)
-    if imported.skipped:
-        total = len(imported.skipped) + len(imported.conversations)
-        raise ValueError(
-            f"--trajectories {trajectories}: {len(imported.skipped)} of the {total} conversations could not be "
-            "replayed (each named above): no figure is given; mend them or leave them out of the file"
-        )
-    writes = {task_id: task.writes for task_id, task in env.domain.tasks.items()}
-    return real_markdown(calibrate_real(imported, writes, rules=rules, env=env))
-
-
-def domain_env(name: str | None, data_dir: str | None = None, task_set: str | None = None) -> DomainEnv:
-    """The environment of ``--domain`` (the CLI default when not given) on ``--data_dir``'s or ``--task_set``'s task
-    files (the domain's default ones when neither is given)."""
-    from tau2_rl.domains import DEFAULT_DOMAIN, get_domain, task_files
-    from tau2_rl.envs.episode import DomainEnv
-
-    spec = get_domain(name or DEFAULT_DOMAIN)
-    files = task_files([spec], data_dir, task_set)
-    return DomainEnv(spec, files.get(spec.name) if isinstance(files, dict) else files)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tau2_rl.rewards.prm", description="PRM-Lite rule tables and calibration reports."
-    )
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--markdown", action="store_true", help="print the rule tables as markdown")
-    group.add_argument("--calibration", action="store_true", help="build the corpus and print its report")
-    group.add_argument(
-        "--update-docs", metavar="PATH", help="rewrite the rule tables and the calibration reports between the markers"
-    )
-    group.add_argument(
-        "--trajectories",
-        metavar="FILE",
-        help="score real conversations (OpenAI chat format, τ-bench historical trajectories) and print their report; "
-        "the last line starts with the per-task AUC",
-    )
-    parser.add_argument("--task_map", metavar="FILE", help="with --trajectories: source task id -> τ² task id (JSON)")
-    parser.add_argument(
-        "--domain", default=None, help="the τ² domain the conversations and corpus are of (default: the CLI's default)"
-    )
-    parser.add_argument("--data_dir", default=None, help="the domain's task files, as evaluate.py's --data_dir")
-    parser.add_argument("--task_set", default=None, help="another release of the task files, as evaluate.py's")
-    parser.add_argument(
-        "--prm_rules",
-        choices=PRM_RULE_SETS,
-        default=DEFAULT_RULE_SET,
-        help="rule set to score with (reference, reference+v2: against the task's gold actions, training only)",
-    )
-    args = parser.parse_args(argv)
-    if not (args.markdown or args.calibration or args.update_docs or args.trajectories):
-        parser.error("one of --markdown, --calibration, --update-docs, --trajectories is required")
-    if args.task_map and not args.trajectories:
-        parser.error("--task_map goes with --trajectories")
-    if args.markdown:
-        sys.stdout.write(rules_markdown())
-        return 0
-    from tau2_rl.envs.data import DomainDataError
-
-    try:
-        env = domain_env(args.domain, args.data_dir, args.task_set)
-    except (DomainDataError, ValueError) as err:  # an unknown domain or task set, missing or malformed files
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if args.trajectories:
-        from tau2_rl.rewards.prm.conversations import ConversationFileError
-
-        if not args.task_map:
-            parser.error("--trajectories needs --task_map FILE (source task id -> τ² task id)")
-        try:
-            sys.stdout.write(score_conversations(env, args.trajectories, args.task_map, args.prm_rules))
-        except (ConversationFileError, ValueError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-        return 0
-    if args.calibration:
-        from tau2_rl.rewards.prm.corpus import build_corpus
-        from tau2_rl.rewards.prm.stats import calibrate
-
-        sys.stdout.write(calibration_markdown(calibrate(build_corpus(env), rules=args.prm_rules, env=env)))
-        return 0
-    corpus, real = calibrate_all(env)
-    update_docs(args.update_docs, docs_calibration_markdown(corpus, real))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def results_table_markdown(rows: Sequence[tuple[str, str, Mapping[str, RealCalibration]]]) -> str:
+    """The per-domain table of real agents' τ² results: per rule set, the per-task AUC (success against failure of
+    the same task, mean over the tasks with both outcomes, 95% bootstrap CI over them) and the pooled AUC. ``rows``:
+    (domain, what its conversations are, rule set → its calibration)."""
+    names = list(rows[0][2]) if rows else []
+    lines = [
+        "| domain | conversations (successes), tasks with both outcomes | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    for domain, what, calibrations in rows:
+        first = next(iter(calibrations.values()))
+        cells = [f"**{c.per_task_auc:.3f}** ({_ci(c)}); pooled {c.pooled_auc:.3f}" for c in calibrations.values()]
+        lines.append(
+            f"| {domain} | {what}: {first.n_conversations} ({first.n_successes}), {len(first.mixed_tasks)} | "
+            + " | ".join(cells) + " |"
+        )  # fmt: skip
+    return "\n".join(lines) + "\n"

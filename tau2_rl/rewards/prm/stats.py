@@ -450,6 +450,7 @@ class RealCalibration:
     mixed_tasks: list[str]  # tasks with both outcomes: the only ones a within-task number is defined on
     per_task_auc: float  # mean over the mixed tasks of that task's AUC
     per_task_auc_ci: tuple[float, float]  # 95% bootstrap over the mixed tasks
+    pooled_auc: float  # every success against every failure, across tasks (confounded by how hard each task is)
     write_auc: float  # the same over the mixed tasks whose τ² task needs a write
     n_write: int
     no_write_auc: float
@@ -553,6 +554,7 @@ def calibrate_real(
         mixed_tasks=mixed,
         per_task_auc=statistics.fmean(task_auc.values()) if task_auc else math.nan,
         per_task_auc_ci=bootstrap_mean_ci(list(task_auc.values())),
+        pooled_auc=auc(scores, labels) if good and bad else math.nan,
         write_auc=statistics.fmean(write) if write else math.nan,
         n_write=len(write),
         no_write_auc=statistics.fmean(no_write) if no_write else math.nan,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -74,8 +75,20 @@ class PrmTerms:
     policy: DomainPolicy | None = None
     """The domain policy's checks (v2's P9–P11, B8); ``None``: those rules are off on the domain."""
     real_set: tuple[str, str] | None = None
-    """The domain's real calibration set, if it has one: (real agents' conversations, their task map: source task
-    id → τ² task id), the report's default (``python -m tau2_rl.rewards.prm``)."""
+    """The domain's real calibration set in τ-bench v1's chat format, if it has one: (real agents' conversations,
+    their task map: source task id → τ² task id), the report's v1 section (``python prm_report.py``)."""
+    real_results: tuple[tuple[str, ...], str | None] | None = None
+    """Real agents' τ² results files on the domain (paths) and the ``--task_set`` they were recorded on (None: the
+    default): the per-domain table of docs/prm_lite.md (``python prm_report.py --update-docs``)."""
+
+
+REAL_RESULTS_DIR = Path(__file__).resolve().parents[3] / "tests" / "data" / "tau2_results"
+"""Real agents' τ² results files in the repository (its README: τ²'s gpt-4.1 and its SFT'd gpt-4.1, per domain)."""
+
+
+def real_results_files(domain: str, agents: Sequence[str] = ("gpt-4.1", "ft-gpt-4.1")) -> tuple[str, ...]:
+    """The paths of ``agents``' results files of ``domain`` in ``REAL_RESULTS_DIR`` (τ²'s file names)."""
+    return tuple(str(REAL_RESULTS_DIR / f"{agent}_{domain}_default_gpt-4.1_1trials.json") for agent in agents)
 
 
 def walk_properties(schema: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
