@@ -26,7 +26,7 @@ from tau2_rl.data.collect import CollectError, collect
 from tau2_rl.envs.splits import SplitError
 from tau2_rl.envs.users.llm import EndpointUnreachableError
 from tau2_rl.rewards.judge import JudgeError
-from tau2_rl.run.cli import parse_or_exit, run_main
+from tau2_rl.run.cli import exit_with_error, parse_or_exit, run_main
 from tau2_rl.run.hub import HubError
 
 
@@ -41,13 +41,17 @@ def main(args: CollectArguments) -> None:
 
 
 PROG = "collect_trajectories.py"
-# JudgeError: the NL-assertion judge kept failing; the trajectories collected before it are kept (a rerun resumes)
-INPUT_ERRORS = (CollectError, HubError, SplitError, EndpointUnreachableError, JudgeError, ValueError)
+INPUT_ERRORS = (CollectError, HubError, SplitError, EndpointUnreachableError, ValueError)
 
 
 def cli(argv: list[str] | None = None) -> None:
-    """The command line: bad input exits with status 2 and one line naming the flag, file or field."""
-    run_main(lambda: main(*parse_or_exit(TrlParser((CollectArguments,)), argv, PROG)), INPUT_ERRORS, PROG)
+    """The command line: bad input exits with status 2 and one line naming the flag, file or field; a judge that
+    kept failing (an endpoint, not the input) exits 1 in one line, the trajectories collected before it kept (a rerun
+    resumes)."""
+    try:
+        run_main(lambda: main(*parse_or_exit(TrlParser((CollectArguments,)), argv, PROG)), INPUT_ERRORS, PROG)
+    except JudgeError as err:
+        exit_with_error(str(err), code=1, prog=PROG)
 
 
 if __name__ == "__main__":

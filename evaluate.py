@@ -10,8 +10,8 @@
     # compare variants and steps: ablation table + two plots
     python evaluate.py --compare outputs/eval/grpo-vanilla outputs/eval/grpo-joint --output_dir outputs/comparison
 
-Every selected task (default: all 50; ``--split`` only assigns groups) is played ``--num_samples`` times by the same
-episode runner and batched token-level policy agent as training. Results go to
+Every selected task (default: every task of the domain's task set; ``--split`` only assigns groups) is played
+``--num_samples`` times by the same episode runner and batched token-level policy agent as training. Results go to
 ``<output_dir>/<name>[/step-<N>]/results.json`` (+ ``summary.md``); a rerun resumes, and a results file from another
 configuration is refused. Any field of a recipe can be overridden on the command line.
 
@@ -36,6 +36,7 @@ from tau2_rl.configs import EvalArguments  # noqa: E402
 from tau2_rl.evaluation import INPUT_ERRORS, run_compare, run_evaluation  # noqa: E402
 from tau2_rl.evaluation.evaluator import describe_results  # noqa: E402
 from tau2_rl.evaluation.tau2_export import TAU2_INCOMPLETE_FILE, own_part  # noqa: E402
+from tau2_rl.rewards.judge import JudgeError  # noqa: E402
 from tau2_rl.run.cli import EXIT_INTERRUPTED, INTERRUPTED_LINE, exit_with_line, parse_or_exit  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -94,6 +95,10 @@ def cli(argv: list[str] | None = None) -> int:
         paths = main(args)
     except KeyboardInterrupt:  # finished episodes are in results.json already: a rerun resumes after them
         exit_with_line(INTERRUPTED_LINE, EXIT_INTERRUPTED)
+    except JudgeError as err:  # an endpoint failed, not the input: exit 1 as for a failing user endpoint (the
+        # episodes scored before it are in results.json; a rerun resumes after them)
+        print(f"evaluate.py: error: {err}", file=sys.stderr)
+        return 1
     except INPUT_ERRORS as err:
         logger.debug("evaluation failed", exc_info=True)
         print(f"evaluate.py: error: {err}", file=sys.stderr)

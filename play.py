@@ -111,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
             + (f"  missing={missing}" if missing else "")
         )
     print(f"pass rate ({args.agent} agent, {args.user} user): {passed}/{len(records)} = {passed / len(records):.1%}")
+    domains = [member.spec.name for member in env.members]
+    if len(domains) > 1:  # each domain's own count, as evaluate.py and training report them
+        for name in domains:
+            mine = [r for r in records if env.task(r.task_id).domain == name]
+            won = sum((r.reward or {}).get("reward") == 1.0 for r in mine)
+            print(f"  {name}: {won}/{len(mine)} = {won / len(mine):.1%}" if mine else f"  {name}: no task")
     return 0
 
 

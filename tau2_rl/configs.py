@@ -474,7 +474,9 @@ class CollectArguments(EnvArguments):
     chunk_size: int = field(
         default=64, metadata={"help": "Episodes played together (one run_episodes call) and saved together."}
     )
-    progress: bool = field(default=True, metadata={"help": "Show progress bars."})
+    progress: bool = field(
+        default=True, metadata={"help": "Progress bars on long work (--no_progress or --progress false: none)."}
+    )
     teacher_base_url: str | None = field(
         default=None, metadata={"help": "openai teacher: endpoint with /v1, e.g. http://localhost:8000/v1."}
     )
@@ -683,7 +685,9 @@ class EvalArguments(EnvArguments):
     )
     bootstrap_samples: int = field(default=2000, metadata={"help": "Bootstrap resamples of the pass^1 CIs."})
     confidence: float = field(default=0.95, metadata={"help": "Confidence level of the pass^1 intervals."})
-    progress: bool = field(default=True, metadata={"help": "Show tqdm progress bars."})
+    progress: bool = field(
+        default=True, metadata={"help": "Progress bars on long work (--no_progress or --progress false: none)."}
+    )
     compare: list[str] | None = field(
         default=None,
         metadata={"help": "Compare mode: results.json files or folders holding them ('label=path' renames a "

@@ -25,7 +25,8 @@ Agent modes (the stub plays the agent; replies are a function of the conversatio
 Judge modes (the stub plays τ²'s NL-assertion judge, ``tau2_rl.rewards.judge``): ``judge`` reads the conversation and
 the ``expectedOutcomes`` list out of τ²'s user prompt and returns τ²'s JSON, an assertion met when at least half of its
 words of five or more letters occur in the conversation (a deterministic function of what it was asked, so two
-harnesses asking the same thing get the same verdicts); ``judge_garbage`` answers text that is not JSON.
+harnesses asking the same thing get the same verdicts); ``judge_garbage`` answers text that is not JSON;
+``judge_no_results`` answers ``{}``, ``judge_short`` one verdict fewer than the assertions.
 
 Every agent mode but ``agent_noparser`` answers evaluate.py's tool-call probe with a call. User mode
 ``user_scenario`` answers from the scenario in its system prompt: it names the user id found there, then thanks the
@@ -63,7 +64,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 AGENT_MODES = ("agent_text", "agent_lookup", "agent_write", "agent_noparser")
-JUDGE_MODES = ("judge", "judge_garbage")
+JUDGE_MODES = ("judge", "judge_garbage", "judge_no_results", "judge_short")
 MODES = ("echo", "stop", "error", "hang", "slow", "empty", *AGENT_MODES, "user_scenario", "user_device", *JUDGE_MODES)
 PHONE = re.compile(r"\b\d{3}-\d{3}-\d{4}\b")
 MARKER = re.compile(r"\[\[stub:([a-z_]+)\]\]")
@@ -291,6 +292,11 @@ class StubServer:
             return 200, self._completion(body, judge_reply(messages), [])
         if mode == "judge_garbage":
             return 200, self._completion(body, "I think the agent did fine.", [])
+        if mode == "judge_no_results":  # valid JSON, no verdict at all: τ² would score the term as met
+            return 200, self._completion(body, "{}", [])
+        if mode == "judge_short":  # one verdict fewer than the assertions asked
+            results = json.loads(judge_reply(messages))["results"][:-1]
+            return 200, self._completion(body, json.dumps({"results": results}), [])
         if mode == "empty":
             content = ""
         elif mode == "stop" and earlier_replies >= self._stop_after(messages):

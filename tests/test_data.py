@@ -265,9 +265,17 @@ def test_missing_directory(tmp_path: Path) -> None:
 
 def test_a_gold_action_no_tool_answers_names_the_file_the_task_and_the_tool(tmp_path: Path) -> None:
     """An edited tasks.json whose gold calls a tool the domain lacks loaded silently, and the oracle then scored a
-    tool error on that task (issue 62): it fails naming the file, the task and the tool."""
+    tool error on that task (issue 62): the task is refused as a task (issue 68: the same treatment as an installed
+    release's task), and a run that selects it stops at start naming the file, the task and the tool."""
+    from tau2_rl.rewards.outcome import RewardTermError, require_scorable
+
     tasks = _tasks()
     tasks[1]["evaluation_criteria"]["actions"][0]["name"] = "cancel_booking"
-    message = _error(tmp_path, tasks=tasks)
-    assert str(tmp_path / "tasks.json") in message and "(task 1).evaluation_criteria.actions[0].name" in message
-    assert "'cancel_booking' is none of its 14 tools" in message
+    domain = load_domain(AIRLINE, write_domain(tmp_path, tasks=tasks))
+    assert not domain.tasks["0"].unscorable and "cancel_booking" in domain.tasks["1"].unscorable
+    with pytest.raises(RewardTermError) as info:
+        require_scorable(domain.tasks, judge_available=False)
+    message = str(info.value)
+    assert str(tmp_path / "tasks.json") in message and "task 1" in message and "[1].evaluation_criteria" in message
+    assert "'cancel_booking', none of the 14 tools of the airline domain" in message and "--tasks" in message
+    require_scorable({"0": domain.tasks["0"]}, judge_available=False)  # the others still run

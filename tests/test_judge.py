@@ -13,6 +13,7 @@ reward; and a rerun asks the judge nothing (its cache).
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -285,7 +286,7 @@ def test_a_judge_failing_in_training_stops_it_in_one_line(
 
     with StubServer("judge_garbage", model="judge-model") as bad:
         trainer = judged_trainer(tmp_path / "trainer", tiny_model, tiny_tokenizer, judge_of(bad))
-        with pytest.raises(JudgeError, match="failed after 1 attempt"):
+        with pytest.raises(JudgeError, match="failed on task 2 after 1 attempt"):
             trainer.train()
         monkeypatch.setattr(GRPOScriptArguments, "user_kwargs", lambda self: {"max_user_turns": 2})
         argv = ["--model_name_or_path", str(tiny_model_dir), "--domain", "retail", "--task_set", "1.0.1",
@@ -302,3 +303,76 @@ def test_a_judge_failing_in_training_stops_it_in_one_line(
     (line,) = [x for x in capsys.readouterr().err.strip().splitlines() if "error" in x]
     assert line.startswith("error: the NL-assertion judge judge-model at "), line  # a run's failure: exit 1
     assert "stopped at step 0 (no step finished: nothing to save); rerun the same command to resume" in line
+
+
+@pytest.mark.parametrize("mode", ["judge_no_results", "judge_short"])
+def test_a_judge_that_leaves_assertions_unanswered_passes_nothing(env, mode) -> None:
+    """τ² scores ``all()`` over the verdicts that come back, so a reply without them passes the term; here fewer
+    verdicts than assertions is a failed request, and a judge that keeps answering so is an error naming the task."""
+    with StubServer(mode, model="judge-model") as broken:
+        expected = (
+            r"failed on task 2 after 1 attempt\(s\): a reply τ²'s parsing refuses \(ValueError: the "
+            r"judge's reply holds \d verdict\(s\) for \d assertion\(s\)\)"
+        )
+        with pytest.raises(JudgeError, match=expected):
+            play(env, "oracle_text", ["2"], judge_of(broken))
+
+
+def test_the_verdict_cache_is_keyed_by_what_makes_a_verdict_and_checked(env, stub, tmp_path, caplog) -> None:
+    """Another endpoint under the same model name, or another sampling setting, asks again; an entry whose reply
+    was edited, or that no longer answers every assertion, is not trusted (a warning) and is asked again."""
+    cache = str(tmp_path / "cache")
+    first = judge_of(stub, cache_dir=cache)
+    (record,) = play(env, "oracle_text", ["2"], first)
+    assert first.stats()["requests"] == 1
+    with StubServer("judge", model="judge-model") as other:  # the same model name, another server
+        elsewhere = judge_of(other, cache_dir=cache)
+        play(env, "oracle_text", ["2"], elsewhere)
+        assert elsewhere.stats()["requests"] == 1 and elsewhere.stats()["cache_hits"] == 0
+    again = judge_of(stub, cache_dir=cache)
+    play(env, "oracle_text", ["2"], again)
+    assert again.stats() == {**again.stats(), "requests": 0, "cache_hits": 1}
+    key = again.key(trajectory_text(record), env.task("2").nl_assertions)
+    path = again.cache.path(key)
+    entry = json.loads(path.read_text(encoding="utf-8"))
+    verdicts = json.loads(entry["content"])
+    for result in verdicts["results"]:
+        result["metExpectation"] = not result["metExpectation"]  # an edited verdict
+    path.write_text(json.dumps({**entry, "content": json.dumps(verdicts)}), encoding="utf-8")
+    tampered = judge_of(stub, cache_dir=cache)
+    with caplog.at_level("WARNING"):
+        play(env, "oracle_text", ["2"], tampered)
+    assert tampered.stats()["requests"] == 1 and "Not trusting the judge's cache entry" in caplog.text
+    assert json.loads(path.read_text(encoding="utf-8"))["digest"] == entry["digest"]  # asked again, rewritten
+
+
+def test_evaluate_py_exits_1_when_the_judge_fails(tmp_path, capsys) -> None:
+    """A failing judge endpoint is not bad input (2): evaluate.py says it in one line and exits 1, as for a failing
+    user endpoint."""
+    import evaluate
+
+    with StubServer("judge_garbage", model="judge-model") as bad:
+        code = evaluate.cli(["--model", "oracle", "--domain", "retail", "--task_set", "1.0.1", "--tasks", "2",
+                             "--num_samples", "1", "--protocol", "tau2", "--judge_base_url", bad.base_url,
+                             "--judge_model", "judge-model", "--judge_max_retries", "0", "--progress", "false",
+                             "--output_dir", str(tmp_path)])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err[-1].startswith("evaluate.py: error: the NL-assertion judge judge-model at ")
+
+
+def test_the_1_0_1_files_from_a_directory_refuse_task_21_alone(tmp_path) -> None:
+    """``--data_dir`` on a copy of τ²-bench 1.0.1's retail files treats task 21 as ``--task_set 1.0.1`` does (issue
+    68): refused as a task (its gold calls ``get_item_details``), the other 113 loaded and scorable."""
+    import shutil
+
+    from tau2_rl.envs.data import load_domain
+
+    copy = shutil.copytree(RETAIL_1_0_1, tmp_path / "retail")
+    from_dir, installed = load_domain(RETAIL, str(copy)), load_domain(RETAIL, RETAIL_1_0_1)
+    assert from_dir.tasks["21"].unscorable == installed.tasks["21"].unscorable and "get_item_details" in (
+        from_dir.tasks["21"].unscorable)  # fmt: skip
+    assert [t for t, task in from_dir.tasks.items() if task.unscorable] == ["21"] and len(from_dir.tasks) == 114
+    with pytest.raises(
+        RewardTermError, match=r"1 of the 2 tasks \(21\) cannot be scored .* leave them out with --tasks"
+    ):
+        require_scorable({t: from_dir.tasks[t] for t in ("20", "21")}, judge_available=True)

@@ -198,3 +198,14 @@ def test_the_held_out_evaluation_logs_each_domain_apart() -> None:
     logs = log_values({**one, "domains": {"airline": one, "retail": {"pass1": {"overall": {"value": 0.25}}}}})
     assert logs["eval_pass^1"] == 0.5 and logs["eval_airline_pass^1"] == 0.5 and logs["eval_retail_pass^1"] == 0.25
     assert "eval_retail_episodes" not in logs  # missing values are left out, as for one domain
+
+
+def test_play_py_reports_each_domain_of_a_run_over_several(capsys) -> None:
+    """play.py over several domains prints each domain's count beside the pooled one (issue 68), as evaluate.py and
+    training report each domain: the do-nothing agent's floor is the airline's 23 of 50 and retail's 7 of 114."""
+    import play
+
+    assert play.main(["--domain", "airline,retail", "--agent", "noop", "--no_progress"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-3].startswith("pass rate (noop agent, scripted user): 30/164")
+    assert lines[-2:] == ["  airline: 23/50 = 46.0%", "  retail: 7/114 = 6.1%"]

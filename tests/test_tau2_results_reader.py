@@ -340,3 +340,16 @@ def test_the_projects_own_export_reads_back_exactly(tmp_path: Path) -> None:
     assert len(results.replayed) == 9 and not results.refused and results.agent_observations > 0
     resumed = [r for r in results.replayed if r.record.history]
     assert resumed and all(r.reward == 1.0 for r in results.replayed)
+
+
+def test_the_stored_verdict_leaves_out_the_rules_off_on_a_domain(committed) -> None:
+    """evaluate.py's PRM-Lite verdict on telecom does not list the airline policy's rules as never fired: they are
+    off there, and the entry says so (issue 68)."""
+    from tau2_rl.domains import get_domain
+    from tau2_rl.evaluation.results import _prm_entry
+    from tau2_rl.rewards.prm.rules import POLICY_RULES
+
+    telecom = _prm_entry(committed[TELECOM[0]].replayed[0].record, get_domain("telecom"))
+    assert telecom["off"] == list(POLICY_RULES) and not set(telecom["rule_counts"]) & set(POLICY_RULES)
+    airline = _prm_entry(committed[AIRLINE[0]].replayed[0].record, get_domain("airline"))
+    assert "off" not in airline and set(POLICY_RULES) <= set(airline["rule_counts"])

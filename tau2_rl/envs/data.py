@@ -465,7 +465,10 @@ def _load_domain(spec: DomainSpec, data_dir: str | None) -> Domain:
     tool_names = set(spec.tool_types())
     user_tool_names = set(spec.user_tool_types()) if spec.user_tool_types is not None else set()
     task_set = spec.task_set_of(data_dir)
-    lacking = task_set.missing_tools if task_set is not None else frozenset()  # the release's, known to be missing
+    # the tools a known release added that the project's lack: the installed task set's, or for --data_dir any
+    # release's (τ²-bench 1.0.1's retail files read from a directory are refused task by task, as --task_set 1.0.1)
+    lacking = task_set.missing_tools if task_set is not None else frozenset().union(
+        *(known.missing_tools for known in spec.task_sets.values()))  # fmt: skip
     tasks: dict[str, Task] = {}
     for i, raw in enumerate(tasks_raw):
         task = _parse_task(raw, i, tasks_location, spec, write_tools)
@@ -476,13 +479,19 @@ def _load_domain(spec: DomainSpec, data_dir: str | None) -> Domain:
                 expected = (f"a tool of the {spec.name} domain's user ({action.name!r} is none of its "
                             f"{len(user_tool_names)} user tools)")  # fmt: skip
                 _expect(action.name in user_tool_names, tasks_location, where, expected)
-                continue
-            expected = f"a tool of the {spec.name} domain ({action.name!r} is none of its {len(tool_names)} tools)"
-            _expect(action.name in tool_names | lacking, tasks_location, where, expected)
-        missing = sorted({action.name for action in task.actions} & lacking)
+        # a gold call no tool of the agent's answers would score nothing silently: the task is refused as a task
+        # (a run that selects it stops at start, naming the file, the task and the tool; --tasks leaves it out), the
+        # same whether the files come from an installed task set or from --data_dir
+        unknown = sorted({a.name for a in task.actions if a.requestor != "user" and a.name not in tool_names})
+        missing = [name for name in unknown if name in lacking]
         if missing:
             tools = ", ".join(missing)
             why = f"its gold calls {tools}, a tool of its release that the project's {spec.name} tools lack"
+            task = replace(task, unscorable=why)
+        elif unknown:
+            names = ", ".join(map(repr, unknown))
+            why = (f"its gold calls {names}, none of the {len(tool_names)} tools of the {spec.name} domain "
+                   f"({tasks_location}: [{i}].evaluation_criteria.actions)")  # fmt: skip
             task = replace(task, unscorable=why)
         elif not task.unscorable and (beyond := unsupported_features(task)):
             task = replace(task, unscorable=f"it needs {', '.join(beyond)}, not run by this project yet")

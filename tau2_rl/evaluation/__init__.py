@@ -38,16 +38,16 @@ def input_errors() -> tuple[type[Exception], ...]:
     from tau2_rl.domains import UnknownDomainError
     from tau2_rl.envs.data import DomainDataError
     from tau2_rl.envs.splits import SplitError
-    from tau2_rl.rewards.judge import JudgeError
     from tau2_rl.run.hub import HubError
 
     from .compare import CompareError
     from .evaluator import EvaluationError
     from .results import ResultsError
 
-    # ConnectionError: the LLM user's endpoint does not answer (EndpointUnreachableError)
+    # ConnectionError: the LLM user's endpoint does not answer (EndpointUnreachableError). A judge that keeps failing
+    # is not bad input (evaluate.py: exit 1, as for a failing user endpoint)
     return (EvaluationError, ResultsError, CompareError, HubError, SplitError, DomainDataError, UnknownDomainError,
-            JudgeError, ConnectionError)  # fmt: skip
+            ConnectionError)  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

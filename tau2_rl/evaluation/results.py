@@ -165,10 +165,16 @@ def check_compatible(path: str | Path, config: Mapping[str, Any]) -> bool:
 def _prm_entry(record: EpisodeRecord, spec: DomainSpec) -> dict[str, Any]:
     """PRM-Lite's verdict on an evaluated episode (default rule set, default clip): what the within-group signal
     metrics (``prm_signal`` in the metrics) read, so an evaluation shows whether the process reward tracks success."""
-    from tau2_rl.rewards.prm import DEFAULT_RULE_SET, score_episode
+    from tau2_rl.rewards.prm import DEFAULT_RULE_SET, score_episode, vocabulary
+    from tau2_rl.rewards.prm.rules import POLICY_RULES
 
     result = score_episode(record, rules=DEFAULT_RULE_SET, spec=spec)
-    return {"rules": DEFAULT_RULE_SET, "process_score": result.process_score, "rule_counts": result.rule_counts}
+    entry = {"rules": DEFAULT_RULE_SET, "process_score": result.process_score, "rule_counts": result.rule_counts}
+    if vocabulary(spec).policy is None:  # the domain has no policy checks: those rules are off, not "never fired"
+        off = [rule for rule in POLICY_RULES if rule in result.rule_counts]
+        entry["rule_counts"] = {k: v for k, v in result.rule_counts.items() if k not in off}
+        entry["off"] = off
+    return entry
 
 
 def sample_entry(record: EpisodeRecord, sample: int, spec: DomainSpec, save_messages: bool = False) -> dict[str, Any]:

@@ -8,14 +8,23 @@ As τ²'s ``NLAssertionsEvaluator`` judges it (its prompt, its parsing and its r
 2. the judge gets τ²'s system prompt and its user prompt (``evaluate_nl_assertions``'s two strings, taken from the
    module's source by its syntax tree) at τ²'s sampling settings (``DEFAULT_LLM_NL_ASSERTIONS_ARGS``: temperature 0);
 3. its reply is JSON: ``results``, each an ``expectedOutcome``, a ``reasoning`` and ``metExpectation``; the term is 1
-   when every returned result is met (τ²'s rule: ``all`` over the results, so an assertion list the judge answers
-   with no result at all scores 1, as in τ²), and a task whose assertion list is empty scores 1 without a request.
+   when every returned result is met (τ²'s rule: ``all`` over the results), and a task whose assertion list is
+   empty scores 1 without a request.
+
+Where the project departs from τ²: a reply with fewer verdicts than assertions (no ``results`` at all, an empty
+list, one verdict for two assertions) is a failed request, not a pass. τ² takes ``all()`` over what comes back, so a
+broken judge that answers ``{}`` passes every judged task with reward 1.0 (its issue tracker has the same report for
+an empty reply); here it is retried and, if it persists, a ``JudgeError`` naming the task. A judge that answers
+every assertion scores exactly as τ²'s.
 
 The judge is any OpenAI-compatible endpoint (``--judge_base_url``, ``--judge_model``), called the way the LLM user
 is: ``concurrency`` requests in flight, each bounded by ``timeout`` and retried with backoff, and an on-disk cache
-(``--judge_cache_dir``) keyed by the model, the conversation and the assertions, so a rerun asks nothing twice. A
-reply that is not τ²'s JSON counts as a failed request; a judge that keeps failing raises ``JudgeError``: no reward is
-ever written with the term missing.
+(``--judge_cache_dir``) keyed by everything that changes a verdict (the endpoint, the model, the exact request
+messages, which hold τ²'s prompts, the conversation and the assertions, and the sampling settings), so a rerun asks
+nothing twice and another server, prompt or setting never reuses a verdict. An entry is checked before it is
+trusted: its key and a digest of its reply must match, and its verdicts must answer every assertion; one that does
+not is asked again (with a warning). A reply that is not τ²'s JSON counts as a failed request; a judge that keeps
+failing raises ``JudgeError``: no reward is ever written with the term missing.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from tau2_rl.envs.transcript import tau2_messages
 logger = logging.getLogger(__name__)
 
 NL_ASSERTION = "NL_ASSERTION"
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: keyed by the endpoint, the request messages and the sampling; entries carry a digest
 MAX_BACKOFF_S = 30.0
 
 
@@ -126,6 +135,19 @@ def parse_verdicts(content: str | None) -> list[NLCheck]:
     ]
 
 
+def answered(checks: list[NLCheck], expected: int) -> list[NLCheck]:
+    """``checks`` if they answer all ``expected`` assertions; fewer is a ``ValueError`` (τ² would score the missing
+    ones as met: module docstring)."""
+    if len(checks) < expected:
+        raise ValueError(f"the judge's reply holds {len(checks)} verdict(s) for {expected} assertion(s)")
+    return checks
+
+
+def entry_digest(key: str, content: str | None) -> str:
+    """The digest a cache entry carries: its key and reply, hashed together."""
+    return hashlib.sha256(f"{key}\n{content or ''}".encode()).hexdigest()
+
+
 def all_met(checks: Sequence[NLCheck]) -> bool:
     """τ²'s rule: the term is met when every returned verdict is."""
     return all(check.met for check in checks)
@@ -195,31 +217,38 @@ class NLJudge:
     # --------------------------------------------------------------------------------------------- judging
 
     def key(self, conversation: str, assertions: Sequence[str]) -> str:
-        material = {"v": CACHE_FORMAT, "judge": "tau2-nl-assertions", "model": self.config.model,
-                    "conversation": conversation, "assertions": list(assertions)}  # fmt: skip
+        """The cache key: everything that changes a verdict (the endpoint, the model, the request's messages, which
+        hold τ²'s prompts, the conversation and the assertions, and the sampling settings)."""
+        material = {"v": CACHE_FORMAT, "judge": "tau2-nl-assertions", "base_url": self.config.base_url.rstrip("/"),
+                    "model": self.config.model, "messages": judge_messages(conversation, assertions),
+                    "sampling": tau2_judge_template().sampling}  # fmt: skip
         blob = json.dumps(material, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
-    def verdicts(self, items: Sequence[tuple[str, Sequence[str]]]) -> list[list[NLCheck]]:
-        """Each (conversation, assertions)'s verdicts, asked ``concurrency`` at a time (cached ones not asked)."""
+    def verdicts(
+        self, items: Sequence[tuple[str, Sequence[str]]], labels: Sequence[str] | None = None
+    ) -> list[list[NLCheck]]:
+        """Each (conversation, assertions)'s verdicts, asked ``concurrency`` at a time (cached ones not asked);
+        ``labels``: what names each item in an error (its task)."""
         keys = [self.key(conversation, assertions) for conversation, assertions in items]
+        labels = list(labels) if labels is not None else [""] * len(items)
         todo = {}
-        for key, item in zip(keys, items, strict=True):
-            if key not in todo and self._cached(key) is None:
-                todo[key] = item
+        for key, item, label in zip(keys, items, labels, strict=True):
+            if key not in todo and self._cached(key, len(item[1])) is None:
+                todo[key] = (*item, label)
         if todo:
             workers = min(self.config.concurrency, len(todo))
             with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="tau2-judge") as pool:
                 futures = {key: pool.submit(self._ask, key, *item) for key, item in todo.items()}
                 for future in futures.values():
                     future.result()  # a JudgeError propagates: no reward is written without its term
-        return [self._cached(key) for key in keys]  # type: ignore[misc]
+        return [self._cached(key, len(item[1])) for key, item in zip(keys, items, strict=True)]  # type: ignore[misc]
 
     def judge(self, record: EpisodeRecord, assertions: Sequence[str]) -> list[NLCheck]:
         """One episode's verdicts (an empty assertion list: none, no request)."""
         if not assertions:
             return []
-        return self.verdicts([(trajectory_text(record), assertions)])[0]
+        return self.verdicts([(trajectory_text(record), assertions)], [f"task {record.task_id}"])[0]
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -227,22 +256,33 @@ class NLJudge:
 
     # --------------------------------------------------------------------------------------------- internals
 
-    def _cached(self, key: str) -> list[NLCheck] | None:
+    def _cached(self, key: str, expected: int) -> list[NLCheck] | None:
+        """The verdicts of ``key`` held in memory or on disk; an entry on disk is trusted only when its key and
+        digest match and it answers all ``expected`` assertions (else it is asked again, with a warning)."""
         with self._lock:
             if key in self._memory:
                 return self._memory[key]
-        if self.cache is not None:
-            content = self.cache.get(key)
-            if content is not None:
-                try:
-                    checks = parse_verdicts(content)
-                except (ValueError, KeyError, TypeError):
-                    return None
-                with self._lock:
-                    self._memory[key] = checks
-                    self.counts["cache_hits"] += 1
-                return checks
-        return None
+        if self.cache is None:
+            return None
+        entry = self.cache.get_entry(key)
+        if entry is None:
+            return None
+        content = entry.get("content")
+        problem = None
+        if entry.get("key") != key or entry.get("digest") != entry_digest(key, content):
+            problem = "its key or digest does not match its reply (edited, or written by another version)"
+        else:
+            try:
+                checks = answered(parse_verdicts(content), expected)
+            except (ValueError, KeyError, TypeError) as err:
+                problem = str(err)
+        if problem is not None:
+            logger.warning("Not trusting the judge's cache entry %s: %s; asking again", self.cache.path(key), problem)
+            return None
+        with self._lock:
+            self._memory[key] = checks
+            self.counts["cache_hits"] += 1
+        return checks
 
     def _count(self, name: str) -> None:
         with self._lock:
@@ -255,7 +295,7 @@ class NLJudge:
                                              timeout=self.config.timeout, max_retries=0)  # fmt: skip
             return self._client
 
-    def _ask(self, key: str, conversation: str, assertions: Sequence[str]) -> None:
+    def _ask(self, key: str, conversation: str, assertions: Sequence[str], label: str = "") -> None:
         messages = judge_messages(conversation, assertions)
         sampling = tau2_judge_template().sampling
         last = "no attempt made"
@@ -270,7 +310,7 @@ class NLJudge:
                     model=self.config.model, messages=messages, **sampling
                 )
                 content = response.choices[0].message.content if response.choices else None
-                checks = parse_verdicts(content)
+                checks = answered(parse_verdicts(content), len(assertions))
             except openai.APIStatusError as err:
                 last = f"HTTP {err.status_code}: {err.message}"
                 if err.status_code in (400, 401, 403, 404, 422):
@@ -287,13 +327,16 @@ class NLJudge:
                 self._memory[key] = checks
             if self.cache is not None:
                 try:
-                    self.cache.put(key, content or "", self.config.model)
+                    self.cache.put_entry(key, {"key": key, "content": content or "", "model": self.config.model,
+                                               "base_url": self.config.base_url,
+                                               "digest": entry_digest(key, content or "")})  # fmt: skip
                 except OSError as err:
                     logger.warning("Could not write the judge's cache entry %s: %s", key, err)
             return
         self._count("failures")
+        where = f" on {label}" if label else ""
         raise JudgeError(
-            f"the NL-assertion judge {self.config.model} at {self.config.base_url} failed after "
+            f"the NL-assertion judge {self.config.model} at {self.config.base_url} failed{where} after "
             f"{self.config.max_retries + 1} attempt(s): {last}; fix --judge_base_url / --judge_model and rerun"
             + (" (the verdicts already given are cached)" if self.cache is not None else "")
         )

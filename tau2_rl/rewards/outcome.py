@@ -238,10 +238,10 @@ class OutcomeReward:
 
         if self.judge is None:
             return
-        items = [(trajectory_text(e.record), e.task.nl_assertions) for e in episodes
-                 if needs_judge(e.task) and e.record.termination in REWARDABLE_TERMINATIONS]  # fmt: skip
-        if items:
-            self.judge.verdicts(items)  # cached: the scoring below asks nothing again
+        judged = [e for e in episodes if needs_judge(e.task) and e.record.termination in REWARDABLE_TERMINATIONS]
+        if judged:  # cached: the scoring below asks nothing again
+            self.judge.verdicts([(trajectory_text(e.record), e.task.nl_assertions) for e in judged],
+                                [f"task {e.record.task_id}" for e in judged])  # fmt: skip
 
     def __call__(self, episode: Episode) -> dict[str, Any]:
         return compute_reward(episode, self.judge).to_dict()

@@ -351,14 +351,30 @@ class ReplyCache:
         content = self.get(key)
         return None if content is None else UserReply.from_text(content)
 
-    def put(self, key: str, content: str, model: str, tool_calls: list[tuple[str, Any, str]] | None = None) -> None:
+    def get_entry(self, key: str) -> dict[str, Any] | None:
+        """The whole stored entry of ``key`` (None when absent or unreadable, with a warning for the latter)."""
         path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = mkstemp_honouring_umask(path.parent, prefix=f".{key[:8]}.", suffix=".tmp")
+        try:
+            entry = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as err:
+            logger.warning("Ignoring unreadable cache entry %s: %s", path, err)
+            return None
+        return entry if isinstance(entry, dict) else None
+
+    def put(self, key: str, content: str, model: str, tool_calls: list[tuple[str, Any, str]] | None = None) -> None:
         entry: dict[str, Any] = {"v": CACHE_FORMAT, "model": model, "content": content}
         if tool_calls:
             entry["tool_calls"] = [{"name": name, "arguments": arguments, "id": call_id}
                                    for name, arguments, call_id in tool_calls]  # fmt: skip
+        self.put_entry(key, entry)
+
+    def put_entry(self, key: str, entry: dict[str, Any]) -> None:
+        """Writes ``entry`` under ``key`` atomically (a temporary file renamed into place)."""
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = mkstemp_honouring_umask(path.parent, prefix=f".{key[:8]}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 json.dump(entry, handle, ensure_ascii=False)

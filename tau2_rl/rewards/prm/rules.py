@@ -597,6 +597,8 @@ _V2_LIST = [
 ]
 RULES_V2: dict[str, Rule] = {rule.rule_id: rule for rule in _V2_LIST}
 """Version 2 in table order."""
+POLICY_RULES = ("P9", "P10", "P11", "B8")
+"""v2's rules that ask the domain policy's checks (``Vocabulary.policy``): off on a domain without one."""
 
 RULE_SETS: dict[str, dict[str, Rule]] = {"v1": RULES_V1, "v2": RULES_V2}
 DEFAULT_RULE_SET = "v2"
