@@ -248,20 +248,19 @@ def _user_tool_schemas() -> list[dict]:
 
 @pytest.mark.slow
 def test_sft_trains_on_rows_read_from_results_files(tmp_path: Path, tiny_model_dir: Path, capsys) -> None:
-    """train_sft.py on the imported telecom rows, as on a collected dataset: Render-Twice-Diff masks, a loss, a
-    checkpoint."""
+    """train_sft.py on the rows imported from the airline files, as on a collected dataset: Render-Twice-Diff masks,
+    a loss, a checkpoint."""
     import train_sft
 
-    _collect(tmp_path, TELECOM[:1], "--domain", "telecom", "--allow_test_tasks", "true")
-    argv = ["--config", str(ROOT / "recipes" / "sft" / "cpu_smoke.yaml"), "--domain", "telecom", "--split", "tau2",
+    collected = _collect(tmp_path, AIRLINE, "--task_set", "0.2.0")
+    argv = ["--config", str(ROOT / "recipes" / "sft" / "cpu_smoke.yaml"), "--task_set", "0.2.0",
             "--model_name_or_path", str(tiny_model_dir), "--dataset_path", str(tmp_path / "collected"),
-            "--allow_test_tasks", "true", "--output_dir", str(tmp_path / "sft"), "--hub_dir", str(tmp_path / "hub"),
-            "--run_name", "sft-results", "--max_steps", "2", "--gradient_accumulation_steps", "1",
-            "--max_length", "32768", "--report_to", "none", "--save_strategy", "no",
-            "--disable_tqdm", "true"]  # fmt: skip
+            "--output_dir", str(tmp_path / "sft"), "--hub_dir", str(tmp_path / "hub"), "--run_name", "sft-results",
+            "--max_steps", "2", "--gradient_accumulation_steps", "1", "--max_length", "16384",
+            "--report_to", "none", "--save_strategy", "no", "--disable_tqdm", "true"]  # fmt: skip
     script_args, training_args, model_args = train_sft.make_parser().parse_args_and_config(args=argv)
     outcome = train_sft.main(script_args, training_args, model_args)
-    assert outcome["report"]["rows"] == 18
+    assert outcome["report"]["rows"] == collected["counts"]["kept"] > 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("done: 2 steps in ") and " | loss " in last, last
 
