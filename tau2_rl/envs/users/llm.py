@@ -322,34 +322,22 @@ class ReplyCache:
         return self.directory / key[:2] / f"{key}.json"
 
     def get(self, key: str) -> str | None:
-        path = self.path(key)
-        try:
-            entry = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as err:
-            logger.warning("Ignoring unreadable user-simulator cache entry %s: %s", path, err)
-            return None
-        content = entry.get("content") if isinstance(entry, dict) else None
+        entry = self.get_entry(key)
+        content = entry.get("content") if entry is not None else None
         return content if isinstance(content, str) and content.strip() else None
 
     def get_reply(self, key: str) -> UserReply | None:
         """The cached reply of ``key``: its text, or the user's own tool calls (with their text, if any)."""
-        path = self.path(key)
-        try:
-            entry = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        entry = self.get_entry(key)
+        if entry is None:
             return None
-        except (OSError, ValueError) as err:
-            logger.warning("Ignoring unreadable user-simulator cache entry %s: %s", path, err)
-            return None
-        calls = entry.get("tool_calls") if isinstance(entry, dict) else None
+        calls = entry.get("tool_calls")
         if isinstance(calls, list) and calls and all(isinstance(c, dict) for c in calls):
             content = entry.get("content") if isinstance(entry.get("content"), str) else ""
             return UserReply(content=content, tool_calls=[(c.get("name"), c.get("arguments") or {}, c.get("id", ""))
                                                           for c in calls])  # fmt: skip
-        content = self.get(key)
-        return None if content is None else UserReply.from_text(content)
+        content = entry.get("content")
+        return UserReply.from_text(content) if isinstance(content, str) and content.strip() else None
 
     def get_entry(self, key: str) -> dict[str, Any] | None:
         """The whole stored entry of ``key`` (None when absent or unreadable, with a warning for the latter)."""
