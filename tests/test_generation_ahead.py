@@ -371,7 +371,8 @@ def test_max_staleness_0_is_the_run_from_before_generation_ahead_bit_for_bit(tmp
 
     # One default policy for both trees: this tree's build (the same in both), which the old tree finds under its
     # own name for the prompt record (a copy of the build holding both names).
-    now_run = command(tmp_path / "now", default_policy_cache, "--max_staleness", "0")
+    # the tree before issue 38 trained with PRM-Lite's v2 rules (the default until issue 67): the same rules here
+    now_run = command(tmp_path / "now", default_policy_cache, "--max_staleness", "0", "--prm_rules", "v2")
     now = _logged_steps(now_run, ROOT, tmp_path / "now")
     old_cache = tmp_path / "old-cache"
     for build in default_policy_cache.glob("default-policy-t*"):

@@ -352,3 +352,22 @@ def test_the_stored_verdict_leaves_out_the_rules_off_on_a_domain(committed) -> N
     assert telecom["off"] == list(POLICY_RULES) and not set(telecom["rule_counts"]) & set(POLICY_RULES)
     airline = _prm_entry(committed[AIRLINE[0]].replayed[0].record, get_domain("airline"))
     assert "off" not in airline and set(POLICY_RULES) <= set(airline["rule_counts"])
+
+
+def test_the_reference_reward_credits_the_users_gold_writes_in_a_replayed_telecom_conversation(committed) -> None:
+    """The reference process reward reads the replayed record as it reads a live episode: on telecom a gold write of
+    the user's, made on the user's phone, earns B9 (credited to the agent's turn that asked for it)."""
+    from tau2_rl.rewards.prm import score_episode
+
+    results = committed[TELECOM[1]]
+    env = results.env
+    checked = 0
+    for replayed in results.replayed:
+        task = env.domain.tasks[replayed.task_id]
+        user_writes = [a for a in task.actions if a.requestor == "user" and a.name in env.spec.user_write_tools()]
+        if replayed.reward < 1.0 or not user_writes or "ACTION" in task.reward_basis:
+            continue
+        counts = score_episode(replayed.record, rules="reference", env=env).rule_counts
+        assert counts["B9"] >= 1 and replayed.record.user_tool_calls, replayed.task_id
+        checked += 1
+    assert checked >= 5
