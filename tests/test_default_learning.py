@@ -177,15 +177,14 @@ CASES = [(variant, "reference") for variant in VARIANTS] + [("prm_lite", "v2"), 
 and the process-reward variants with the seed's trajectory-only rules (v2)."""
 
 
-CI_CASES = {("vanilla", "reference")}
-"""The case CI runs: vanilla (1/L token weights; prm_lite shares them), a loss path the quick starts do not take. The
-1/sqrt(L) path with PRM-Lite (joint, the reference rules; lata shares the 1/sqrt(L) weights) is the quick starts',
-whose learning CI checks on the airline at k = 0 and k = 1, on airline and retail together, and on telecom
-(tests/test_readme_numbers.py, tests/test_quick_start_ahead.py, tests/test_retail_training.py,
-tests/test_telecom_training.py: 32 steps each). The rest (turn_discount, lata, prm_lite, joint here, and both
-process-reward variants with v2's rules) are ``exhaustive`` (~1.5 min each, CI's time):
-tests/test_learning.py checks every variant learns, turn_discount's turn-discounted weights included, on a smaller
-task, in seconds."""
+CI_CASES: set[tuple[str, str]] = set()
+"""The cases CI runs: none since issue 67 (CI's time: vanilla's 12 steps here took ~100 s of stage 2). Every variant's
+loss path learns in CI on a smaller task (tests/test_learning.py, in seconds, the sign-flipped control included), and
+the quick starts' path (joint: PRM-Lite with the 1/sqrt(L) weights) learns from the embedded default on the airline,
+on airline and retail together and on telecom (tests/test_readme_numbers.py, tests/test_retail_training.py,
+tests/test_telecom_training.py: 32 steps each); the masked-tokens control below still runs. Every case here, every
+variant from the warmed default with the reference reward and prm_lite/joint with v2's rules, is ``exhaustive``
+(~1.5 min each)."""
 
 
 @pytest.mark.parametrize(

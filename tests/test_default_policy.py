@@ -318,6 +318,13 @@ def test_the_build_prints_no_summary_of_its_scratch_sft(tmp_path, capsys, caplog
     assert "done:" not in printed and ".work-" not in printed, printed
     assert any(f"default policy: built {out} in" in r.getMessage() and "SFT: 2 epochs" in r.getMessage()
                for r in caplog.records)  # fmt: skip
+    # a long build says each phase as it starts, with the time so far (issue 68: a three-domain build took 413 s)
+    phases = [r.getMessage() for r in caplog.records if "so far)" in r.getMessage()]
+    assert [p.split(" (")[0] for p in phases] == [
+        "default policy: playing the oracle teacher on airline task(s) 3",
+        "default policy: playing the noop teacher on airline task(s) 3",
+        "default policy: SFT on 3 rows, 2 epochs",
+    ], phases
 
 
 def test_the_summary_counts_the_steps_done_not_the_last_logged_one(tmp_path):

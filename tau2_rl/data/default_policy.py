@@ -46,6 +46,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -185,7 +186,8 @@ def build_default_policy(
     def announce() -> None:
         logger.warning(
             "default policy: building %s once (tiny Qwen2 + SFT on %s dialogues of train tasks %s, %d epochs); "
-            "under a minute on 2 idle CPU cores, a few minutes on busy ones; cached for later runs",
+            "about 20 s per warm-up task on 2 idle CPU cores (a telecom task several times that), each phase said "
+            "below; cached for later runs",
             output_dir,
             _mix(params["teachers"]),
             ",".join(tasks),
@@ -248,10 +250,13 @@ def _build(
     # The warm-up data: every teacher of the domain's mix on each of its tasks, through collect (one HF dataset each),
     # its rows repeated as many times as the teacher's weight, in one dataset that train_sft reads.
     parts = []
+    start = time.perf_counter()
     for spec in specs:
         mine = [task for task in tasks if env.task(task).domain == spec.name]
         teachers = params["teachers"] if len(specs) == 1 else params["teachers"][spec.name]
         for teacher, copies in teachers.items():
+            logger.warning("default policy: playing the %s teacher on %s task(s) %s (%.0f s so far)", teacher,
+                           spec.name, ",".join(mine), time.perf_counter() - start)  # fmt: skip
             collected = collect(
                 CollectArguments(
                     domain=domain,
@@ -273,6 +278,10 @@ def _build(
             parts += [datasets.load_from_disk(collected.dataset_dir)] * copies
     warmup_data = datasets.concatenate_datasets(parts)
     warmup_data.save_to_disk(str(work / "warmup-data"))
+    # the SFT is most of the build: its progress bar (steps = epochs) where someone watches a terminal
+    watched = sys.stderr.isatty()
+    logger.warning("default policy: SFT on %d rows, %d epochs%s (%.0f s so far)", len(warmup_data), params["epochs"],
+                   ", progress below" if watched else "", time.perf_counter() - start)  # fmt: skip
     train_sft = _load_train_sft()
     argv = [
         "--dataset_path", str(work / "warmup-data"),
@@ -297,7 +306,7 @@ def _build(
         "--save_strategy", "no",
         "--report_to", "none",
         "--logging_steps", "1000000",
-        "--disable_tqdm", "true",
+        "--disable_tqdm", "false" if watched else "true",
         "--log_level", "warning",
         "--seed", str(params["seed"]),
     ]  # fmt: skip
