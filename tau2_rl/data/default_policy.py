@@ -186,8 +186,8 @@ def build_default_policy(
     def announce() -> None:
         logger.warning(
             "default policy: building %s once (tiny Qwen2 + SFT on %s dialogues of train tasks %s, %d epochs); "
-            "about 20 s per warm-up task on 2 idle CPU cores (a telecom task several times that), each phase said "
-            "below; cached for later runs",
+            "about 20 s per warm-up task on 2 idle CPU cores (several times that where episodes run in τ²'s own "
+            "environment), each phase said below; cached for later runs",
             output_dir,
             _mix(params["teachers"]),
             ",".join(tasks),

@@ -43,7 +43,7 @@ from typing import Any
 
 from tau2_rl.envs.episode import DomainEnv, EnvConfig, Episode
 from tau2_rl.envs.protocol import TAU2, TAU2_TERMINATIONS, tau2_module
-from tau2_rl.envs.tool_calls import ParsedToolCall, ParsedTurn, format_tool_call
+from tau2_rl.envs.tool_calls import ParsedToolCall, ParsedTurn
 from tau2_rl.envs.users.base import detect_stop
 
 SCORED_TASK_FIELDS = ("user_scenario", "initial_state", "evaluation_criteria")
@@ -150,17 +150,15 @@ class _Disagrees(Exception):
 # ------------------------------------------------------------------------------------------------ the file
 
 
-def file_sha256(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def load_results(path: str | Path, flag: str = "--results") -> dict[str, Any]:
-    """The file's JSON, validated by τ²'s ``Results`` model (one line naming the first field it refuses)."""
+def load_results(path: str | Path, flag: str = "--results") -> tuple[dict[str, Any], str]:
+    """The file's JSON, validated by τ²'s ``Results`` model (one line naming the first field it refuses), and the
+    sha256 of its bytes."""
     path = Path(path)
     if not path.is_file():
         raise ResultsFileError(f"{flag}: no such file {path}")
+    data = path.read_bytes()
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
         raise ResultsFileError(f"{flag} {path}: not valid JSON ({err})") from None
     if not isinstance(raw, dict) or "simulations" not in raw:
@@ -176,7 +174,7 @@ def load_results(path: str | Path, flag: str = "--results") -> dict[str, Any]:
         first = err.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         raise ResultsFileError(f"{flag} {path}: field {where}: {first['msg']} (τ²'s Results model)") from None
-    return raw
+    return raw, hashlib.sha256(data).hexdigest()
 
 
 def recorded_domain(raw: Mapping[str, Any]) -> str:
@@ -290,11 +288,6 @@ def _agent_turn(message: Mapping[str, Any]) -> ParsedTurn:
     return ParsedTurn(text=content if isinstance(content, str) else "", tool_calls=calls)
 
 
-def _hermes(turn: ParsedTurn) -> str:
-    return "\n".join(part for part in [turn.text.strip(), *(format_tool_call(c.name, c.arguments)
-                                                             for c in turn.tool_calls)] if part)  # fmt: skip
-
-
 def _compare_observations(
     replayed: Sequence[str], messages: Sequence[Mapping[str, Any]], position: int, side: str
 ) -> int:
@@ -323,6 +316,8 @@ def _short(text: Any, limit: int = 80) -> str:
 def replay_messages(episode: Episode, messages: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
     """Plays ``messages`` (τ²'s, of both sides) into ``episode``; raises ``_Disagrees`` where the replay is not the
     record. Returns how many tool observations of the agent and of the user were compared."""
+    from tau2_rl.data.teachers import hermes_text  # a served agent's turn as text: the same rendering
+
     position = len(episode.record.history) if episode.record.history else 1
     if episode.record.history:
         if len(messages) < position:
@@ -340,7 +335,7 @@ def replay_messages(episode: Episode, messages: Sequence[Mapping[str, Any]]) -> 
             )
         if role == "assistant":
             turn = _agent_turn(message)
-            tool_messages = episode.env_response(_hermes(turn), api_message=turn)
+            tool_messages = episode.env_response(hermes_text(turn), api_message=turn)
             results = [m["content"] for m in tool_messages]
             position = _compare_observations(results, messages, position + 1, "agent")
             agent += len(results)
@@ -405,7 +400,7 @@ def read_results(
     from tau2_rl.rewards.outcome import require_scorable, scorer
 
     path = str(path)
-    raw = load_results(path, flag)
+    raw, sha256 = load_results(path, flag)
     name = recorded_domain(raw)
     if name not in DOMAINS:
         raise ResultsFileError(f"{path}: info.environment_info.domain_name {name!r} is not a domain this project runs "
@@ -431,7 +426,7 @@ def read_results(
     info = raw["info"]
     result = ResultsFile(
         path=path,
-        sha256=file_sha256(path),
+        sha256=sha256,
         domain=name,
         release=spec.release_of(env.data_dir),
         tasks_sha256=env.domain.tasks_sha256,
